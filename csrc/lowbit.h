@@ -1,0 +1,33 @@
+// lowbit C interface: every exported symbol is plain C, so the library never depends on
+// torch's C++ ABI. Each entry returns a cudaError_t value (0 = success) and launches on the
+// caller's stream. Symbol names encode the template instance: lowbit_<op>_b<bits>_<dtype>.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Library ABI version; the Python loader refuses a library with another value.
+int lowbit_abi_version(void);
+const char* lowbit_error_string(int err);
+
+// kbit dequantize: out[n_blocks * 32] = codebook[code] * (e4m4(absmax) * (*scale)).
+// planes: n_blocks * bits uint32 words, absmax: n_blocks bytes, codebook: 2^bits floats,
+// scale: one float in device memory (read on the device, so capture in CUDA graphs is safe).
+#define LOWBIT_DECLARE_KBIT_DEQUANT(BITS, NAME)                                              \
+    int lowbit_kbit_dequant_b##BITS##_##NAME(const uint32_t* planes, const uint8_t* absmax,  \
+                                             const float* codebook, const float* scale,       \
+                                             void* out, int64_t n_blocks, void* stream);
+#define LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(BITS) \
+    LOWBIT_DECLARE_KBIT_DEQUANT(BITS, fp32)          \
+    LOWBIT_DECLARE_KBIT_DEQUANT(BITS, fp16)          \
+    LOWBIT_DECLARE_KBIT_DEQUANT(BITS, bf16)
+LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(2)
+LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(3)
+LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(4)
+LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(5)
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,35 @@
+"""``lowbit`` command line: ``lowbit build`` (compile the CUDA library)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .kernels import build as _build
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    archs = _build.DEFAULT_ARCHS if args.arch == "default" else tuple(a.strip() for a in args.arch.split(","))
+    try:
+        path = _build.build(archs, force=args.force, verbose=args.verbose)
+    except _build.BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lowbit", description="low-bit weight kernels for LLM decoding")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile the CUDA library (cached by source hash and arch)")
+    b.add_argument("--arch", default="default", help="comma-separated archs, e.g. sm_90a,sm_89 (default: %(default)s = sm_80,sm_89,sm_90a)")
+    b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
+    b.add_argument("--verbose", action="store_true", help="print nvcc's resource report (-Xptxas -v)")
+    b.set_defaults(func=_cmd_build)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    return args.func(args)

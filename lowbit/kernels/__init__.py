@@ -1,0 +1,1 @@
+"""Compiled CUDA kernels: build (nvcc -> one shared library), load (ctypes), call."""

@@ -1,0 +1,122 @@
+"""Load the compiled library with ctypes and call its symbols.
+
+Symbols follow ``lowbit_<op>_b<bits>_<dtype>`` (see ``csrc/lowbit.h``); :data:`SIGNATURES`
+is the one table of argument types per op, so no per-dtype ladders are written by hand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from . import build as _build
+
+ABI_VERSION = 1
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+#: op -> ctypes argument types (every entry returns a cudaError_t as int).
+SIGNATURES: dict[str, list] = {
+    "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
+}
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class LibraryUnavailable(RuntimeError):
+    pass
+
+
+_lock = threading.Lock()
+_loaded: dict[str, "Library"] = {}
+_failed: dict[str, str] = {}
+
+
+class Library:
+    def __init__(self, path: Path):
+        self.path = path
+        self._dll = ctypes.CDLL(str(path))
+        self._dll.lowbit_error_string.restype = ctypes.c_char_p
+        self._dll.lowbit_error_string.argtypes = [ctypes.c_int]
+        version = self._dll.lowbit_abi_version()
+        if version != ABI_VERSION:
+            raise LibraryUnavailable(f"{path}: ABI version {version}, expected {ABI_VERSION}; rebuild it")
+        self._fns: dict[str, ctypes._CFuncPtr] = {}
+
+    def symbol(self, op: str, **params) -> ctypes._CFuncPtr:
+        name = "lowbit_" + op + "".join(f"_{_fmt(k, v)}" for k, v in params.items())
+        fn = self._fns.get(name)
+        if fn is None:
+            try:
+                fn = getattr(self._dll, name)
+            except AttributeError:
+                raise LibraryUnavailable(f"{self.path} has no symbol {name}") from None
+            fn.argtypes = SIGNATURES[op]
+            fn.restype = ctypes.c_int
+            self._fns[name] = fn
+        return fn
+
+    def call(self, op: str, args: list, **params) -> None:
+        err = self.symbol(op, **params)(*args)
+        if err != 0:
+            msg = self._dll.lowbit_error_string(err).decode()
+            raise RuntimeError(f"lowbit CUDA kernel {op}{params} failed: {msg} (cudaError {err})")
+
+
+def _fmt(key: str, value) -> str:
+    if key == "bits":
+        return f"b{value}"
+    if key == "dtype":
+        return DTYPE_NAMES[value]
+    if key == "m":
+        return f"m{value}"
+    return str(value)
+
+
+def _device_arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return _build.arch_for_capability(major, minor)
+
+
+def _locate_or_build(arch: str) -> Path:
+    override = os.environ.get("LOWBIT_LIBRARY")
+    if override:
+        return Path(override)
+    nvcc = _build.find_nvcc()
+    if nvcc is None:
+        raise LibraryUnavailable("no nvcc found to build lowbit's CUDA library (set LOWBIT_LIBRARY to a prebuilt one)")
+    for archs in ((arch,), _build.DEFAULT_ARCHS):
+        if arch in archs:
+            p = _build.library_path(archs, nvcc)
+            if p.exists():
+                return p
+    return _build.build((arch,))
+
+
+def get_library(device: torch.device | None = None) -> Library:
+    """The library for ``device``'s arch, built on first use. Raises LibraryUnavailable."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else device
+    arch = _device_arch(device)
+    with _lock:
+        if arch in _loaded:
+            return _loaded[arch]
+        if arch in _failed:
+            raise LibraryUnavailable(_failed[arch])
+        try:
+            lib = Library(_locate_or_build(arch))
+        except (OSError, _build.BuildError, LibraryUnavailable) as e:
+            _failed[arch] = f"lowbit CUDA library unavailable for {arch}: {e}"
+            raise LibraryUnavailable(_failed[arch]) from e
+        _loaded[arch] = lib
+        return lib
+
+
+def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+
+
+def stream_of(device: torch.device) -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
