@@ -1,0 +1,26 @@
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("default", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen(request):
+    """A fresh random generator per test; the seed is printed so a failure can be replayed."""
+    seed = int(os.environ.get("LOWBIT_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"[{request.node.name}] seed={seed}  (replay: LOWBIT_TEST_SEED={seed})")
+    g = torch.Generator().manual_seed(seed)
+    return g
