@@ -27,7 +27,7 @@ def test_library_loads_for_this_gpu():
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_kernel_bit_exact_with_poisoned_output(bits, dtype, gen):
     """Call the C entry directly on a NaN-poisoned buffer with a poisoned guard tail."""
     for _ in range(3):
