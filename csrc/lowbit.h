@@ -28,6 +28,9 @@ LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(3)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(4)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(5)
 
+// Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.
+int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-"""``lowbit`` command line: ``lowbit build`` (compile the CUDA library)."""
+"""``lowbit`` command line: ``lowbit build`` (compile the CUDA library), ``lowbit bench`` (benchmarks)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     b.add_argument("--verbose", action="store_true", help="print nvcc's resource report (-Xptxas -v)")
     b.set_defaults(func=_cmd_build)
+    from .bench.cli import add_parser as _add_bench
+
+    _add_bench(sub)
     return p
 
 

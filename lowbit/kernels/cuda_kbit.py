@@ -35,3 +35,13 @@ def _(planes, absmax, codebook, scale, bits, dtype):
     args = [ptr(planes), ptr(absmax), ptr(codebook), ptr(scale), ptr(out), n * (k_in // kbit.BLOCK)]
     lib.call("kbit_dequant", [*args, stream_of(planes.device)], bits=bits, dtype=dtype)
     return out
+
+
+@ops.kbit_linear.register_kernel("cuda")
+def _(x, planes, absmax, codebook, scale, bits):
+    # Dequantize (kernel) to x's dtype, then cuBLAS. Right for large M; decode-sized M gets a
+    # fused GEMV once that kernel exists. Rounding W to fp16/bf16 before the product adds
+    # at most one half-ulp per weight to the fp32 reference.
+    m, n, k_in = ops.check_kbit_linear_args(x, planes, absmax, codebook, scale, bits)
+    w = ops.kbit_dequantize(planes, absmax, codebook, scale, bits, x.dtype)
+    return torch.nn.functional.linear(x, w)

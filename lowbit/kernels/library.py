@@ -21,6 +21,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
 SIGNATURES: dict[str, list] = {
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
+    "read_bw": [_P, _I64, _P, ctypes.c_int, _P],
 }
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

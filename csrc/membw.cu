@@ -1,0 +1,38 @@
+// Memory-bandwidth probe: stream a buffer once with 16-byte loads, as a decode GEMV streams
+// its weights. The benchmark harness uses it to measure the GPU's achievable read bandwidth,
+// the denominator of every "% of bandwidth" figure.
+#include "common.cuh"
+#include "lowbit.h"
+
+namespace lowbit {
+
+__global__ void __launch_bounds__(512) read_bw_kernel(const uint4* __restrict__ src, int64_t n_vec,
+                                                     uint32_t* __restrict__ sink) {
+    constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
+    uint32_t acc = 0;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < n_vec; i += kUnroll * stride) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * stride);  // streaming: no L2 reuse
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n_vec; i += stride) {
+        const uint4 v = __ldcs(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    // The XOR keeps the loads alive; one store per warp lane 0 is negligible traffic.
+    acc = __reduce_xor_sync(kFullMask, acc);
+    if ((threadIdx.x & 31) == 0) atomicXor(sink, acc);
+}
+
+}  // namespace lowbit
+
+extern "C" int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, void* stream) {
+    const int64_t n_vec = n_bytes / 16;
+    lowbit::read_bw_kernel<<<grid, 512, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint4*>(src), n_vec, static_cast<uint32_t*>(sink));
+    return static_cast<int>(cudaGetLastError());
+}

@@ -1,0 +1,1 @@
+"""Benchmark harness: presets (data), methods (columns), timing, runner, report, CLI."""

@@ -1,0 +1,189 @@
+"""Benchmark columns: every lowbit path plus cuBLAS and peer libraries, behind one interface.
+
+A method turns a dense weight ``[N, K_in]`` into its own representation (``prepare``), runs
+``y = x @ W^T`` on it (``run``), and says how many bytes that representation forces a kernel
+to read (``weight_bytes``). lowbit methods also name their format reference, which the
+harness uses as a correctness gate before timing. Peers are detected at run time and are
+never required.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import lowbit
+from lowbit.formats import kbit
+
+
+@dataclass
+class Method:
+    name: str
+    description: str
+    act_dtype: torch.dtype
+    prepare: Callable[[torch.Tensor], Any]
+    run: Callable[[torch.Tensor, Any], torch.Tensor]
+    weight_bytes: Callable[[Any], int]
+    #: lowbit paths: (x, state) -> the format reference's output; None for peers.
+    reference: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
+    #: relative-error bound of run() against reference (lowbit) or against the dense fp product (peers).
+    tolerance: float = 0.0
+    unavailable: str | None = None  # reason, when the method cannot run here
+
+    @property
+    def is_lowbit(self) -> bool:
+        return self.reference is not None
+
+    def clone_state(self, state: Any) -> Any:
+        """A physically separate copy of the prepared weights (for cold-L2 rotation)."""
+        return copy.deepcopy(state)
+
+
+def _cublas(dtype: torch.dtype) -> Method:
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    return Method(
+        name=f"cublas-{name}",
+        description=f"torch.nn.functional.linear, {name} weights (cuBLAS)",
+        act_dtype=dtype,
+        prepare=lambda w: w.to(dtype).contiguous(),
+        run=lambda x, w: torch.nn.functional.linear(x, w),
+        weight_bytes=lambda w: w.numel() * w.element_size(),
+        tolerance=1e-2,
+    )
+
+
+def _kbit(bits: int) -> Method:
+    return Method(
+        name=f"lowbit-kbit{bits}",
+        description=f"lowbit kbit K={bits} ({bits + 0.25} bits/weight), lowbit.kbit_linear",
+        act_dtype=torch.float16,
+        prepare=lambda w: lowbit.quantize_kbit(w, bits=bits),
+        run=lambda x, q: lowbit.kbit_linear(x, q),
+        weight_bytes=lambda q: q.nbytes(),
+        reference=lambda x, q: kbit.linear_reference(x, *q.tensors(), q.bits),
+        tolerance=2e-3,  # fp16 activations/outputs vs the fp32 reference
+    )
+
+
+# ----------------------------------------------------------------------------- torch int4
+INT4_GROUP = 128
+
+
+def _int4_prepare(w: torch.Tensor):
+    n, k = w.shape
+    g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+    mn, mx = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = (mx - mn).clamp(min=1e-6) / 15
+    q = ((g - mn) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    zero = mn + 8 * scale  # tinygemm convention: w = (q - 8) * scale + zero
+    packed_u8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+    packed = torch.ops.aten._convert_weight_to_int4pack(packed_u8, 8)
+    sz = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [K/g, N, 2]
+    return packed, sz
+
+
+def _torch_int4() -> Method:
+    unavailable = None
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm"):
+        unavailable = "torch.ops.aten._weight_int4pack_mm not in this torch build"
+    return Method(
+        name="torch-int4",
+        description=f"torch.ops.aten._weight_int4pack_mm, int4 asymmetric, g={INT4_GROUP} (tinygemm)",
+        act_dtype=torch.bfloat16,
+        prepare=_int4_prepare,
+        run=lambda x, s: torch.ops.aten._weight_int4pack_mm(x, s[0], INT4_GROUP, s[1]),
+        weight_bytes=lambda s: s[0].numel() * s[0].element_size() + s[1].numel() * s[1].element_size(),
+        tolerance=0.25,
+        unavailable=unavailable,
+    )
+
+
+# ----------------------------------------------------------------------------- bitsandbytes
+def _bnb_nf4() -> Method:
+    unavailable = None if importlib.util.find_spec("bitsandbytes") else "bitsandbytes not installed"
+
+    def prepare(w):
+        import bitsandbytes.functional as bnbf
+
+        return bnbf.quantize_4bit(w.half(), quant_type="nf4", blocksize=64, compress_statistics=True)
+
+    def run(x, s):
+        import bitsandbytes as bnb
+
+        return bnb.matmul_4bit(x, s[0].t(), quant_state=s[1])
+
+    def nbytes(s):
+        wq, st = s
+        total = wq.numel() * wq.element_size() + st.absmax.numel() * st.absmax.element_size()
+        if getattr(st, "nested", False):
+            total += st.state2.absmax.numel() * st.state2.absmax.element_size()
+        return total
+
+    return Method(
+        name="bnb-nf4",
+        description="bitsandbytes.matmul_4bit, NF4, blocksize 64, nested absmax",
+        act_dtype=torch.float16,
+        prepare=prepare,
+        run=run,
+        weight_bytes=nbytes,
+        tolerance=0.25,
+        unavailable=unavailable,
+    )
+
+
+# ----------------------------------------------------------------------------- gemlite
+GEMLITE_GROUP = 128
+
+
+def _gemlite_a16w4() -> Method:
+    unavailable = None if importlib.util.find_spec("gemlite") else "gemlite not installed"
+
+    def prepare(w):
+        from gemlite.helper import A16Wn
+
+        n, k = w.shape
+        g = w.float().reshape(n, k // GEMLITE_GROUP, GEMLITE_GROUP)
+        mn, mx = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = (mx - mn).clamp(min=1e-6) / 15
+        q = ((g - mn) / scale).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+        zero = (-mn / scale).reshape(n, -1)  # gemlite: w = (q - zero) * scale
+        layer = A16Wn(device=str(w.device), dtype=torch.float16).from_weights(
+            q, scale.reshape(n, -1).half(), zero.half(), W_nbits=4, group_size=GEMLITE_GROUP
+        )
+        return layer
+
+    def nbytes(layer):
+        return sum(t.numel() * t.element_size() for t in (layer.W_q, layer.scales, layer.zeros) if t is not None)
+
+    return Method(
+        name="gemlite-a16w4",
+        description=f"gemlite A16W4, int4 asymmetric, g={GEMLITE_GROUP} (Triton)",
+        act_dtype=torch.float16,
+        prepare=prepare,
+        run=lambda x, layer: layer(x),
+        weight_bytes=nbytes,
+        tolerance=0.25,
+        unavailable=unavailable,
+    )
+
+
+def all_methods() -> dict[str, Method]:
+    methods = [_cublas(torch.float16), _cublas(torch.bfloat16)]
+    methods += [_kbit(b) for b in kbit.SUPPORTED_BITS]
+    methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
+    return {m.name: m for m in methods}
+
+
+def select(names: list[str] | None) -> list[Method]:
+    """Methods by name (None: all); unknown names raise ValueError listing the known ones."""
+    table = all_methods()
+    if not names:
+        return list(table.values())
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(table)}")
+    return [table[n] for n in names]
