@@ -9,7 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 {
-  echo "== env"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+  echo "== env (commit ${LOWBIT_GIT_COMMIT:-unknown})"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "== build"; python3 -m lowbit build --arch sm_90a
   echo "== gpu tests"; python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -25

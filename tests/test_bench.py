@@ -190,3 +190,8 @@ def test_rich_tables_print():
     report.print_tables(_synthetic_rows(), Console(file=buf, width=200))
     text = buf.getvalue()
     assert "per-layer totals" in text and "lowbit-kbit4" in text
+
+
+def test_quick_leaves_out_jit_compiled_peers_unless_named():
+    assert "gemlite-a16w4" in bench_cli.SLOW_SETUP
+    assert set(bench_cli.SLOW_SETUP) <= set(all_methods())

@@ -21,8 +21,10 @@ def environment() -> dict:
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
            "lowbit": lowbit.__version__, "host": platform.node()}
+    import os
+
     try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        env["git_commit"] = os.environ.get("LOWBIT_GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                            cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
     except Exception:
         env["git_commit"] = None

@@ -89,30 +89,49 @@ class Runner:
 
     # --------------------------------------------------------------------- one dense linear
     def linear(self, preset: str, lin: Linear, m: int, method: Method) -> Row:
-        row = Row(preset, lin.name, lin.k_in, lin.n, m, method.name)
+        return self.linear_rows(preset, lin, [m], method)[0]
+
+    def linear_rows(self, preset: str, lin: Linear, ms: list[int], method: Method) -> list[Row]:
+        """One row per M; the weights are prepared (quantized, cloned) once for all of them."""
+        rows = [Row(preset, lin.name, lin.k_in, lin.n, m, method.name) for m in ms]
         if method.unavailable:
-            row.status = f"skip: {method.unavailable}"
-            return row
+            for row in rows:
+                row.status = f"skip: {method.unavailable}"
+            return rows
+        states = []
         try:
+            t0 = time.perf_counter()
             w = self._weight(lin.n, lin.k_in)
             state = method.prepare(w)
-            x = torch.randn(m, lin.k_in, device="cuda", generator=None).to(method.act_dtype)
-            ok, row.rel_err, why = self._check(method, x, w, state)
-            if not ok:
-                row.status = why
-                return row
             wb = method.weight_bytes(state)
-            row.copies = copies_for_cold(wb, self.l2)
-            states = [state] + [method.clone_state(state) for _ in range(row.copies - 1)]
-            cold = [lambda s=s: method.run(x, s) for s in states]
-            hot = [lambda: method.run(x, state)] * len(states)
-            return self._finish(row, cold, hot, wb + x.numel() * x.element_size())
+            copies = copies_for_cold(wb, self.l2)
+            states = [state] + [method.clone_state(state) for _ in range(copies - 1)]
+            prep_s = time.perf_counter() - t0
         except Exception as e:  # a method that breaks is reported, never timed
-            row.status = f"FAIL: {_short(e)}"
-            return row
-        finally:
-            gc.collect()
-            torch.cuda.empty_cache()
+            for row in rows:
+                row.status = f"FAIL: {_short(e)}"
+            return rows
+        for row in rows:
+            t0 = time.perf_counter()
+            try:
+                x = torch.randn(row.m, lin.k_in, device="cuda").to(method.act_dtype)
+                ok, row.rel_err, why = self._check(method, x, w, state)
+                if not ok:
+                    row.status = why
+                    continue
+                row.copies = copies
+                cold = [lambda s=s, x=x: method.run(x, s) for s in states]
+                hot = [lambda x=x: method.run(x, state)] * len(states)
+                self._finish(row, cold, hot, wb + x.numel() * x.element_size())
+            except Exception as e:
+                row.status = f"FAIL: {_short(e)}"
+            finally:
+                row.extra["wall_s"] = round(time.perf_counter() - t0, 3)
+                row.extra["prepare_s"] = round(prep_s, 3)
+        del states, state, w
+        gc.collect()
+        torch.cuda.empty_cache()
+        return rows
 
     # --------------------------------------------------------------------- MoE block
     def moe(self, preset: str, moe: Moe, m: int, method: Method, max_unique: int = 16) -> Row:
@@ -126,6 +145,7 @@ class Runner:
         if method.unavailable:
             row.status = f"skip: {method.unavailable}"
             return row
+        t_start = time.perf_counter()
         try:
             rows_total = m * moe.top_k
             xs = {lin.k_in: torch.randn(rows_total, lin.k_in, device="cuda").to(method.act_dtype) for lin in moe.linears}
@@ -171,18 +191,20 @@ class Runner:
             row.status = f"FAIL: {_short(e)}"
             return row
         finally:
+            row.extra["wall_s"] = round(time.perf_counter() - t_start, 3)
             gc.collect()
             torch.cuda.empty_cache()
 
     # --------------------------------------------------------------------- a whole preset
     def tasks(self, preset: Preset, ms: list[int], include_moe: bool = True):
-        for m in ms:
-            for lin in preset.linears:
+        """Work items, each returning a list of rows: (linear, method) for all M, then MoE blocks."""
+        for lin in preset.linears:
+            for meth in self.methods:
+                yield (lambda p=preset, lin=lin, meth=meth: self.linear_rows(p.name, lin, ms, meth))
+        if include_moe and preset.moe is not None:
+            for m in ms:
                 for meth in self.methods:
-                    yield (lambda p=preset, lin=lin, m=m, meth=meth: self.linear(p.name, lin, m, meth))
-            if include_moe and preset.moe is not None:
-                for meth in self.methods:
-                    yield (lambda p=preset, m=m, meth=meth: self.moe(p.name, p.moe, m, meth))
+                    yield (lambda p=preset, m=m, meth=meth: [self.moe(p.name, p.moe, m, meth)])
 
 
 def cpu_reference_rows(preset: Preset, ms: list[int], bits_list: list[int], repeats: int = 5) -> list[Row]:

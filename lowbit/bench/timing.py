@@ -88,7 +88,7 @@ def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
 
 def measure_copy_bandwidth(n_bytes: int = 1 << 30, replays: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda").random_()
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     t = graph_time([lambda: dst.copy_(src)], replays=replays, warmup=2)
-    return 2 * n_bytes / (t.median_us * 1e-6)
+    return 2 * src.numel() * 4 / (t.median_us * 1e-6)
