@@ -6,6 +6,8 @@ the compiled kernels where one exists):
     w = lowbit.quantize_kbit(weight, bits=4)      # KbitWeight
     W = lowbit.dequantize_kbit(w, torch.float16)  # [N, K_in]
     y = lowbit.kbit_linear(x, w)                  # x[..., K_in] -> y[..., N]
+    experts = lowbit.quantize_kbit_experts(W, bits=4)           # W: [E, N, K_in]
+    y = lowbit.kbit_grouped_linear(x_sorted, offsets, experts)  # MoE, one launch
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import torch
 from . import ops
 from ._checks import check_tensor
 from .formats import e4m4, kbit
-from .formats.kbit import KbitWeight, normal_float_codebook
+from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
+from .formats.kbit import quantize_experts as quantize_kbit_experts
+
+#: largest batch the decode GEMV kernels take; larger M dequantizes and calls cuBLAS.
+GEMV_MAX_M = 4
 
 __version__ = "0.1.0"
 
@@ -43,12 +49,34 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     if x.dim() < 1:
         raise ValueError(f"x must have at least 1 dimension [..., K_in], got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
-    y = ops.kbit_linear(x.reshape(-1, x.shape[-1]), *w.tensors(), w.bits)
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.is_cuda and 1 <= x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.float16, torch.bfloat16):
+        n, k_in = w.shape
+        qweight, qabsmax = w.tiled()
+        y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
+    else:  # large M, fp32, or CPU: dequantize + matmul (reference on CPU)
+        y = ops.kbit_linear(x2, *w.tensors(), w.bits)
     return y.reshape(*lead, y.shape[-1])
 
 
+def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: KbitExperts) -> torch.Tensor:
+    """MoE experts in one launch: ``y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ W_e^T``.
+
+    ``x``: ``[tokens, K_in]`` fp16/bf16, rows sorted by expert; ``expert_offsets``: int64 ``[E + 1]``.
+    """
+    if not isinstance(experts, KbitExperts):
+        raise TypeError(f"experts must be a lowbit KbitExperts (from lowbit.quantize_kbit_experts), got {type(experts).__name__}")
+    e, n, k_in = experts.shape
+    qweight, qabsmax = experts.tiled()
+    return ops.kbit_grouped_gemv(x, expert_offsets, qweight, qabsmax, experts.codebook, experts.scales, experts.bits, n, k_in)
+
+
 __all__ = [
+    "GEMV_MAX_M",
+    "KbitExperts",
     "KbitWeight",
+    "kbit_grouped_linear",
+    "quantize_kbit_experts",
     "dequantize_kbit",
     "e4m4",
     "kbit",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ._checks import FLOAT_DTYPES, check_same_device, check_tensor
-from .formats import kbit
+from .formats import kbit, kbit_tiled
 
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
@@ -62,6 +62,118 @@ def kbit_linear(x: Tensor, planes: Tensor, absmax: Tensor, codebook: Tensor, sca
 def _(x, planes, absmax, codebook, scale, bits):
     m, n, _ = check_kbit_linear_args(x, planes, absmax, codebook, scale, bits)
     return x.new_empty((m, n))
+
+
+# ------------------------------------------------------------------ tiled layout + GEMV
+def check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in, experts=None) -> None:
+    kbit.check_bits(bits)
+    if not (isinstance(n, int) and n > 0 and isinstance(k_in, int) and k_in > 0 and k_in % kbit.BLOCK == 0):
+        raise ValueError(f"n must be > 0 and k_in a positive multiple of 32, got n={n}, k_in={k_in}")
+    t, g = kbit_tiled.tiled_shape(n, k_in)
+    lead = () if experts is None else (experts,)
+    check_tensor("qweight", qweight, dtypes=(torch.int32,))
+    if tuple(qweight.shape) != (*lead, t, g, bits, 32, 4):
+        raise ValueError(f"qweight must have shape {(*lead, t, g, bits, 32, 4)} for n={n}, k_in={k_in}, got {tuple(qweight.shape)}")
+    check_tensor("qabsmax", qabsmax, dtypes=(torch.uint8,))
+    if tuple(qabsmax.shape) != (*lead, t, g, 128):
+        raise ValueError(f"qabsmax must have shape {(*lead, t, g, 128)}, got {tuple(qabsmax.shape)}")
+    kbit.check_codebook(codebook, bits)
+    check_tensor("scale", scale, dtypes=(torch.float32,))
+    if tuple(scale.shape) != lead:
+        raise ValueError(f"scale must have shape {lead}, got {tuple(scale.shape)}")
+    check_same_device(qweight=qweight, qabsmax=qabsmax, codebook=codebook, scale=scale)
+
+
+@torch.library.custom_op("lowbit::kbit_repack", mutates_args=())
+def kbit_repack(planes: Tensor, absmax: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """Bit planes -> the GPU tiled layout (qweight, qabsmax); see lowbit/formats/kbit_tiled.py."""
+    check_tensor("planes", planes, dtypes=(torch.int32,))
+    check_tensor("absmax", absmax, dtypes=(torch.uint8,))
+    return kbit_tiled.repack(planes, absmax, bits)
+
+
+@kbit_repack.register_fake
+def _(planes, absmax, bits):
+    t, g = kbit_tiled.tiled_shape(planes.shape[-3], planes.shape[-2] * kbit.BLOCK)
+    lead = tuple(planes.shape[:-3])
+    return planes.new_empty((*lead, t, g, bits, 32, 4)), absmax.new_empty((*lead, t, g, 128))
+
+
+def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in) -> int:
+    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
+    if not 1 <= x.shape[0] <= 4:
+        raise ValueError(f"kbit_gemv takes M = 1..4 rows of x, got {x.shape[0]} (use kbit_linear for larger M)")
+    check_same_device(x=x, qweight=qweight)
+    return x.shape[0]
+
+
+@torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
+def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int) -> Tensor:
+    """Decode GEMV ``x[M<=4, K_in] @ W^T`` from the tiled layout; fp16/bf16 in and out, fp32 accumulation."""
+    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+
+
+@kbit_gemv.register_fake
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return x.new_empty((m, n))
+
+
+def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
+    check_tensor("qweight", qweight, dtypes=(torch.int32,))
+    if qweight.dim() != 6:
+        raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
+    experts = qweight.shape[0]
+    check_tiled_args(qweight, qabsmax, codebook, scales, bits, n, k_in, experts=experts)
+    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x must have shape [tokens, K_in={k_in}], got {tuple(x.shape)}")
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
+    if expert_offsets.shape[0] != experts + 1:
+        raise ValueError(f"expert_offsets must have E + 1 = {experts + 1} entries, got {expert_offsets.shape[0]}")
+    check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight)
+    return experts
+
+
+@torch.library.custom_op("lowbit::kbit_grouped_gemv", mutates_args=())
+def kbit_grouped_gemv(
+    x: Tensor, expert_offsets: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
+    bits: int, n: int, k_in: int,
+) -> Tensor:
+    """MoE experts in one call: rows ``offsets[e]:offsets[e+1]`` of x (sorted by expert) use expert e.
+
+    ``expert_offsets`` must be non-decreasing with ``offsets[0] = 0`` and ``offsets[E] = tokens``
+    (the CUDA kernel trusts it; the reference checks it).
+    """
+    check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+
+
+def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    planes, absmax = kbit_tiled.unpack(qweight, qabsmax, bits, n, k_in)
+    return kbit.linear_reference(x, planes, absmax, codebook, scale, bits)
+
+
+def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    off = expert_offsets.tolist()
+    if off[0] != 0 or off[-1] != x.shape[0] or any(b < a for a, b in zip(off, off[1:])):
+        raise ValueError(f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {off}")
+    y = x.new_empty((x.shape[0], n))
+    for e in range(qweight.shape[0]):
+        if off[e + 1] > off[e]:
+            planes, absmax = kbit_tiled.unpack(qweight[e], qabsmax[e], bits, n, k_in)
+            y[off[e]:off[e + 1]] = kbit.linear_reference(x[off[e]:off[e + 1]], planes, absmax, codebook, scales[e], bits)
+    return y
+
+
+@kbit_grouped_gemv.register_fake
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return x.new_empty((x.shape[0], n))
 
 
 # CUDA kernels register themselves on import.

@@ -35,11 +35,15 @@ def built_library(tmp_path_factory):
 def test_library_builds_and_exports_symbols(built_library):
     lib = ctypes.CDLL(built_library)  # static cudart: loads without a GPU driver
     assert lib.lowbit_abi_version() == ABI_VERSION
-    for op in SIGNATURES:
-        if op == "kbit_dequant":
-            for bits in (2, 3, 4, 5):
-                for dt in DTYPE_NAMES.values():
-                    assert hasattr(lib, f"lowbit_{op}_b{bits}_{dt}")
+    assert set(SIGNATURES) == {"kbit_dequant", "read_bw", "kbit_gemv", "kbit_grouped_gemv"}
+    assert hasattr(lib, "lowbit_read_bw")
+    for bits in (2, 3, 4, 5):
+        for dt in DTYPE_NAMES.values():
+            assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")
+        for dt in ("fp16", "bf16"):
+            assert hasattr(lib, f"lowbit_kbit_grouped_gemv_b{bits}_{dt}")
+            for m in (1, 2, 3, 4):
+                assert hasattr(lib, f"lowbit_kbit_gemv_b{bits}_{dt}_m{m}")
 
 
 @needs_nvcc

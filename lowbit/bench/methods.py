@@ -33,6 +33,12 @@ class Method:
     #: relative-error bound of run() against reference (lowbit) or against the dense fp product (peers).
     tolerance: float = 0.0
     unavailable: str | None = None  # reason, when the method cannot run here
+    #: MoE experts in one launch per projection: prepare_experts([W_e]) -> state,
+    #: prepare_input(x_sorted, counts) -> inp, run_grouped(inp, state) -> y (rows sorted by expert).
+    prepare_experts: Callable[[list], Any] | None = None
+    prepare_input: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
+    run_grouped: Callable[[Any, Any], torch.Tensor] | None = None
+    experts_only: bool = False  # a MoE-block variant: no dense rows
 
     @property
     def is_lowbit(self) -> bool:
@@ -56,16 +62,65 @@ def _cublas(dtype: torch.dtype) -> Method:
     )
 
 
-def _kbit(bits: int) -> Method:
+def _kbit(bits: int, grouped: bool = True) -> Method:
+    def prepare(w):
+        q = lowbit.quantize_kbit(w, bits=bits)
+        q.tiled()
+        return q
+
+    def prepare_experts(ws):
+        ex = lowbit.quantize_kbit_experts(torch.stack(ws), bits=bits)
+        ex.tiled()
+        return ex
+
+    def prepare_input(x, counts):
+        off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=x.device, dtype=torch.int64)
+        return x, off
+
     return Method(
-        name=f"lowbit-kbit{bits}",
-        description=f"lowbit kbit K={bits} ({bits + 0.25} bits/weight), lowbit.kbit_linear",
+        name=f"lowbit-kbit{bits}" + ("" if grouped else "-loop"),
+        description=f"lowbit kbit K={bits} ({bits + 0.25} bits/weight), lowbit.kbit_linear"
+        + (" / kbit_grouped_linear for MoE experts" if grouped else "; MoE experts one launch each"),
         act_dtype=torch.float16,
-        prepare=lambda w: lowbit.quantize_kbit(w, bits=bits),
+        prepare=prepare,
         run=lambda x, q: lowbit.kbit_linear(x, q),
         weight_bytes=lambda q: q.nbytes(),
         reference=lambda x, q: kbit.linear_reference(x, *q.tensors(), q.bits),
         tolerance=2e-3,  # fp16 activations/outputs vs the fp32 reference
+        prepare_experts=prepare_experts if grouped else None,
+        prepare_input=prepare_input if grouped else None,
+        run_grouped=(lambda inp, ex: lowbit.kbit_grouped_linear(inp[0], inp[1], ex)) if grouped else None,
+        experts_only=not grouped,
+    )
+
+
+def _cublas_bmm() -> Method:
+    def prepare_input(x, counts):
+        """Tokens sorted by expert -> [experts, max tokens, K_in], zero-padded (done before timing)."""
+        a, cmax = counts.numel(), int(counts.max())
+        xp = x.new_zeros(a, cmax, x.shape[1])
+        off = 0
+        for i, c in enumerate(counts.tolist()):
+            xp[i, :c] = x[off:off + c]
+            off += c
+        return xp, counts
+
+    def run_grouped(inp, w):
+        xp, counts = inp
+        return torch.bmm(xp, w.transpose(1, 2))  # padded rows computed too, as a padded bmm does
+
+    return Method(
+        name="cublas-fp16-bmm",
+        description="torch.bmm over the active experts, fp16, tokens zero-padded to the largest count",
+        act_dtype=torch.float16,
+        prepare=lambda w: w.half().contiguous(),
+        run=lambda x, w: torch.nn.functional.linear(x, w),
+        weight_bytes=lambda w: w.numel() * w.element_size(),
+        tolerance=1e-2,
+        prepare_experts=lambda ws: torch.stack(ws).half().contiguous(),
+        prepare_input=prepare_input,
+        run_grouped=run_grouped,
+        experts_only=True,
     )
 
 
@@ -175,14 +230,15 @@ def all_methods() -> dict[str, Method]:
     methods = [_cublas(torch.float16), _cublas(torch.bfloat16)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
+    methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]
     return {m.name: m for m in methods}
 
 
 def select(names: list[str] | None) -> list[Method]:
-    """Methods by name (None: all); unknown names raise ValueError listing the known ones."""
+    """Methods by name (None: all but the MoE-only variants); unknown names raise ValueError."""
     table = all_methods()
     if not names:
-        return list(table.values())
+        return [m for m in table.values() if not m.experts_only]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(table)}")

@@ -93,6 +93,8 @@ class Runner:
 
     def linear_rows(self, preset: str, lin: Linear, ms: list[int], method: Method) -> list[Row]:
         """One row per M; the weights are prepared (quantized, cloned) once for all of them."""
+        if method.experts_only:
+            return []
         rows = [Row(preset, lin.name, lin.k_in, lin.n, m, method.name) for m in ms]
         if method.unavailable:
             for row in rows:
@@ -162,6 +164,9 @@ class Runner:
                     return row
             copy_bytes = sum(method.weight_bytes(base[lin.name][0][1]) for lin in moe.linears) * len(active)
             row.copies = copies_for_cold(copy_bytes, self.l2)
+            act_bytes = sum(c for _e, c in active) * sum(lin.k_in for lin in moe.linears) * xs[moe.linears[0].k_in].element_size()
+            if method.run_grouped is not None:
+                return self._moe_grouped(row, moe, method, active, base, xs, copy_bytes + act_bytes)
 
             def expert_states(copy_idx):
                 out = []
@@ -185,7 +190,6 @@ class Runner:
             copies = [expert_states(i) for i in range(row.copies)]
             cold = [c for st in copies for c in calls_for(st)]
             hot = calls_for(copies[0]) * row.copies
-            act_bytes = sum(c for _e, c in active) * sum(lin.k_in for lin in moe.linears) * xs[moe.linears[0].k_in].element_size()
             return self._finish(row, cold, hot, copy_bytes + act_bytes)
         except Exception as e:
             row.status = f"FAIL: {_short(e)}"
@@ -194,6 +198,40 @@ class Runner:
             row.extra["wall_s"] = round(time.perf_counter() - t_start, 3)
             gc.collect()
             torch.cuda.empty_cache()
+
+    def _moe_grouped(self, row: Row, moe: Moe, method: Method, active, base, xs, read_bytes: int) -> Row:
+        """Experts block with one launch per projection over the active experts' stacked weights."""
+        counts = torch.tensor([c for _e, c in active], dtype=torch.int64)
+        inputs = {lin.k_in: method.prepare_input(xs[lin.k_in], counts) for lin in moe.linears}
+        row.calls = len(moe.linears)
+        row.extra["launches_per_layer"] = len(moe.linears)
+
+        def stacked(lin):
+            ws = [base[lin.name][i % len(base[lin.name])][0] for i in range(len(active))]
+            return method.prepare_experts(ws)
+
+        states = []
+        for c in range(row.copies):
+            per = {lin.name: stacked(lin) for lin in moe.linears}
+            states.append(per)
+        # gate: the grouped output equals the per-expert path, expert by expert
+        for lin in moe.linears:
+            y = method.run_grouped(inputs[lin.k_in], states[0][lin.name])
+            off = 0
+            for i, (_e, c) in enumerate(active):
+                w_i, s_i = base[lin.name][i % len(base[lin.name])]
+                x_i = xs[lin.k_in][off:off + c]
+                ref = method.reference(x_i, s_i) if method.is_lowbit else x_i.float() @ w_i.float().t()
+                got = y[off:off + c] if y.dim() == 2 else y[i, :c]
+                err = _rel_err(got, ref)
+                row.rel_err = max(row.rel_err or 0.0, err) if err == err else err
+                if not (err == err and err <= method.tolerance):
+                    row.status = f"FAIL: grouped rel err {err:.3g} > {method.tolerance:g} ({lin.name}, expert {i})"
+                    return row
+                off += c
+        cold = [lambda st=st, lin=lin: method.run_grouped(inputs[lin.k_in], st[lin.name]) for st in states for lin in moe.linears]
+        hot = [lambda lin=lin: method.run_grouped(inputs[lin.k_in], states[0][lin.name]) for lin in moe.linears] * row.copies
+        return self._finish(row, cold, hot, read_bytes)
 
     # --------------------------------------------------------------------- a whole preset
     def tasks(self, preset: Preset, ms: list[int], include_moe: bool = True):

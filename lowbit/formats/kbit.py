@@ -50,7 +50,7 @@ def normal_float_codebook(bits: int) -> torch.Tensor:
     ``n = 2**K`` levels at the standard-normal quantiles of ``n`` evenly spaced probabilities
     from ``1 - p`` to ``p``, divided by the largest so the ends are exactly -1 and +1. The outer
     probability ``p = 1 - (1/(2n) + 1/(2(n-1)))/2`` is the one QLoRA's NF4 uses (0.9677 at K=4).
-    Unlike NF4 the levels are symmetric and have no exact zero: with few levels NF4's asymmetric
+    Values are rounded to the nearest bf16 (exact in fp16 too). Unlike NF4 the levels are symmetric and have no exact zero: with few levels NF4's asymmetric
     layout wastes one (at K=2 it keeps only {-1, 0} for negatives). Measured on Gaussian weights
     (tests/test_kbit_quant.py) the relative RMS error is 0.43 / 0.18 / 0.087 / 0.048 for K = 2..5,
     against 0.52 / 0.18 / 0.088 / 0.049 for the asymmetric NF layout.
@@ -60,7 +60,9 @@ def normal_float_codebook(bits: int) -> torch.Tensor:
     p = 1.0 - 0.5 * (1.0 / (2 * n) + 1.0 / (2 * (n - 1)))
     values = torch.special.ndtri(torch.linspace(1.0 - p, p, n, dtype=torch.float64))
     values = (values - values.flip(0)) / 2  # exact antisymmetry despite rounding in ndtri
-    return (values / values.abs().max()).to(torch.float32)
+    # Rounded to bf16-representable values (8 significant bits; also exact in fp16), so the
+    # tensor-core kernels, which hold codebook entries as fp16/bf16, use them without rounding.
+    return (values / values.abs().max()).to(torch.bfloat16).to(torch.float32)
 
 
 def check_codebook(codebook: object, bits: int) -> torch.Tensor:
@@ -114,7 +116,7 @@ def unpack_planes(planes: torch.Tensor, bits: int) -> torch.Tensor:
 class KbitWeight:
     """A kbit-quantized weight ``[N, K_in]``: planes, absmax codes, codebook, scale, bits."""
 
-    __slots__ = ("planes", "absmax", "codebook", "scale", "bits")
+    __slots__ = ("planes", "absmax", "codebook", "scale", "bits", "_tiled")
 
     def __init__(self, planes, absmax, codebook, scale, bits):
         self.planes = planes
@@ -122,7 +124,19 @@ class KbitWeight:
         self.codebook = codebook
         self.scale = scale
         self.bits = bits
+        self._tiled = None
         check_kbit_tensors(planes, absmax, codebook, scale, bits)
+
+    def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qweight, qabsmax) in the GPU layout (``kbit_tiled``), built once and cached.
+
+        Built eagerly by ``.to('cuda')``; call it before CUDA-graph capture otherwise.
+        """
+        if self._tiled is None:
+            from .. import ops
+
+            self._tiled = ops.kbit_repack(self.planes, self.absmax, self.bits)
+        return self._tiled
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -136,7 +150,10 @@ class KbitWeight:
         return self.planes, self.absmax, self.codebook, self.scale
 
     def to(self, device) -> "KbitWeight":
-        return KbitWeight(*(t.to(device) for t in self.tensors()), self.bits)
+        w = KbitWeight(*(t.to(device) for t in self.tensors()), self.bits)
+        if w.device.type == "cuda":
+            w.tiled()  # the GEMV kernels' layout, built now rather than inside a captured graph
+        return w
 
     def nbytes(self) -> int:
         """Bytes a kernel streams for this weight (planes + absmax)."""
@@ -213,3 +230,61 @@ def linear_reference(x, planes, absmax, codebook, scale, bits) -> torch.Tensor:
     """Reference ``x[M, K_in] @ W^T -> [M, N]`` in x's dtype, accumulated in fp32."""
     w = dequantize_reference(planes, absmax, codebook, scale, bits)
     return (x.to(torch.float32) @ w.t()).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- MoE experts
+class KbitExperts:
+    """E experts' kbit weights ``[E, N, K_in]`` sharing one codebook, one fp32 scale per expert."""
+
+    __slots__ = ("planes", "absmax", "codebook", "scales", "bits", "_tiled")
+
+    def __init__(self, planes, absmax, codebook, scales, bits):
+        check_bits(bits)
+        check_tensor("planes", planes, dtypes=(torch.int32,), dim=4)
+        check_tensor("absmax", absmax, dtypes=(torch.uint8,), dim=3)
+        check_tensor("scales", scales, dtypes=(torch.float32,), dim=1)
+        if tuple(absmax.shape) != tuple(planes.shape[:3]) or planes.shape[3] != bits or scales.shape[0] != planes.shape[0]:
+            raise ValueError(f"inconsistent expert tensors: planes {tuple(planes.shape)}, absmax {tuple(absmax.shape)}, "
+                             f"scales {tuple(scales.shape)}, bits {bits}")
+        check_codebook(codebook, bits)
+        check_same_device(planes=planes, absmax=absmax, codebook=codebook, scales=scales)
+        self.planes, self.absmax, self.codebook, self.scales, self.bits = planes, absmax, codebook, scales, bits
+        self._tiled = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.planes.shape[0], self.planes.shape[1], self.planes.shape[2] * BLOCK)
+
+    def expert(self, e: int) -> KbitWeight:
+        return KbitWeight(self.planes[e], self.absmax[e], self.codebook, self.scales[e], self.bits)
+
+    def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tiled is None:
+            from .. import ops
+
+            self._tiled = ops.kbit_repack(self.planes, self.absmax, self.bits)
+        return self._tiled
+
+    def to(self, device) -> "KbitExperts":
+        out = KbitExperts(self.planes.to(device), self.absmax.to(device), self.codebook.to(device),
+                          self.scales.to(device), self.bits)
+        if out.planes.device.type == "cuda":
+            out.tiled()
+        return out
+
+    def nbytes(self) -> int:
+        return self.planes.numel() * 4 + self.absmax.numel()
+
+    def __repr__(self) -> str:
+        e, n, k = self.shape
+        return f"KbitExperts(experts={e}, shape=({n}, {k}), bits={self.bits}, device={self.planes.device})"
+
+
+def quantize_experts(weights: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None = None) -> KbitExperts:
+    """Quantize stacked expert weights ``[E, N, K_in]``; each expert gets its own tensor scale."""
+    check_tensor("weights", weights, dtypes=FLOAT_DTYPES, dim=3, contiguous=False)
+    if weights.shape[0] == 0:
+        raise ValueError("weights must hold at least one expert")
+    qs = [quantize(weights[e], bits, codebook) for e in range(weights.shape[0])]
+    return KbitExperts(torch.stack([q.planes for q in qs]), torch.stack([q.absmax for q in qs]), qs[0].codebook,
+                       torch.stack([q.scale for q in qs]), bits)

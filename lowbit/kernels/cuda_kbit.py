@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from .. import ops
-from ..formats import kbit
+from ..formats import kbit, kbit_tiled
 from .library import LibraryUnavailable, get_library, ptr, stream_of
 
 _warned = False
@@ -45,3 +45,72 @@ def _(x, planes, absmax, codebook, scale, bits):
     m, n, k_in = ops.check_kbit_linear_args(x, planes, absmax, codebook, scale, bits)
     w = ops.kbit_dequantize(planes, absmax, codebook, scale, bits, x.dtype)
     return torch.nn.functional.linear(x, w)
+
+
+# ------------------------------------------------------------------ GEMV (tiled layout)
+_counters: dict[int, torch.Tensor] = {}
+WARPS_PER_CTA = 8
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 split-K tile counters, one buffer per device; kernels reset what they use.
+
+    Grown outside graph capture only (KbitWeight.to('cuda') sizes it); kernels sharing it must run
+    on one stream at a time.
+    """
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _counters.get(idx)
+    if buf is None or buf.numel() < n:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("lowbit: split-K counters must be allocated before CUDA-graph capture; "
+                               "run the layer once (or call KbitWeight.to('cuda')) before capturing")
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _counters[idx] = buf
+    return buf
+
+
+def gemv_plan(device: torch.device, n: int, k_in: int) -> tuple[int, int]:
+    """(splits, grid): split K until tiles x splits give ~16 warps per SM; warps loop over items."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles, groups = kbit_tiled.tiled_shape(n, k_in)
+    splits = max(1, min(groups, -(-sms * 16 // tiles)))
+    gps = -(-groups // splits)
+    splits = -(-groups // gps)
+    items = tiles * splits
+    grid = max(1, min(-(-items // WARPS_PER_CTA), sms * 4))
+    return splits, grid
+
+
+@ops.kbit_gemv.register_kernel("cuda")
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    m = ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    lib = _library_or_none(x.device)
+    if lib is None:
+        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    splits, grid = gemv_plan(x.device, n, k_in)
+    tiles, _ = kbit_tiled.tiled_shape(n, k_in)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((splits, tiles * 16, 8), dtype=torch.float32, device=x.device) if splits > 1 else None
+    cnt = counters(x.device, tiles)
+    args = [ptr(x), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), ptr(ws), ptr(cnt),
+            m, n, k_in, splits, grid, stream_of(x.device)]
+    lib.call("kbit_gemv", args, bits=bits, dtype=x.dtype, m=m)
+    return y
+
+
+@ops.kbit_grouped_gemv.register_kernel("cuda")
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    experts = ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    lib = _library_or_none(x.device)
+    if lib is None:
+        return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:
+        return y
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    tiles, _ = kbit_tiled.tiled_shape(n, k_in)
+    grid = max(1, min(-(-experts * tiles // WARPS_PER_CTA), sms * 4))
+    args = [ptr(x), ptr(expert_offsets), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scales), ptr(y),
+            experts, n, k_in, grid, stream_of(x.device)]
+    lib.call("kbit_grouped_gemv", args, bits=bits, dtype=x.dtype)
+    return y

@@ -16,12 +16,16 @@ import torch
 from . import build as _build
 
 ABI_VERSION = 1
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
 SIGNATURES: dict[str, list] = {
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
     "read_bw": [_P, _I64, _P, ctypes.c_int, _P],
+    # x, qweight, qabsmax, codebook, scale, y, workspace, counters, m, n, k_in, splits, grid, stream
+    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+    # x, expert_offsets, qweight, qabsmax, codebook, scales, y, n_experts, n, k_in, grid, stream
+    "kbit_grouped_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
 }
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

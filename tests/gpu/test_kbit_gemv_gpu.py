@@ -1,0 +1,128 @@
+"""kbit GEMV / grouped GEMV kernels on CUDA against the format reference.
+
+Error bound: relative norm error vs an fp64 product of the reference-dequantized weights:
+fp16 <= 1e-3 and bf16 <= 8e-3 (the output's own rounding is ~2.4e-4 / ~2e-3 rms); the
+default codebook is exact in fp16/bf16, so nothing else is rounded before fp32 accumulation.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import lowbit
+from lowbit.formats import kbit
+from lowbit.kernels.cuda_kbit import counters, gemv_plan
+from lowbit.kernels.library import get_library, ptr, stream_of
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.float16, torch.bfloat16]
+BOUND = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+ids = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+
+
+def _ref(x, q):
+    w = kbit.dequantize_reference(*q.to("cpu").tensors(), q.bits).double()
+    return x.cpu().double() @ w.t()
+
+
+def _rel(y, ref):
+    y = y.cpu().double()
+    assert not y.isnan().any(), "NaN in output"
+    return ((y - ref).norm() / ref.norm()).item()
+
+
+def _shapes(gen):
+    yield int(torch.randint(1, 300, (1,), generator=gen)), 32 * int(torch.randint(1, 40, (1,), generator=gen))
+    yield 2 * int(torch.randint(1, 200, (1,), generator=gen)) + 1, 32 * int(torch.randint(1, 12, (1,), generator=gen))
+    yield 64, 8192  # 4 tiles: deep split-K
+    yield 2048, 2048 + 96  # K_in not a multiple of 256 (padded group)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_gemv_matches_reference(bits, m, dtype, gen):
+    for n, k_in in _shapes(gen):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = lowbit.kbit_linear(x, q)
+        assert y.shape == (m, n) and y.dtype == dtype
+        err = _rel(y, _ref(x, q))
+        assert err <= BOUND[dtype], f"N={n} K_in={k_in}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [2, 5])
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_poisoned_output_and_guard(bits, m, gen):
+    """Direct C call on a NaN-filled buffer with a guard tail: every output written, nothing past it."""
+    for n, k_in in ((37, 96), (1000, 4096), (64, 8192)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).half().cuda()
+        qw, qa = q.tiled()
+        splits, grid = gemv_plan(x.device, n, k_in)
+        tiles = -(-n // 16)
+        buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+        ws = torch.empty((splits, tiles * 16, 8), dtype=torch.float32, device="cuda")
+        args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(ws), ptr(counters(x.device, tiles)),
+                m, n, k_in, splits, grid, stream_of(x.device)]
+        get_library().call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
+        torch.cuda.synchronize()
+        y = buf[: m * n].view(m, n)
+        assert _rel(y, _ref(x, q)) <= 1e-3
+        assert buf[m * n :].isnan().all()
+
+
+def test_gemv_deterministic(gen):
+    q = lowbit.quantize_kbit(torch.randn(512, 8192, generator=gen), bits=4).to("cuda")  # split-K
+    x = torch.randn(3, 8192, generator=gen).half().cuda()
+    assert gemv_plan(x.device, 512, 8192)[0] > 1
+    ys = [lowbit.kbit_linear(x, q) for _ in range(5)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+
+
+def test_gemv_in_cuda_graph(gen):
+    q = lowbit.quantize_kbit(torch.randn(1024, 2048, generator=gen), bits=3).to("cuda")
+    x = torch.randn(1, 2048, generator=gen).bfloat16().cuda()
+    ref = lowbit.kbit_linear(x, q)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        y = lowbit.kbit_linear(x, q)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_grouped_matches_per_expert_reference(bits, dtype, gen):
+    e, n, k_in = 16, 200, 512
+    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=bits).to("cuda")
+    counts = torch.randint(0, 4, (e,), generator=gen)
+    counts[3] = 0  # empty experts
+    counts[5] = 11  # more than 8 tokens: two passes
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    x = torch.randn(int(off[-1]), k_in, generator=gen).to(dtype)
+    y = lowbit.kbit_grouped_linear(x.cuda(), off.cuda(), ex)
+    assert y.shape == (x.shape[0], n)
+    for i in range(e):
+        lo, hi = int(off[i]), int(off[i + 1])
+        if hi > lo:
+            err = _rel(y[lo:hi], _ref(x[lo:hi], ex.expert(i)))
+            assert err <= BOUND[dtype], f"expert {i}: {err:.2e}"
+    y2 = lowbit.kbit_grouped_linear(x.cuda(), off.cuda(), ex)
+    assert torch.equal(y, y2)
+
+
+def test_grouped_all_tokens_one_expert_and_empty_batch(gen):
+    ex = lowbit.quantize_kbit_experts(torch.randn(4, 64, 256, generator=gen), bits=4).to("cuda")
+    x = torch.randn(3, 256, generator=gen).half().cuda()
+    off = torch.tensor([0, 0, 0, 3, 3], device="cuda")
+    y = lowbit.kbit_grouped_linear(x, off, ex)
+    assert _rel(y, _ref(x, ex.expert(2))) <= 1e-3
+    empty = lowbit.kbit_grouped_linear(x[:0], torch.zeros(5, dtype=torch.int64, device="cuda"), ex)
+    assert empty.shape == (0, 64)

@@ -1,0 +1,103 @@
+"""The GPU (tiled) layout: repack/unpack round trips, lane mapping, CPU fallbacks of the GEMV ops."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lowbit
+from lowbit import ops
+from lowbit.formats import kbit, kbit_tiled
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([2, 3, 4, 5]), st.integers(1, 40), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_repack_unpack_roundtrip(bits, n, nblk, seed):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (n, nblk, 32), generator=g, dtype=torch.int64).to(torch.uint8)
+    planes = kbit.pack_planes(codes, bits)
+    absmax = torch.randint(0, 256, (n, nblk), generator=g, dtype=torch.int64).to(torch.uint8)
+    qw, qa = kbit_tiled.repack(planes, absmax, bits)
+    t, grp = kbit_tiled.tiled_shape(n, nblk * 32)
+    assert qw.shape == (t, grp, bits, 32, 4) and qa.shape == (t, grp, 128)
+    p2, a2 = kbit_tiled.unpack(qw, qa, bits, n, nblk * 32)
+    assert torch.equal(p2, planes) and torch.equal(a2, absmax)
+
+
+def test_repack_stacked_experts(gen):
+    ex = lowbit.quantize_kbit_experts(torch.randn(3, 20, 64, generator=gen), bits=3)
+    qw, qa = ex.tiled()
+    assert qw.shape[0] == 3
+    for e in range(3):
+        p, a = kbit_tiled.unpack(qw[e], qa[e], 3, 20, 64)
+        assert torch.equal(p, ex.planes[e]) and torch.equal(a, ex.absmax[e])
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_lane_mapping_matches_docstring(bits, gen):
+    """Lane (g=1, t=2), block 0, pair p=1 (MMA 0, register R1 = row g+8, k = 8t, 8t+1)."""
+    q = lowbit.quantize_kbit(torch.randn(16, 256, generator=gen), bits=bits)
+    codes = kbit.unpack_planes(q.planes, bits)
+    qw, qa = kbit_tiled.repack(q.planes, q.absmax, bits)
+    lane, p, j = 6, 1, 0
+    words = [int(v) & 0xFFFFFFFF for v in qw[0, 0].permute(1, 0, 2).reshape(32, -1)[lane]]
+    klo = kbit_tiled.lo_bits(bits)
+    field = (words[2 * j + p // 4] >> (8 * (p % 4))) & 0xFF if klo == 4 else (words[j] >> (4 * p)) & 0xF
+    c0, c1 = field & ((1 << klo) - 1), field >> klo
+    if bits % 2:
+        hw = (words[4 * klo + j // 2] >> (16 * (j % 2))) & 0xFFFF
+        c0 |= ((hw >> (2 * p)) & 1) << klo
+        c1 |= ((hw >> (2 * p + 1)) & 1) << klo
+    assert (c0, c1) == (int(codes[9, 0, 16]), int(codes[9, 0, 17]))
+    assert int(qa[0, 0, 16 * 1 + 8 * 1 + 0]) == int(q.absmax[9, 0])
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_op_cpu_is_reference(bits, m, gen):
+    q = lowbit.quantize_kbit(torch.randn(37, 96, generator=gen), bits=bits)
+    x = torch.randn(m, 96, generator=gen).half()
+    qw, qa = q.tiled()
+    y = ops.kbit_gemv(x, qw, qa, q.codebook, q.scale, bits, 37, 96)
+    assert torch.equal(y, kbit.linear_reference(x, *q.tensors(), bits))
+
+
+def test_grouped_op_cpu_matches_per_expert(gen):
+    ex = lowbit.quantize_kbit_experts(torch.randn(5, 24, 64, generator=gen), bits=4)
+    counts = torch.tensor([2, 0, 3, 0, 1])
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    x = torch.randn(6, 64, generator=gen).half()
+    y = lowbit.kbit_grouped_linear(x, off, ex)
+    for e in range(5):
+        lo, hi = int(off[e]), int(off[e + 1])
+        if hi > lo:
+            assert torch.equal(y[lo:hi], lowbit.kbit_linear(x[lo:hi], ex.expert(e)))
+
+
+def test_gemv_and_grouped_bad_input(gen):
+    q = lowbit.quantize_kbit(torch.randn(16, 64, generator=gen), bits=4)
+    qw, qa = q.tiled()
+    with pytest.raises(ValueError, match="M = 1..4"):
+        ops.kbit_gemv(torch.randn(5, 64).half(), qw, qa, q.codebook, q.scale, 4, 16, 64)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        ops.kbit_gemv(torch.randn(1, 64), qw, qa, q.codebook, q.scale, 4, 16, 64)
+    with pytest.raises(ValueError, match="qweight must have shape"):
+        ops.kbit_gemv(torch.randn(1, 64).half(), qw, qa, q.codebook, q.scale, 4, 32, 64)
+    ex = lowbit.quantize_kbit_experts(torch.randn(2, 16, 64, generator=gen), bits=4)
+    x = torch.randn(3, 64).half()
+    with pytest.raises(ValueError, match="E \\+ 1 = 3 entries"):
+        lowbit.kbit_grouped_linear(x, torch.tensor([0, 3]), ex)
+    with pytest.raises(ValueError, match="must rise from 0"):
+        lowbit.kbit_grouped_linear(x, torch.tensor([0, 2, 1]), ex)
+    with pytest.raises(TypeError, match="expert_offsets must have dtype"):
+        lowbit.kbit_grouped_linear(x, torch.tensor([0, 1, 3], dtype=torch.int32), ex)
+    with pytest.raises(TypeError, match="KbitExperts"):
+        lowbit.kbit_grouped_linear(x, torch.tensor([0, 1, 3]), q)
+
+
+def test_opcheck_tiled_ops(gen):
+    q = lowbit.quantize_kbit(torch.randn(16, 64, generator=gen), bits=3)
+    torch.library.opcheck(torch.ops.lowbit.kbit_repack.default, (q.planes, q.absmax, 3))
+    qw, qa = q.tiled()
+    x = torch.randn(2, 64, generator=gen).half()
+    torch.library.opcheck(torch.ops.lowbit.kbit_gemv.default, (x, qw, qa, q.codebook, q.scale, 3, 16, 64))
