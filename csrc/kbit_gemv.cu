@@ -11,8 +11,8 @@
 // two rows' block scales to the block's partial sums: ~2.5 instructions per weight.
 // Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
 //
-// Determinism: split-K writes fp32 partials; the last warp to finish a tile (atomic counter)
-// sums them in split order, so the result never depends on arrival order.
+// Determinism: warps that share a tile write fp32 partials; the last one to finish it (atomic
+// counter) sums them in warp order, so the result never depends on arrival order.
 #include <type_traits>
 #include <utility>
 
@@ -183,30 +183,41 @@ __device__ __forceinline__ void tile_loop(float (&acc)[4], const uint4* __restri
 template <int BITS>
 constexpr size_t table_bytes() { return size_t(kTableEntries(BITS)) * 32 * 4; }
 
-// Dense GEMV. Work item w = split * n_tiles + tile; warps stride over items.
+// Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
+// into n_warps equal contiguous ranges, one per warp, on a grid that fits the GPU in one wave.
+// A warp's range covers whole tiles (written directly) and at most a partial head and tail
+// tile, whose fp32 partials go to workspace slot 0 (the warp's first tile) or 1 (its last).
+__device__ __forceinline__ int warp_of_unit(int64_t u, int64_t units, int64_t warps) {
+    return static_cast<int>(((u + 1) * warps - 1) / units);
+}
+
 template <int BITS, typename T, int MAXM>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
-    int splits, int groups_per_split) {
+    int n_warps) {
     extern __shared__ __align__(16) char smem[];
     build_table<BITS, T>(reinterpret_cast<uint32_t*>(smem), codebook);
     __syncthreads();
+    const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (w >= n_warps) return;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const float scale = *scale_ptr;
-    const int items = n_tiles * splits;
-    const int warp_global = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    for (int item = warp_global; item < items; item += gridDim.x * kWarps) {
-        const int tile = item % n_tiles, split = item / n_tiles;
-        const int g0 = split * groups_per_split;
-        const int g1 = min(n_groups, g0 + groups_per_split);
+    const int64_t units = int64_t(n_tiles) * n_groups;
+    const int64_t u_begin = w * units / n_warps, u_end = (w + 1) * units / n_warps;
+    const int first_tile = static_cast<int>(u_begin / n_groups);
+    for (int64_t u = u_begin; u < u_end;) {
+        const int tile = static_cast<int>(u / n_groups);
+        const int g0 = static_cast<int>(u % n_groups);
+        const int g1 = static_cast<int>(g0 + (u_end - u) < n_groups ? g0 + (u_end - u) : n_groups);
+        u += g1 - g0;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         tile_loop<BITS, T, MAXM>(acc, qweight + int64_t(tile) * n_groups * BITS * 32,
                                  qabsmax + int64_t(tile) * n_groups * 8, x, k_in, m, k_in, g0, g1, smem);
         const int row0 = tile * 16 + g;
-        if (splits == 1) {
+        if (g0 == 0 && g1 == n_groups) {  // whole tile: write the output
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
@@ -214,21 +225,24 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
             }
             continue;
         }
-        // split-K: fp32 partials [split][tile*16 + row][8 tokens], then the last warp reduces
-        float* ws = workspace + (int64_t(split) * n_tiles * 16) * 8;
+        // partial tile: [warp][slot][16 rows][8 tokens] fp32; the last contributor reduces
+        float* ws = workspace + (int64_t(w) * 2 + (tile == first_tile ? 0 : 1)) * 128;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ws[int64_t(row0 + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = acc[i];
+        for (int i = 0; i < 4; ++i) ws[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = acc[i];
         __threadfence();
+        const int w_first = warp_of_unit(int64_t(tile) * n_groups, units, n_warps);
+        const int w_last = warp_of_unit(int64_t(tile + 1) * n_groups - 1, units, n_warps);
         int last = 0;
-        if (lane == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+        if (lane == 0) last = atomicAdd(&counters[tile], 1) == w_last - w_first;
         last = __shfl_sync(kFullMask, last, 0);
         if (!last) continue;
         __threadfence();
         float sum[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
-            const float* p = workspace + (int64_t(s) * n_tiles * 16) * 8;
+        for (int v = w_first; v <= w_last; ++v) {  // fixed order: deterministic
+            const int v_first_tile = static_cast<int>((v * units / n_warps) / n_groups);
+            const float* p = workspace + (int64_t(v) * 2 + (tile == v_first_tile ? 0 : 1)) * 128;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + int64_t(row0 + (i >> 1) * 8) * 8 + 2 * t + (i & 1));
+            for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + (g + (i >> 1) * 8) * 8 + 2 * t + (i & 1));
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -282,17 +296,25 @@ int configure(K kernel, size_t smem) {
 
 template <int BITS, typename T, int MAXM>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
-                void* y, float* workspace, int* counters, int m, int n, int k_in, int splits, int grid, void* stream) {
+                void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    const int gps = (n_groups + splits - 1) / splits;
-    splits = (n_groups + gps - 1) / gps;
     constexpr size_t smem = table_bytes<BITS>();
     auto kernel = kbit_gemv_kernel<BITS, T, MAXM>;
     if (int err = configure(kernel, smem)) return err;
+    const int grid = (n_warps + kWarps - 1) / kWarps;
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
-        scale, static_cast<T*>(y), workspace, counters, m, n, k_in, n_tiles, n_groups, splits, gps);
+        scale, static_cast<T*>(y), workspace, counters, m, n, k_in, n_tiles, n_groups, n_warps);
     return static_cast<int>(cudaGetLastError());
+}
+
+// CTAs of this kernel that fit on one SM (registers, shared memory): sizes the one-wave grid.
+template <typename K>
+int occupancy(K kernel, size_t smem) {
+    if (configure(kernel, smem)) return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) != cudaSuccess) return 0;
+    return blocks;
 }
 
 template <int BITS, typename T>
@@ -315,9 +337,13 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
 #define LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, M)                                                               \
     extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
         const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
-        void* y, float* workspace, int* counters, int m, int n, int k_in, int splits, int grid, void* stream) { \
+        void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {        \
         return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, workspace,   \
-                                                        counters, m, n, k_in, splits, grid, stream);          \
+                                                        counters, m, n, k_in, n_warps, stream);               \
+    }                                                                                                         \
+    extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M>,                        \
+                                       lowbit::gemv::table_bytes<BITS>());                                    \
     }
 #define LOWBIT_DEFINE_GROUPED(BITS, NAME, TYPE)                                                                \
     extern "C" int lowbit_kbit_grouped_gemv_b##BITS##_##NAME(                                                  \

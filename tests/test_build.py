@@ -35,7 +35,7 @@ def built_library(tmp_path_factory):
 def test_library_builds_and_exports_symbols(built_library):
     lib = ctypes.CDLL(built_library)  # static cudart: loads without a GPU driver
     assert lib.lowbit_abi_version() == ABI_VERSION
-    assert set(SIGNATURES) == {"kbit_dequant", "read_bw", "kbit_gemv", "kbit_grouped_gemv"}
+    assert set(SIGNATURES) == {"kbit_dequant", "read_bw", "kbit_gemv", "kbit_gemv_occupancy", "kbit_grouped_gemv"}
     assert hasattr(lib, "lowbit_read_bw")
     for bits in (2, 3, 4, 5):
         for dt in DTYPE_NAMES.values():
@@ -44,6 +44,7 @@ def test_library_builds_and_exports_symbols(built_library):
             assert hasattr(lib, f"lowbit_kbit_grouped_gemv_b{bits}_{dt}")
             for m in (1, 2, 3, 4):
                 assert hasattr(lib, f"lowbit_kbit_gemv_b{bits}_{dt}_m{m}")
+                assert hasattr(lib, f"lowbit_kbit_gemv_occupancy_b{bits}_{dt}_m{m}")
 
 
 @needs_nvcc

@@ -69,16 +69,18 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def gemv_plan(device: torch.device, n: int, k_in: int) -> tuple[int, int]:
-    """(splits, grid): split K until tiles x splits give ~16 warps per SM; warps loop over items."""
+_occupancy: dict[tuple, int] = {}
+
+
+def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
+    """Warps for the stream-K GEMV: every resident warp of one full wave, but no more than units."""
+    key = (device.index, bits, dtype, m)
+    if key not in _occupancy:
+        fn = lib.symbol("kbit_gemv_occupancy", bits=bits, dtype=dtype, m=m)
+        _occupancy[key] = max(1, fn())
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    splits = max(1, min(groups, -(-sms * 16 // tiles)))
-    gps = -(-groups // splits)
-    splits = -(-groups // gps)
-    items = tiles * splits
-    grid = max(1, min(-(-items // WARPS_PER_CTA), sms * 4))
-    return splits, grid
+    return max(1, min(tiles * groups, _occupancy[key] * sms * WARPS_PER_CTA))
 
 
 @ops.kbit_gemv.register_kernel("cuda")
@@ -87,13 +89,13 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     lib = _library_or_none(x.device)
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    splits, grid = gemv_plan(x.device, n, k_in)
+    warps = gemv_warps(lib, x.device, bits, x.dtype, m, n, k_in)
     tiles, _ = kbit_tiled.tiled_shape(n, k_in)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((splits, tiles * 16, 8), dtype=torch.float32, device=x.device) if splits > 1 else None
+    ws = torch.empty((warps, 2, 128), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, tiles)
     args = [ptr(x), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), ptr(ws), ptr(cnt),
-            m, n, k_in, splits, grid, stream_of(x.device)]
+            m, n, k_in, warps, stream_of(x.device)]
     lib.call("kbit_gemv", args, bits=bits, dtype=x.dtype, m=m)
     return y
 

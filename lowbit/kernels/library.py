@@ -22,8 +22,9 @@ _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES: dict[str, list] = {
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
     "read_bw": [_P, _I64, _P, ctypes.c_int, _P],
-    # x, qweight, qabsmax, codebook, scale, y, workspace, counters, m, n, k_in, splits, grid, stream
-    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+    # x, qweight, qabsmax, codebook, scale, y, workspace, counters, m, n, k_in, n_warps, stream
+    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    "kbit_gemv_occupancy": [],
     # x, expert_offsets, qweight, qabsmax, codebook, scales, y, n_experts, n, k_in, grid, stream
     "kbit_grouped_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
 }

@@ -12,7 +12,7 @@ import torch
 
 import lowbit
 from lowbit.formats import kbit
-from lowbit.kernels.cuda_kbit import counters, gemv_plan
+from lowbit.kernels.cuda_kbit import counters, gemv_warps
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 pytestmark = pytest.mark.gpu
@@ -62,13 +62,14 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
         x = torch.randn(m, k_in, generator=gen).half().cuda()
         qw, qa = q.tiled()
-        splits, grid = gemv_plan(x.device, n, k_in)
+        lib = get_library()
+        warps = gemv_warps(lib, x.device, bits, torch.float16, m, n, k_in)
         tiles = -(-n // 16)
         buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
-        ws = torch.empty((splits, tiles * 16, 8), dtype=torch.float32, device="cuda")
+        ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(ws), ptr(counters(x.device, tiles)),
-                m, n, k_in, splits, grid, stream_of(x.device)]
-        get_library().call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
+                m, n, k_in, warps, stream_of(x.device)]
+        lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
         torch.cuda.synchronize()
         y = buf[: m * n].view(m, n)
         assert _rel(y, _ref(x, q)) <= 1e-3
@@ -78,7 +79,7 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
 def test_gemv_deterministic(gen):
     q = lowbit.quantize_kbit(torch.randn(512, 8192, generator=gen), bits=4).to("cuda")  # split-K
     x = torch.randn(3, 8192, generator=gen).half().cuda()
-    assert gemv_plan(x.device, 512, 8192)[0] > 1
+    assert gemv_warps(get_library(), x.device, 4, torch.float16, 3, 512, 8192) > 32 * 32 // 32  # tiles shared
     ys = [lowbit.kbit_linear(x, q) for _ in range(5)]
     assert all(torch.equal(ys[0], y) for y in ys[1:])
 
