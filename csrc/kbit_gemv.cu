@@ -23,6 +23,10 @@ namespace lowbit {
 namespace gemv {
 
 constexpr int kWarps = 8;         // warps per CTA
+
+// The pair-lookup table (dynamic shared memory). Referenced by symbol, not through a pointer,
+// so each lookup compiles to one LDS [offset + table] with the table base as an immediate.
+extern __shared__ __align__(16) char g_table[];
 constexpr int kGroupBlocks = 8;   // 32-element blocks per group (one load round)
 __host__ __device__ constexpr int kLoBits(int bits) { return bits >= 4 ? 4 : 2; }
 __host__ __device__ constexpr int kTableEntries(int bits) { return 1 << (2 * bits); }
@@ -44,13 +48,13 @@ template <> struct Pack2<__nv_bfloat16> {
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if constexpr (std::is_same_v<T, __half>) {
-        asm volatile(
+        asm(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
-        asm volatile(
+        asm(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
             "{%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -60,7 +64,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;  // weights are read once: don't keep them in L1
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+    asm("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
@@ -74,14 +78,18 @@ __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
 // Pair-lookup table: entry i, replica `lane` at word i*32 + lane, so every lane of a warp
 // reads its own bank (conflict-free for any indices).
 template <int BITS, typename T>
-__device__ void build_table(uint32_t* table, const float* __restrict__ codebook) {
+__device__ void build_table(const float* __restrict__ codebook) {
     constexpr int KLO = kLoBits(BITS);
     constexpr int kEntries = kTableEntries(BITS);
+    __shared__ float cb[1 << BITS];  // one global read per entry, then shared-memory reads
+    if (threadIdx.x < (1 << BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
+    __syncthreads();
+    uint32_t* table = reinterpret_cast<uint32_t*>(g_table);
     for (int i = threadIdx.x; i < kEntries * 32; i += blockDim.x) {
         const int e = i >> 5;
         const int lo0 = e & ((1 << KLO) - 1), lo1 = (e >> KLO) & ((1 << KLO) - 1);
         const int hi0 = (e >> (2 * KLO)) & 1, hi1 = (e >> (2 * KLO + 1)) & 1;
-        table[i] = Pack2<T>::pack(codebook[lo0 | (hi0 << KLO)], codebook[lo1 | (hi1 << KLO)]);
+        table[i] = Pack2<T>::pack(cb[lo0 | (hi0 << KLO)], cb[lo1 | (hi1 << KLO)]);
     }
 }
 
@@ -111,7 +119,8 @@ __device__ __forceinline__ uint32_t pair_offset(const uint32_t (&w)[4 * BITS], u
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 template <int BITS, typename T, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                              const uint4& xv, uint32_t lane4, const char* table) {
+                                              const uint4& xv, uint32_t lane4) {
+    const char* table = g_table;
     uint32_t frag[2][4];  // register R of MMA m holds pair p = 4m + R
     frag[0][0] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 0>(w, lane4));
     frag[1][0] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 4>(w, lane4));
@@ -137,17 +146,16 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
 
 template <int BITS, typename T, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane4, const char* table,
+                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane4,
                                                std::integer_sequence<int, J...>) {
-    (process_block<BITS, T, J>(acc, w, a, xv[J], lane4, table), ...);
+    (process_block<BITS, T, J>(acc, w, a, xv[J], lane4), ...);
 }
 
 // One tile (16 rows) over groups [g0, g1): acc[4] = this lane's (row g / g+8, token 2t / 2t+1)
 // partial sums (before the tensor scale). x points at token 0 of the tile's input rows.
 template <int BITS, typename T, int MAXM>
 __device__ __forceinline__ void tile_loop(float (&acc)[4], const uint4* __restrict__ qw, const uint4* __restrict__ qa,
-                                          const T* __restrict__ x, int64_t x_stride, int m, int k_in, int g0, int g1,
-                                          const char* table) {
+                                          const T* __restrict__ x, int64_t x_stride, int m, int k_in, int g0, int g1) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t lane4 = lane * 4u;
@@ -176,7 +184,7 @@ __device__ __forceinline__ void tile_loop(float (&acc)[4], const uint4* __restri
             const int k0 = (grp * kGroupBlocks + j) * 32;
             xv[j] = (has_token && k0 < k_in) ? *reinterpret_cast<const uint4*>(xrow + k0) : make_uint4(0, 0, 0, 0);
         }
-        process_blocks<BITS, T>(acc, w, a, xv, lane4, table, std::make_integer_sequence<int, kGroupBlocks>{});
+        process_blocks<BITS, T>(acc, w, a, xv, lane4, std::make_integer_sequence<int, kGroupBlocks>{});
     }
 }
 
@@ -197,8 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps) {
-    extern __shared__ __align__(16) char smem[];
-    build_table<BITS, T>(reinterpret_cast<uint32_t*>(smem), codebook);
+    build_table<BITS, T>(codebook);
     __syncthreads();
     const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
     if (w >= n_warps) return;
@@ -215,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         u += g1 - g0;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         tile_loop<BITS, T, MAXM>(acc, qweight + int64_t(tile) * n_groups * BITS * 32,
-                                 qabsmax + int64_t(tile) * n_groups * 8, x, k_in, m, k_in, g0, g1, smem);
+                                 qabsmax + int64_t(tile) * n_groups * 8, x, k_in, m, k_in, g0, g1);
         const int row0 = tile * 16 + g;
         if (g0 == 0 && g1 == n_groups) {  // whole tile: write the output
 #pragma unroll
@@ -260,8 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_grouped_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, const uint4* __restrict__ qweight,
     const uint4* __restrict__ qabsmax, const float* __restrict__ codebook, const float* __restrict__ scales,
     T* __restrict__ y, int n_experts, int n, int k_in, int n_tiles, int n_groups) {
-    extern __shared__ __align__(16) char smem[];
-    build_table<BITS, T>(reinterpret_cast<uint32_t*>(smem), codebook);
+    build_table<BITS, T>(codebook);
     __syncthreads();
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_grouped_gemv_kernel(
             const int m = static_cast<int>(hi - tok0 < 8 ? hi - tok0 : 8);
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             tile_loop<BITS, T, 8>(acc, qweight + wbase * BITS * 32, qabsmax + wbase * 8, x + tok0 * k_in, k_in, m,
-                                  k_in, 0, n_groups, smem);
+                                  k_in, 0, n_groups);
             const int row0 = tile * 16 + g;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {

@@ -1,0 +1,61 @@
+"""Tuning aid: cold-L2 time of the kbit GEMV kernel for several warp counts (stream-K split).
+
+    python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1]
+
+Prints one line per (shape, bits, warps) with us and % of measured read bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import lowbit
+from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
+from lowbit.kernels.cuda_kbit import counters, gemv_warps
+from lowbit.kernels.library import get_library, ptr, stream_of
+
+SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bits", default="2,3,4,5")
+    ap.add_argument("--m", type=int, default=1)
+    args = ap.parse_args()
+    lib = get_library()
+    bw = measure_read_bandwidth()
+    print(f"read bandwidth {bw / 1e12:.3f} TB/s")
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for k_in, n in SHAPES:
+        for bits in map(int, args.bits.split(",")):
+            q = lowbit.quantize_kbit(torch.randn(n, k_in, device=dev, dtype=torch.float16), bits=bits)
+            qw, qa = q.tiled()
+            nbytes = qw.numel() * 4 + qa.numel()
+            copies = [(qw, qa)] + [(qw.clone(), qa.clone()) for _ in range(copies_for_cold(nbytes, l2_bytes()) - 1)]
+            x = torch.randn(args.m, k_in, device=dev, dtype=torch.float16)
+            y = torch.empty(args.m, n, device=dev, dtype=torch.float16)
+            tiles, groups = -(-n // 16), -(-k_in // 256)
+            units = tiles * groups
+            full = gemv_warps(lib, dev, bits, torch.float16, args.m, n, k_in)
+            cands = sorted({min(units, w) for w in (full, full // 2, full // 4, tiles, 2 * tiles, sms * 8, sms * 16, sms * 32)})
+            cnt = counters(dev, tiles)
+            for warps in cands:
+                ws = torch.empty(warps, 2, 128, device=dev)
+
+                def call(c):
+                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(ws), ptr(cnt),
+                         args.m, n, k_in, warps, stream_of(dev)]
+                    lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
+
+                t = graph_time([lambda c=c: call(c) for c in copies], replays=10)
+                pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+                tag = " <- default" if warps == full else ""
+                print(f"{k_in}x{n} K={bits} warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+            del copies
+
+
+if __name__ == "__main__":
+    main()
