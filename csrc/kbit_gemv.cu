@@ -24,12 +24,22 @@ namespace gemv {
 
 constexpr int kWarps = 8;         // warps per CTA
 
-// The pair-lookup table (dynamic shared memory). Referenced by symbol, not through a pointer,
-// so each lookup compiles to one LDS [offset + table] with the table base as an immediate.
+// The pair-lookup table (dynamic shared memory). Lookups address it with 32-bit shared-window
+// offsets (ld.shared), computed as (field << stride_shift) | lane_word: no generic-address math.
 extern __shared__ __align__(16) char g_table[];
 constexpr int kGroupBlocks = 8;   // 32-element blocks per group (one load round)
-__host__ __device__ constexpr int kLoBits(int bits) { return bits >= 4 ? 4 : 2; }
 __host__ __device__ constexpr int kTableEntries(int bits) { return 1 << (2 * bits); }
+// Replicas per entry: one per lane makes every lookup conflict-free. K=5 (1024 entries) keeps
+// 16 so its table is 64 KB, not 128 KB (3 CTAs/SM instead of 1); lanes l and l+16 then share
+// a bank, at most a 2-way conflict, affordable at K=5's lower weights-per-byte rate.
+__host__ __device__ constexpr int kReplicas(int bits) { return bits == 5 ? 16 : 32; }
+__host__ __device__ constexpr int kStrideShift(int bits) { return bits == 5 ? 6 : 7; }  // log2(bytes/entry)
+
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+    uint32_t v;  // volatile: must not be hoisted above the __syncthreads that publishes the table
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
 
 template <typename T> struct Pack2;
 template <> struct Pack2<__half> {
@@ -64,7 +74,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;  // weights are read once: don't keep them in L1
-    asm("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
@@ -75,69 +85,87 @@ __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
     return __uint_as_float(shifted & 0x07F80000u) * 5.192296858534828e33f;  // 2^112
 }
 
-// Pair-lookup table: entry i, replica `lane` at word i*32 + lane, so every lane of a warp
-// reads its own bank (conflict-free for any indices).
+// Pair-lookup table: entry i, replica r at word i*R + r (R = kReplicas), read by lane l from
+// replica l % R, so (for R = 32) every lane of a warp reads its own bank whatever the indices.
 template <int BITS, typename T>
 __device__ void build_table(const float* __restrict__ codebook) {
-    constexpr int KLO = kLoBits(BITS);
+    constexpr int R = kReplicas(BITS);
     constexpr int kEntries = kTableEntries(BITS);
     __shared__ float cb[1 << BITS];  // one global read per entry, then shared-memory reads
     if (threadIdx.x < (1 << BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
     __syncthreads();
     uint32_t* table = reinterpret_cast<uint32_t*>(g_table);
-    for (int i = threadIdx.x; i < kEntries * 32; i += blockDim.x) {
-        const int e = i >> 5;
-        const int lo0 = e & ((1 << KLO) - 1), lo1 = (e >> KLO) & ((1 << KLO) - 1);
-        const int hi0 = (e >> (2 * KLO)) & 1, hi1 = (e >> (2 * KLO + 1)) & 1;
-        table[i] = Pack2<T>::pack(cb[lo0 | (hi0 << KLO)], cb[lo1 | (hi1 << KLO)]);
+    for (int i = threadIdx.x; i < kEntries * R; i += blockDim.x) {
+        const int e = i / R;  // field value = code0 | code1 << K
+        table[i] = Pack2<T>::pack(cb[e & ((1 << BITS) - 1)], cb[e >> BITS]);
     }
 }
 
-// Byte offset of pair p's table word: (field << 7) | lane*4, field = the pair's 2K-bit index.
+// Shift `word` left by S (right if S < 0); constant-folded to one SHF.
+template <int S>
+__device__ __forceinline__ uint32_t shift(uint32_t word) {
+    if constexpr (S >= 0) return word << S; else return word >> (-S);
+}
+
+// (word & MASK) shifted by S, plus `base`. The mask is applied first (in PTX, so the compiler
+// cannot turn it back into shift-then-mask), letting ptxas fuse shift + add into one LEA /
+// LEA.HI: two instructions per lookup address instead of three.
+template <uint32_t MASK, int S>
+__device__ __forceinline__ uint32_t mask_shift_add(uint32_t word, uint32_t base) {
+    uint32_t masked;
+    asm("and.b32 %0, %1, %2;\n" : "=r"(masked) : "r"(word), "n"(MASK));
+    return shift<S>(masked) + base;
+}
+
+// Shared address of pair p's table entry for this lane: base + (field << D), D = log2(bytes
+// per entry). Field f = 8J + P is 2K bits at bit 2K*f of the lane's word stream; the few that
+// straddle two words (odd K) are joined by one funnel shift first.
 template <int BITS, int J, int P>
-__device__ __forceinline__ uint32_t pair_offset(const uint32_t (&w)[4 * BITS], uint32_t lane4) {
-    constexpr int KLO = kLoBits(BITS);
-    uint32_t off;
-    if constexpr (KLO == 4) {
-        constexpr int s = 8 * (P % 4);
-        const uint32_t word = w[2 * J + P / 4];
-        off = (s <= 7 ? (word << (7 - s)) : (word >> (s - 7))) & 0x7F80u;
+__device__ __forceinline__ uint32_t pair_addr(const uint32_t (&w)[4 * BITS], uint32_t base) {
+    constexpr int F = 2 * BITS, D = kStrideShift(BITS);
+    constexpr int bit = F * (8 * J + P), wi = bit / 32, s = bit % 32;
+    constexpr uint32_t kFieldMask = (1u << F) - 1;
+    if constexpr (s + F <= 32) {
+        return mask_shift_add<kFieldMask << s, D - s>(w[wi], base);
     } else {
-        constexpr int s = 4 * P;
-        const uint32_t word = w[J];
-        off = (s <= 7 ? (word << (7 - s)) : (word >> (s - 7))) & 0x780u;
+        return mask_shift_add<kFieldMask, D>(__funnelshift_r(w[wi], w[wi + 1], s), base);
     }
-    if constexpr (BITS % 2) {  // top bits of both codes go above the low fields
-        constexpr int s = 16 * (J % 2) + 2 * P;   // source bit position
-        constexpr int d = 2 * KLO + 7;            // destination bit position
-        const uint32_t word = w[4 * KLO + J / 2];
-        off |= (s <= d ? (word << (d - s)) : (word >> (s - d))) & (3u << d);
-    }
-    return off | lane4;
+}
+
+template <int BITS> struct GroupData {
+    uint4 w[BITS];  // this lane's code words for 8 blocks
+    uint4 a;        // absmax bytes of rows g (bytes 0..7) and g+8 (8..15), blocks 0..7
+};
+
+// Unit u = tile * n_groups + group is contiguous in both arrays, so a warp streams its units
+// with one running index whatever tiles they belong to. qw_lane / qa_lane: this lane's offset.
+template <int BITS>
+__device__ __forceinline__ void load_group(GroupData<BITS>& d, const uint4* qw_lane, const uint4* qa_lane, int64_t u) {
+#pragma unroll
+    for (int c = 0; c < BITS; ++c) d.w[c] = ld_stream(qw_lane + (u * BITS + c) * 32);
+    d.a = ld_stream(qa_lane + u * 8);
 }
 
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 template <int BITS, typename T, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                              const uint4& xv, uint32_t lane4) {
-    const char* table = g_table;
+                                              const uint4& xv, uint32_t lane_addr) {
     uint32_t frag[2][4];  // register R of MMA m holds pair p = 4m + R
-    frag[0][0] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 0>(w, lane4));
-    frag[1][0] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 4>(w, lane4));
-    frag[0][1] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 1>(w, lane4));
-    frag[0][2] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 2>(w, lane4));
-    frag[0][3] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 3>(w, lane4));
-    frag[1][1] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 5>(w, lane4));
-    frag[1][2] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 6>(w, lane4));
-    frag[1][3] = *reinterpret_cast<const uint32_t*>(table + pair_offset<BITS, J, 7>(w, lane4));
+    frag[0][0] = lds_u32(pair_addr<BITS, J, 0>(w, lane_addr));
+    frag[0][1] = lds_u32(pair_addr<BITS, J, 1>(w, lane_addr));
+    frag[0][2] = lds_u32(pair_addr<BITS, J, 2>(w, lane_addr));
+    frag[0][3] = lds_u32(pair_addr<BITS, J, 3>(w, lane_addr));
+    frag[1][0] = lds_u32(pair_addr<BITS, J, 4>(w, lane_addr));
+    frag[1][1] = lds_u32(pair_addr<BITS, J, 5>(w, lane_addr));
+    frag[1][2] = lds_u32(pair_addr<BITS, J, 6>(w, lane_addr));
+    frag[1][3] = lds_u32(pair_addr<BITS, J, 7>(w, lane_addr));
     float part[4] = {0.f, 0.f, 0.f, 0.f};
     mma16816<T>(part, frag[0], xv.x, xv.y);
     mma16816<T>(part, frag[1], xv.z, xv.w);
     // absmax bytes: row g at byte J, row g+8 at byte 8 + J of this lane's 16 bytes
     constexpr int q = 8 * (J % 4);
-    const uint32_t lo_word = a[J / 4], hi_word = a[2 + J / 4];
-    const float s_lo = e4m4_from_shifted(q <= 19 ? lo_word << (19 - q) : lo_word >> (q - 19));
-    const float s_hi = e4m4_from_shifted(q <= 19 ? hi_word << (19 - q) : hi_word >> (q - 19));
+    const float s_lo = e4m4_from_shifted(shift<19 - q>(a[J / 4]));
+    const float s_hi = e4m4_from_shifted(shift<19 - q>(a[2 + J / 4]));
     acc[0] = fmaf(s_lo, part[0], acc[0]);
     acc[1] = fmaf(s_lo, part[1], acc[1]);
     acc[2] = fmaf(s_hi, part[2], acc[2]);
@@ -146,107 +174,173 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
 
 template <int BITS, typename T, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane4,
+                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane_addr,
                                                std::integer_sequence<int, J...>) {
-    (process_block<BITS, T, J>(acc, w, a, xv[J], lane4), ...);
+    (process_block<BITS, T, J>(acc, w, a, xv[J], lane_addr), ...);
 }
 
-// One tile (16 rows) over groups [g0, g1): acc[4] = this lane's (row g / g+8, token 2t / 2t+1)
-// partial sums (before the tensor scale). x points at token 0 of the tile's input rows.
-template <int BITS, typename T, int MAXM>
-__device__ __forceinline__ void tile_loop(float (&acc)[4], const uint4* __restrict__ qw, const uint4* __restrict__ qa,
-                                          const T* __restrict__ x, int64_t x_stride, int m, int k_in, int g0, int g1) {
-    const int lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const uint32_t lane4 = lane * 4u;
-    const bool has_token = g < m && g < MAXM;
-    const T* xrow = x + (has_token ? g : 0) * x_stride + 8 * t;
-    // qw: [groups][BITS chunks][32 lanes] uint4;  qa: [groups][8 row groups] uint4
-    uint4 wbuf[BITS], abuf;
+// Per-lane constants of the unit loop.
+template <typename T>
+struct LaneCtx {
+    const T* x;          // this lane's token row (rows >= m read token m-1: their outputs are dropped), + 8t
+    uint32_t lane_addr;  // shared-window address of this lane's replica of table entry 0
+    int k_blocks;        // k_in / 32
+};
+
+// Load x for the 8 blocks of group grp (zero past k_in in a partial last group).
+template <typename T>
+__device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<T>& ctx, int grp) {
+    const int valid_blocks = ctx.k_blocks - grp * kGroupBlocks;
+    const T* xg = ctx.x + grp * 256;
+    if (valid_blocks >= kGroupBlocks) {
 #pragma unroll
-    for (int c = 0; c < BITS; ++c) wbuf[c] = ld_stream(qw + (int64_t(g0) * BITS + c) * 32 + lane);
-    abuf = ld_stream(qa + int64_t(g0) * 8 + g);
-    for (int grp = g0; grp < g1; ++grp) {
-        uint32_t w[4 * BITS];
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = *reinterpret_cast<const uint4*>(xg + 32 * j);
+    } else {
 #pragma unroll
-        for (int c = 0; c < BITS; ++c) {
-            w[4 * c] = wbuf[c].x; w[4 * c + 1] = wbuf[c].y; w[4 * c + 2] = wbuf[c].z; w[4 * c + 3] = wbuf[c].w;
-        }
-        const uint32_t a[4] = {abuf.x, abuf.y, abuf.z, abuf.w};
-        if (grp + 1 < g1) {  // prefetch the next group while this one computes
-#pragma unroll
-            for (int c = 0; c < BITS; ++c) wbuf[c] = ld_stream(qw + (int64_t(grp + 1) * BITS + c) * 32 + lane);
-            abuf = ld_stream(qa + int64_t(grp + 1) * 8 + g);
-        }
-        uint4 xv[kGroupBlocks];
-#pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) {
-            const int k0 = (grp * kGroupBlocks + j) * 32;
-            xv[j] = (has_token && k0 < k_in) ? *reinterpret_cast<const uint4*>(xrow + k0) : make_uint4(0, 0, 0, 0);
-        }
-        process_blocks<BITS, T>(acc, w, a, xv, lane4, std::make_integer_sequence<int, kGroupBlocks>{});
+        for (int j = 0; j < kGroupBlocks; ++j)
+            xv[j] = j < valid_blocks ? *reinterpret_cast<const uint4*>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
     }
 }
 
-template <int BITS>
-constexpr size_t table_bytes() { return size_t(kTableEntries(BITS)) * 32 * 4; }
+// One group: x for its 8 blocks, then decode + MMAs. Padded columns past k_in have zero absmax;
+// their x is zero too, so they add exactly 0 (never 0 * Inf).
+template <int BITS, typename T>
+__device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
+                                              int grp) {
+    uint4 xv[kGroupBlocks];
+    load_x<T>(xv, ctx, grp);
+    uint32_t w[4 * BITS];
+#pragma unroll
+    for (int c = 0; c < BITS; ++c) {
+        w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
+    }
+    const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
+    process_blocks<BITS, T>(acc, w, a, xv, ctx.lane_addr, std::make_integer_sequence<int, kGroupBlocks>{});
+}
+
+// Groups in flight per warp (register buffers): one being decoded, kStages - 1 loading. Low K
+// moves few bytes per group, so it needs a deeper pipeline to keep enough bytes in flight.
+__host__ __device__ constexpr int kStages(int bits) { return bits <= 3 ? 3 : 2; }
+// (3 stages measured slower for K=4: 54.3 vs 51.5 us on 8192x28672; K=5 would exceed 128 registers.)
+__host__ __device__ constexpr int kGroupedStages(int bits) { return bits <= 3 ? 3 : 2; }
+
+template <int BITS, typename T>
+__host__ __device__ constexpr size_t table_bytes() { return size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4; }
+
+template <int BITS, typename T>
+__device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int m, int k_in) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int row = g < m ? g : m - 1;
+    const uint32_t table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
+    LaneCtx<T> c;
+    c.x = x + row * x_stride + 8 * t;
+    c.lane_addr = table + (lane % kReplicas(BITS)) * 4u;
+    c.k_blocks = k_in / 32;
+    return c;
+}
+
+// Issue the loads of units [u0, u0 + kStages - 1) (the pipeline prologue) into buf[0..].
+template <int BITS, int S>
+__device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
+                                         const uint4* qa_lane, int64_t u0, int64_t u_end) {
+#pragma unroll
+    for (int s = 0; s + 1 < S; ++s)
+        if (u0 + s < u_end) load_group<BITS>(buf[s], qw_lane, qa_lane, u0 + s);
+}
+
+// Stream units [u_begin, u_end) (prologue already issued) through a kStages-deep register
+// pipeline, accumulating into acc; at the end of every tile (or of the range) call
+// flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
+// the pipeline: loads run ahead across them.
+template <int BITS, typename T, int S, typename Flush>
+__device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
+                                          const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
+                                          int64_t u_end, int n_groups, Flush&& flush) {
+    int tile = static_cast<int>(u_begin / n_groups);
+    int grp = static_cast<int>(u_begin - int64_t(tile) * n_groups), g0 = grp;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t u = u_begin; u < u_end;) {
+#pragma unroll
+        for (int i = 0; i < S; ++i) {  // unrolled: buf[] indices are compile-time (registers)
+            if (u < u_end) {
+                if (u + S - 1 < u_end) load_group<BITS>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
+                compute_group<BITS, T>(acc, buf[i], ctx, grp);
+                ++u;
+                if (++grp == n_groups || u == u_end) {
+                    flush(acc, tile, g0, grp);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[r] = 0.f;
+                    ++tile;
+                    grp = g0 = 0;
+                }
+            }
+        }
+    }
+}
+
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
-// into n_warps equal contiguous ranges, one per warp, on a grid that fits the GPU in one wave.
-// A warp's range covers whole tiles (written directly) and at most a partial head and tail
-// tile, whose fp32 partials go to workspace slot 0 (the warp's first tile) or 1 (its last).
-__device__ __forceinline__ int warp_of_unit(int64_t u, int64_t units, int64_t warps) {
-    return static_cast<int>(((u + 1) * warps - 1) / units);
-}
+// into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w
+// gets q + (w < r) units (q, r = units / n_warps, units % n_warps). A warp's range covers whole
+// tiles (written directly) and at most a partial head and tail tile, whose fp32 partials go to
+// workspace slot 0 (the warp's first tile) or 1 (its last). 32-bit math: units < 2^31.
+struct StreamK {
+    int q, r;
+    __device__ __forceinline__ int begin(int w) const { return w * q + (w < r ? w : r); }
+    __device__ __forceinline__ int warp_of(int u) const {  // the warp whose range holds unit u
+        const int big = r * (q + 1);
+        return u < big ? u / (q + 1) : r + (u - big) / q;
+    }
+};
 
 template <int BITS, typename T, int MAXM>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
-    int n_warps) {
-    build_table<BITS, T>(codebook);
-    __syncthreads();
+    int n_warps, StreamK sk) {
     const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    if (w >= n_warps) return;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    const int u_begin = sk.begin(w), u_end = sk.begin(w + 1);
+    const uint4* qw_lane = qweight + lane;
+    const uint4* qa_lane = qabsmax + g;
+    // Start the first groups' loads before building the table: their latency hides the build.
+    GroupData<BITS> buf[kStages(BITS)];
+    if (w < n_warps) prologue<BITS, kStages(BITS)>(buf, qw_lane, qa_lane, u_begin, u_end);
+    build_table<BITS, T>(codebook);
+    m = m < MAXM ? m : MAXM;
+    __syncthreads();
+    if (w >= n_warps) return;
+    const LaneCtx<T> ctx = lane_ctx<BITS, T>(x, k_in, m, k_in);
     const float scale = *scale_ptr;
-    const int64_t units = int64_t(n_tiles) * n_groups;
-    const int64_t u_begin = w * units / n_warps, u_end = (w + 1) * units / n_warps;
-    const int first_tile = static_cast<int>(u_begin / n_groups);
-    for (int64_t u = u_begin; u < u_end;) {
-        const int tile = static_cast<int>(u / n_groups);
-        const int g0 = static_cast<int>(u % n_groups);
-        const int g1 = static_cast<int>(g0 + (u_end - u) < n_groups ? g0 + (u_end - u) : n_groups);
-        u += g1 - g0;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        tile_loop<BITS, T, MAXM>(acc, qweight + int64_t(tile) * n_groups * BITS * 32,
-                                 qabsmax + int64_t(tile) * n_groups * 8, x, k_in, m, k_in, g0, g1);
+    const int first_tile = u_begin / n_groups;
+    auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
         const int row0 = tile * 16 + g;
         if (g0 == 0 && g1 == n_groups) {  // whole tile: write the output
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && tok < MAXM && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * scale);
+                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * scale);
             }
-            continue;
+            return;
         }
         // partial tile: [warp][slot][16 rows][8 tokens] fp32; the last contributor reduces
         float* ws = workspace + (int64_t(w) * 2 + (tile == first_tile ? 0 : 1)) * 128;
 #pragma unroll
         for (int i = 0; i < 4; ++i) ws[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = acc[i];
         __threadfence();
-        const int w_first = warp_of_unit(int64_t(tile) * n_groups, units, n_warps);
-        const int w_last = warp_of_unit(int64_t(tile + 1) * n_groups - 1, units, n_warps);
+        const int w_first = sk.warp_of(tile * n_groups);
+        const int w_last = sk.warp_of((tile + 1) * n_groups - 1);
         int last = 0;
         if (lane == 0) last = atomicAdd(&counters[tile], 1) == w_last - w_first;
         last = __shfl_sync(kFullMask, last, 0);
-        if (!last) continue;
+        if (!last) return;
         __threadfence();
         float sum[4] = {0.f, 0.f, 0.f, 0.f};
         for (int v = w_first; v <= w_last; ++v) {  // fixed order: deterministic
-            const int v_first_tile = static_cast<int>((v * units / n_warps) / n_groups);
+            const int v_first_tile = sk.begin(v) / n_groups;
             const float* p = workspace + (int64_t(v) * 2 + (tile == v_first_tile ? 0 : 1)) * 128;
 #pragma unroll
             for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + (g + (i >> 1) * 8) * 8 + 2 * t + (i & 1));
@@ -254,10 +348,11 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && tok < MAXM && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * scale);
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * scale);
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
-    }
+    };
+    run_units<BITS, T, kStages(BITS)>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, n_groups, flush);
 }
 
 // Grouped GEMV for MoE: tokens sorted by expert; item = expert * n_tiles + tile; experts with
@@ -278,18 +373,21 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_grouped_gemv_kernel(
         const int64_t lo = expert_offsets[e], hi = expert_offsets[e + 1];
         if (hi <= lo) continue;
         const float scale = scales[e];
-        const int64_t wbase = (int64_t(e) * n_tiles + tile) * n_groups;
+        const int64_t u0 = (int64_t(e) * n_tiles + tile) * n_groups;  // this tile's units
         for (int64_t tok0 = lo; tok0 < hi; tok0 += 8) {
             const int m = static_cast<int>(hi - tok0 < 8 ? hi - tok0 : 8);
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            tile_loop<BITS, T, 8>(acc, qweight + wbase * BITS * 32, qabsmax + wbase * 8, x + tok0 * k_in, k_in, m,
-                                  k_in, 0, n_groups);
-            const int row0 = tile * 16 + g;
+            const LaneCtx<T> ctx = lane_ctx<BITS, T>(x + tok0 * k_in, k_in, m, k_in);
+            GroupData<BITS> buf[kGroupedStages(BITS)];
+            prologue<BITS, kGroupedStages(BITS)>(buf, qweight + lane, qabsmax + g, u0, u0 + n_groups);
+            auto flush = [&](const float (&acc)[4], int, int, int) {
+                const int row0 = tile * 16 + g;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && row < n) y[(tok0 + tok) * n + row] = from_float<T>(acc[i] * scale);
-            }
+                for (int i = 0; i < 4; ++i) {
+                    const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+                    if (tok < m && row < n) y[(tok0 + tok) * n + row] = from_float<T>(acc[i] * scale);
+                }
+            };
+            run_units<BITS, T, kGroupedStages(BITS)>(buf, qweight + lane, qabsmax + g, ctx, u0, u0 + n_groups, n_groups, flush);
         }
     }
 }
@@ -298,20 +396,6 @@ template <typename K>
 int configure(K kernel, size_t smem) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     return static_cast<int>(err);
-}
-
-template <int BITS, typename T, int MAXM>
-int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
-                void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {
-    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    constexpr size_t smem = table_bytes<BITS>();
-    auto kernel = kbit_gemv_kernel<BITS, T, MAXM>;
-    if (int err = configure(kernel, smem)) return err;
-    const int grid = (n_warps + kWarps - 1) / kWarps;
-    kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
-        scale, static_cast<T*>(y), workspace, counters, m, n, k_in, n_tiles, n_groups, n_warps);
-    return static_cast<int>(cudaGetLastError());
 }
 
 // CTAs of this kernel that fit on one SM (registers, shared memory): sizes the one-wave grid.
@@ -323,12 +407,29 @@ int occupancy(K kernel, size_t smem) {
     return blocks;
 }
 
+template <int BITS, typename T, int MAXM>
+int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
+                void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {
+    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    constexpr size_t smem = table_bytes<BITS, T>();
+    auto kernel = kbit_gemv_kernel<BITS, T, MAXM>;
+    if (int err = configure(kernel, smem)) return err;
+    const int64_t units = int64_t(n_tiles) * n_groups;
+    if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
+    const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
+    const int grid = (n_warps + kWarps - 1) / kWarps;
+    kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
+        scale, static_cast<T*>(y), workspace, counters, m, n, k_in, n_tiles, n_groups, n_warps, sk);
+    return static_cast<int>(cudaGetLastError());
+}
+
 template <int BITS, typename T>
 int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax,
                    const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int grid,
                    void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    constexpr size_t smem = table_bytes<BITS>();
+    constexpr size_t smem = table_bytes<BITS, T>();
     auto kernel = kbit_grouped_gemv_kernel<BITS, T>;
     if (int err = configure(kernel, smem)) return err;
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
@@ -349,7 +450,7 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
     }                                                                                                         \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M>,                        \
-                                       lowbit::gemv::table_bytes<BITS>());                                    \
+                                       lowbit::gemv::table_bytes<BITS, TYPE>());                                    \
     }
 #define LOWBIT_DEFINE_GROUPED(BITS, NAME, TYPE)                                                                \
     extern "C" int lowbit_kbit_grouped_gemv_b##BITS##_##NAME(                                                  \

@@ -34,22 +34,24 @@ def test_repack_stacked_experts(gen):
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
-def test_lane_mapping_matches_docstring(bits, gen):
-    """Lane (g=1, t=2), block 0, pair p=1 (MMA 0, register R1 = row g+8, k = 8t, 8t+1)."""
+@pytest.mark.parametrize("lane,j,p", [(6, 0, 1), (31, 7, 7), (0, 0, 5), (13, 3, 2), (22, 5, 6)])
+def test_lane_mapping_matches_docstring(bits, lane, j, p, gen):
+    """Lane (g, t), block j, pair p = 4m + 2q + h: row 8h + g, columns 32j + 8t + 4m + 2q + (0, 1).
+
+    (0, 0, 5) is field 5: bits 30..35 for K=3, straddling words 0 and 1.
+    """
     q = lowbit.quantize_kbit(torch.randn(16, 256, generator=gen), bits=bits)
     codes = kbit.unpack_planes(q.planes, bits)
     qw, qa = kbit_tiled.repack(q.planes, q.absmax, bits)
-    lane, p, j = 6, 1, 0
     words = [int(v) & 0xFFFFFFFF for v in qw[0, 0].permute(1, 0, 2).reshape(32, -1)[lane]]
-    klo = kbit_tiled.lo_bits(bits)
-    field = (words[2 * j + p // 4] >> (8 * (p % 4))) & 0xFF if klo == 4 else (words[j] >> (4 * p)) & 0xF
-    c0, c1 = field & ((1 << klo) - 1), field >> klo
-    if bits % 2:
-        hw = (words[4 * klo + j // 2] >> (16 * (j % 2))) & 0xFFFF
-        c0 |= ((hw >> (2 * p)) & 1) << klo
-        c1 |= ((hw >> (2 * p + 1)) & 1) << klo
-    assert (c0, c1) == (int(codes[9, 0, 16]), int(codes[9, 0, 17]))
-    assert int(qa[0, 0, 16 * 1 + 8 * 1 + 0]) == int(q.absmax[9, 0])
+    stream = sum(wd << (32 * i) for i, wd in enumerate(words))
+    field = (stream >> (2 * bits * (8 * j + p))) & ((1 << 2 * bits) - 1)
+    c0, c1 = field & ((1 << bits) - 1), field >> bits
+    g, t_ = lane // 4, lane % 4
+    m_, q_, h = p // 4, (p // 2) % 2, p % 2
+    row, col = 8 * h + g, 32 * j + 8 * t_ + 4 * m_ + 2 * q_
+    assert (c0, c1) == (int(codes[row, col // 32, col % 32]), int(codes[row, col // 32, col % 32 + 1]))
+    assert int(qa[0, 0, 16 * g + 8 * h + j]) == int(q.absmax[row, j])
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])

@@ -16,20 +16,20 @@ Tiles and groups::
     of MMA m, holding (element e=0, element e=1). Token x[k..k+7] for the same lane is one
     16-byte load that is exactly the B fragments of both MMAs.
 
-Per lane and group, 4*K 32-bit words (K 16-byte chunks):
+Per lane and group, 4*K 32-bit words (K 16-byte chunks) hold a little-endian bit stream of the
+lane's 64 pair fields, 2K bits each, in order f = 8*j + p (block j, pair p):
 
-    K_lo = 4 for K in (4, 5), 2 for K in (2, 3); odd K keeps its top bit apart.
-    lo words : block j, pair p -> field (lo(e0) | lo(e1) << K_lo), 2*K_lo bits,
-               K_lo=4: byte p%4 of word 2*j + p//4;  K_lo=2: nibble p of word j
-    hi words : (odd K) word 4*K_lo + j//2, bits 16*(j%2) + 2*p + e = top bit of element e
+    field(j, p) = code(e=0) | code(e=1) << K        at stream bits [2K*f, 2K*f + 2K)
+    K=2: nibbles, K=4: bytes (no field crosses a word); K=3 / K=5: 6 / 10-bit fields, a few of
+    which straddle two words (the kernel joins those with one funnel shift)
 
     qweight : int32 [..., T, G, K, 32, 4]   word i of lane l at [..., c = i // 4, l, i % 4]
               (a warp's load of chunk c covers 512 contiguous bytes)
     qabsmax : uint8 [..., T, G, 128]        byte 16*g + 8*h + j = absmax of row 8*h+g, block j
               (lane (g, t) loads its 16 bytes in one load; the 4 lanes of a row group share it)
 
-The kernels' lookup table has an entry per pair field ``lo0 | lo1 << K_lo | hi0 << 2K_lo |
-hi1 << 2K_lo+1`` holding (codebook[code0], codebook[code1]) as two fp16/bf16 values.
+The kernels' lookup table has one entry per field value (2^2K entries) holding
+(codebook[code0], codebook[code1]) as two fp16/bf16 values: one shared-memory load decodes a pair.
 """
 
 from __future__ import annotations
@@ -43,12 +43,15 @@ GROUP_BLOCKS = 8
 GROUP_K = GROUP_BLOCKS * kbit.BLOCK
 
 
-def lo_bits(bits: int) -> int:
-    return 4 if bits >= 4 else 2
-
-
 def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _stream_positions(bits: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the 64 fields of a lane: first word, bit offset in it, and whether it spills into the next."""
+    start = torch.arange(64, device=device) * (2 * bits)
+    word, shift = start // 32, start % 32
+    return word, shift, shift + 2 * bits > 32
 
 
 def tiled_shape(n: int, k_in: int) -> tuple[int, int]:
@@ -73,24 +76,12 @@ def repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch
     nl = len(lead)
     perm = [*range(nl), nl + 0, nl + 3, nl + 4, nl + 2, nl + 5, nl + 6, nl + 7, nl + 1, nl + 8]
     c = c.permute(perm).reshape(*lead, t_count, g_count, 8, 32, 8, 2)
-    klo = lo_bits(bits)
-    lo = c & ((1 << klo) - 1)
-    field = lo[..., 0] | (lo[..., 1] << klo)  # [..., T, G, j, lane, p]
-    if klo == 4:
-        f = field.reshape(*field.shape[:-1], 2, 4)
-        words = (f << (8 * torch.arange(4, device=f.device))).sum(-1)  # [..., j, lane, 2]
-        lo_words = words.permute(*range(nl + 2), nl + 3, nl + 2, nl + 4).reshape(*lead, t_count, g_count, 32, 16)
-    else:
-        words = (field << (4 * torch.arange(8, device=field.device))).sum(-1)  # [..., j, lane]
-        lo_words = words.transpose(-1, -2)  # [..., lane, j]
-    parts = [lo_words]
-    if bits % 2:
-        hi = c >> klo
-        hf = hi[..., 0] | (hi[..., 1] << 1)  # [..., j, lane, p]
-        half = (hf << (2 * torch.arange(8, device=hf.device))).sum(-1)  # 16 bits per block
-        half = half.transpose(-1, -2).reshape(*lead, t_count, g_count, 32, 4, 2)
-        parts.append(half[..., 0] | (half[..., 1] << 16))
-    lane_words = torch.cat(parts, dim=-1)  # [..., T, G, lane, 4*bits]
+    field = c[..., 0] | (c[..., 1] << bits)  # [..., T, G, j, lane, p]
+    field = field.movedim(-3, -2).reshape(*lead, t_count, g_count, 32, 64)  # f = 8j + p
+    word, shift, spill = _stream_positions(bits, field.device)
+    lane_words = torch.zeros((*field.shape[:-1], 4 * bits), dtype=torch.int64, device=field.device)
+    lane_words.index_add_(-1, word, (field << shift) & 0xFFFFFFFF)  # fields never overlap: add = or
+    lane_words.index_add_(-1, word[spill] + 1, field[..., spill] >> (32 - shift[spill]))
     q = lane_words.reshape(*lead, t_count, g_count, 32, bits, 4).transpose(-3, -2)
     qweight = _to_int32(q).contiguous()
     qabsmax = amax.reshape(*lead, t_count, 2, 8, g_count, 8).permute(
@@ -108,21 +99,12 @@ def unpack(qweight: torch.Tensor, qabsmax: torch.Tensor, bits: int, n: int, k_in
     nl = len(lead)
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     lane_words = w.transpose(-3, -2).reshape(*lead, t_count, g_count, 32, 4 * bits)
-    klo = lo_bits(bits)
-    if klo == 4:
-        lw = lane_words[..., :16].reshape(*lead, t_count, g_count, 32, 8, 2)  # [lane, j, word]
-        bytes_ = (lw[..., None] >> (8 * torch.arange(4, device=w.device))) & 0xFF  # [lane, j, 2, 4]
-        field = bytes_.reshape(*lead, t_count, g_count, 32, 8, 8)  # [lane, j, p]
-    else:
-        lw = lane_words[..., :8]  # [lane, j]
-        field = (lw[..., None] >> (4 * torch.arange(8, device=w.device))) & 0xF
-    lo = torch.stack([field & ((1 << klo) - 1), field >> klo], dim=-1)  # [..., lane, j, p, e]
-    codes = lo
-    if bits % 2:
-        hw = lane_words[..., 4 * klo:]  # [lane, 4]
-        half = torch.stack([hw & 0xFFFF, hw >> 16], dim=-1).reshape(*lead, t_count, g_count, 32, 8)  # [lane, j]
-        hf = (half[..., None] >> (2 * torch.arange(8, device=w.device))) & 3  # [lane, j, p]
-        codes = codes | (torch.stack([hf & 1, hf >> 1], dim=-1) << klo)
+    word, shift, spill = _stream_positions(bits, w.device)
+    field = lane_words[..., word] >> shift
+    field[..., spill] |= lane_words[..., word[spill] + 1] << (32 - shift[spill])
+    field &= (1 << 2 * bits) - 1  # [..., lane, f = 8j + p]
+    mask = (1 << bits) - 1
+    codes = torch.stack([field & mask, field >> bits], dim=-1).reshape(*lead, t_count, g_count, 32, 8, 8, 2)
     # [..., T, G, lane(g,t), j, p(m,q,h), e] -> [..., T, h, g, G, j, t, m, q, e]
     c = codes.reshape(*lead, t_count, g_count, 8, 4, 8, 2, 2, 2, 2)  # T G g t j m q h e
     perm = [*range(nl), nl, nl + 7, nl + 2, nl + 1, nl + 4, nl + 3, nl + 5, nl + 6, nl + 8]

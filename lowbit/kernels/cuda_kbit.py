@@ -72,6 +72,11 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 _occupancy: dict[tuple, int] = {}
 
 
+def _aligned16(x: torch.Tensor) -> torch.Tensor:
+    """The kernels read x with 16-byte loads: a view at an odd offset is copied to fresh memory."""
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
 def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
     """Warps for the stream-K GEMV: every resident warp of one full wave, but no more than units."""
     key = (device.index, bits, dtype, m)
@@ -89,6 +94,7 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     lib = _library_or_none(x.device)
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    x = _aligned16(x)
     warps = gemv_warps(lib, x.device, bits, x.dtype, m, n, k_in)
     tiles, _ = kbit_tiled.tiled_shape(n, k_in)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -106,6 +112,7 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
     lib = _library_or_none(x.device)
     if lib is None:
         return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    x = _aligned16(x)
     y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     if x.shape[0] == 0:
         return y

@@ -76,6 +76,25 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
         assert buf[m * n :].isnan().all()
 
 
+@pytest.mark.parametrize("bits", [2, 5])
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_long_k(bits, m, gen):
+    """Long rows (K_in = 16416: 65 groups, last one partial) on few tiles: deep split-K."""
+    n, k_in = 80, 16384 + 32
+    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+    x = torch.randn(m, k_in, generator=gen).half().cuda()
+    assert _rel(lowbit.kbit_linear(x, q), _ref(x, q)) <= 1e-3
+
+
+def test_gemv_misaligned_x(gen):
+    """A contiguous x view at an 8-byte offset (not 16-byte aligned) still gives the right answer."""
+    q = lowbit.quantize_kbit(torch.randn(48, 256, generator=gen), bits=4).to("cuda")
+    flat = torch.randn(2 * 256 + 4, generator=gen).half().cuda()
+    x = flat[4:].view(2, 256)
+    assert x.data_ptr() % 16 != 0
+    assert _rel(lowbit.kbit_linear(x, q), _ref(x, q)) <= 1e-3
+
+
 def test_gemv_deterministic(gen):
     q = lowbit.quantize_kbit(torch.randn(512, 8192, generator=gen), bits=4).to("cuda")  # split-K
     x = torch.randn(3, 8192, generator=gen).half().cuda()
