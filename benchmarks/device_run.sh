@@ -12,9 +12,14 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   echo "== env (commit ${LOWBIT_GIT_COMMIT:-unknown})"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "== build"; python3 -m lowbit build --arch sm_90a
+  if [ -n "${SKIP_TESTS:-}" ]; then echo "== tests skipped (SKIP_TESTS)"; else
   echo "== gpu tests"; python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -25
   echo "== memcheck"; compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/gpu/test_kbit_dequant_gpu.py -k "poisoned and (float16 or bfloat16)" 2>&1 | tail -4
+  compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+      tests/gpu/test_kbit_gemv_gpu.py -k "poisoned or grouped_all or misaligned or long_k" 2>&1 | tail -4
+  echo "== dequant bandwidth"; python3 benchmarks/tools/dequant_bw.py 2>&1
+  fi
 } 2>&1 | tee "$LOG"
 mkdir -p "$OUT/results"
 for spec in "$@"; do

@@ -146,3 +146,20 @@ def test_grouped_all_tokens_one_expert_and_empty_batch(gen):
     assert _rel(y, _ref(x, ex.expert(2))) <= 1e-3
     empty = lowbit.kbit_grouped_linear(x[:0], torch.zeros(5, dtype=torch.int64, device="cuda"), ex)
     assert empty.shape == (0, 64)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_grouped_many_experts_few_active_deterministic(bits, gen):
+    """300 experts, 5 active (one with 11 tokens: two passes of 8), two runs bit-identical."""
+    e_count, n, k_in = 300, 80, 2048
+    ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=bits).to("cuda")
+    counts = torch.zeros(e_count, dtype=torch.int64)
+    counts[torch.tensor([3, 77, 150, 151, 299])] = torch.tensor([1, 11, 2, 1, 3])
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).cuda()
+    x = torch.randn(int(counts.sum()), k_in, generator=gen).half().cuda()
+    ys = [lowbit.kbit_grouped_linear(x, off, ex) for _ in range(3)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    for e in (3, 77, 150, 151, 299):
+        lo, hi = int(off[e]), int(off[e + 1])
+        assert _rel(ys[0][lo:hi], _ref(x[lo:hi], ex.expert(e))) <= 1e-3
+
