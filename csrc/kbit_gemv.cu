@@ -6,8 +6,9 @@
 // A operand of mma.m16n8k16 ("swap AB": rows of W are the MMA's M, tokens its N), so one MMA
 // per thread covers 8 weights for any M <= 8, accumulating in fp32.
 //
-// Per 16 weights a lane does: 8 pair lookups (shift + and/or + one 4-byte shared load each,
-// giving two fp16/bf16 codebook values), 2 MMAs, 2 absmax decodes and 4 FMAs that apply the
+// Per 16 weights a lane does: 8 pair lookups (mask + one shift-and-add LEA + one 4-byte shared
+// load each, plus a funnel shift for the few odd-K fields that straddle two words; each load
+// gives two fp16/bf16 codebook values), 2 MMAs, 2 absmax decodes and 4 FMAs that apply the
 // two rows' block scales to the block's partial sums: ~2.5 instructions per weight.
 // Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
 //

@@ -14,7 +14,8 @@ import torch
 
 import lowbit
 from lowbit import ops
-from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
+from lowbit.bench.timing import (copies_for_cold, graph_time, l2_bytes, measure_copy_bandwidth,
+                                 measure_read_bandwidth)
 
 
 def main() -> None:
@@ -24,11 +25,7 @@ def main() -> None:
     k_in, n = map(int, args.shape.split("x"))
     dev = torch.device("cuda")
     read_bw = measure_read_bandwidth()
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    t = graph_time([lambda: dst.copy_(src)], replays=10)
-    copy_bw = 2 * src.numel() / (t.median_us * 1e-6)
-    del src, dst
+    copy_bw = measure_copy_bandwidth()
     print(f"read {read_bw / 1e12:.3f} TB/s, torch copy_ (read+write) {copy_bw / 1e12:.3f} TB/s")
     for bits in (2, 3, 4, 5):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, device=dev, dtype=torch.float16), bits=bits)
