@@ -1,8 +1,10 @@
-"""Tuning aid: cold-L2 time of the kbit GEMV kernel for several warp counts (stream-K split).
+"""Tuning aid: cold-L2 time of the kbit GEMV kernels: the split-K-in-CTA kernel, and the
+stream-K kernel at several warp counts.
 
-    python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1]
+    python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
 
-Prints one line per (shape, bits, warps) with us and % of measured read bandwidth.
+Prints one line per (shape, bits, kernel) with us and % of measured read bandwidth, and which
+kernel the dispatch rule (lowbit.kernels.cuda_kbit.use_split) picks.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.cuda_kbit import counters, gemv_warps
+from lowbit.kernels.cuda_kbit import counters, gemv_warps, split_max_ctas, use_split
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -23,13 +25,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bits", default="2,3,4,5")
     ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--shapes", default=None, help="comma-separated K_inxN (default: a fixed list)")
+    ap.add_argument("--no-warps", action="store_true", help="stream-K at its default warp count only")
     args = ap.parse_args()
+    shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     lib = get_library()
     bw = measure_read_bandwidth()
     print(f"read bandwidth {bw / 1e12:.3f} TB/s")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for k_in, n in SHAPES:
+    for k_in, n in shapes:
         for bits in map(int, args.bits.split(",")):
             q = lowbit.quantize_kbit(torch.randn(n, k_in, device=dev, dtype=torch.float16), bits=bits)
             qw, qa = q.tiled()
@@ -41,7 +46,20 @@ def main() -> None:
             units = tiles * groups
             full = gemv_warps(lib, dev, bits, torch.float16, args.m, n, k_in)
             cands = sorted({min(units, w) for w in (full, full // 2, full // 4, tiles, 2 * tiles, sms * 8, sms * 16, sms * 32)})
+            if args.no_warps:
+                cands = [full]
             cnt = counters(dev, tiles)
+            max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
+
+            def split_call(c):
+                a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), 1, n,
+                     k_in, max_ctas, stream_of(dev)]
+                lib.call("kbit_split_gemv", a, bits=bits, dtype=torch.float16)
+
+            t = graph_time([lambda c=c: split_call(c) for c in copies], replays=10)
+            pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+            tag = " <- auto" if use_split(lib, dev, bits, torch.float16, n, k_in) else ""
+            print(f"{k_in}x{n} K={bits} split-in-CTA       {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             for warps in cands:
                 ws = torch.empty(warps, 2, 128, device=dev)
 
@@ -52,8 +70,8 @@ def main() -> None:
 
                 t = graph_time([lambda c=c: call(c) for c in copies], replays=10)
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-                tag = " <- default" if warps == full else ""
-                print(f"{k_in}x{n} K={bits} warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+                tag = " <- auto" if warps == full and not use_split(lib, dev, bits, torch.float16, n, k_in) else ""
+                print(f"{k_in}x{n} K={bits} stream-K warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             del copies
 
 

@@ -88,17 +88,24 @@ __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
 
 // Pair-lookup table: entry i, replica r at word i*R + r (R = kReplicas), read by lane l from
 // replica l % R, so (for R = 32) every lane of a warp reads its own bank whatever the indices.
+// Built with 16-byte stores of 4 replicas, consecutive lanes on consecutive chunks (no bank
+// conflicts), codebook values straight from global memory (L1/L2): no staging barrier, and the
+// fully unrolled loop issues all its loads at once, which matters for small GEMVs whose whole
+// run time is a few microseconds.
 template <int BITS, typename T>
-__device__ void build_table(const float* __restrict__ codebook) {
-    constexpr int R = kReplicas(BITS);
-    constexpr int kEntries = kTableEntries(BITS);
-    __shared__ float cb[1 << BITS];  // one global read per entry, then shared-memory reads
-    if (threadIdx.x < (1 << BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
-    __syncthreads();
-    uint32_t* table = reinterpret_cast<uint32_t*>(g_table);
-    for (int i = threadIdx.x; i < kEntries * R; i += blockDim.x) {
-        const int e = i / R;  // field value = code0 | code1 << K
-        table[i] = Pack2<T>::pack(cb[e & ((1 << BITS) - 1)], cb[e >> BITS]);
+__device__ __forceinline__ void build_table(const float* __restrict__ codebook) {
+    constexpr int kChunksPerEntry = kReplicas(BITS) / 4;
+    constexpr int kChunks = kTableEntries(BITS) * kChunksPerEntry;
+    constexpr int kMask = (1 << BITS) - 1;
+    uint4* table = reinterpret_cast<uint4*>(g_table);
+#pragma unroll
+    for (int i = 0; i < (kChunks + kWarps * 32 - 1) / (kWarps * 32); ++i) {
+        const int c = i * kWarps * 32 + threadIdx.x;
+        if (kChunks % (kWarps * 32) == 0 || c < kChunks) {
+            const int e = c / kChunksPerEntry;  // field value = code0 | code1 << K
+            const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
+            table[c] = make_uint4(v, v, v, v);
+        }
     }
 }
 
@@ -223,7 +230,6 @@ __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<B
 // moves few bytes per group, so it needs a deeper pipeline to keep enough bytes in flight.
 __host__ __device__ constexpr int kStages(int bits) { return bits <= 3 ? 3 : 2; }
 // (3 stages measured slower for K=4: 54.3 vs 51.5 us on 8192x28672; K=5 would exceed 128 registers.)
-__host__ __device__ constexpr int kGroupedStages(int bits) { return bits <= 3 ? 3 : 2; }
 
 template <int BITS, typename T>
 __host__ __device__ constexpr size_t table_bytes() { return size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4; }
@@ -310,12 +316,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     // Start the first groups' loads before building the table: their latency hides the build.
     GroupData<BITS> buf[kStages(BITS)];
     if (w < n_warps) prologue<BITS, kStages(BITS)>(buf, qw_lane, qa_lane, u_begin, u_end);
+    const float scale = *scale_ptr;  // issued early: its latency overlaps the table build
     build_table<BITS, T>(codebook);
     m = m < MAXM ? m : MAXM;
     __syncthreads();
     if (w >= n_warps) return;
     const LaneCtx<T> ctx = lane_ctx<BITS, T>(x, k_in, m, k_in);
-    const float scale = *scale_ptr;
     const int first_tile = u_begin / n_groups;
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
         const int row0 = tile * 16 + g;
@@ -356,39 +362,119 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     run_units<BITS, T, kStages(BITS)>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, n_groups, flush);
 }
 
-// Grouped GEMV for MoE: tokens sorted by expert; item = expert * n_tiles + tile; experts with
-// no tokens are skipped; more than 8 tokens on one expert are processed 8 at a time.
+// Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
+// with whole tiles: a CTA item is (expert, 8/S consecutive tiles); the S warps of a tile each take
+// a contiguous slice of its groups, leave their fp32 partials in shared memory, and the slice-0
+// warp sums them in slice order (deterministic) and writes the output. No global atomics, no
+// workspace, no second pass: the fixed latency of a small GEMV is one weight load plus two
+// barriers. Experts are given by expert_offsets (tokens sorted by expert; empty experts are
+// compacted away first, so CTAs only see items with work), or, when it is null, one expert with
+// m_dense tokens. More than 8 tokens on an expert are processed 8 at a time.
+struct ActiveExpert {
+    int e, lo, hi;  // expert id and its token range [lo, hi)
+    float scale;    // its global scale
+};
+
+template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts) {
+    return size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4 + size_t(n_experts) * sizeof(ActiveExpert);
+}
+
+// Write the active experts (in expert order) to `list`; returns their count (block-uniform).
+__device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ offsets,
+                               const float* __restrict__ scales, int n_experts) {
+    __shared__ int warp_count[kWarps];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int total = 0;
+    for (int e0 = 0; e0 < n_experts; e0 += kWarps * 32) {
+        const int e = e0 + threadIdx.x;
+        int lo = 0, hi = 0;
+        if (e < n_experts) { lo = static_cast<int>(offsets[e]); hi = static_cast<int>(offsets[e + 1]); }
+        const bool active = hi > lo;
+        const unsigned ballot = __ballot_sync(kFullMask, active);
+        if (lane == 0) warp_count[warp] = __popc(ballot);
+        __syncthreads();
+        int before = total, chunk = 0;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            before += v < warp ? warp_count[v] : 0;
+            chunk += warp_count[v];
+        }
+        if (active) list[before + __popc(ballot & ((1u << lane) - 1u))] = ActiveExpert{e, lo, hi, scales[e]};
+        total += chunk;
+        __syncthreads();  // warp_count is rewritten by the next chunk
+    }
+    return total;
+}
+
 template <int BITS, typename T>
-__global__ void __launch_bounds__(kWarps * 32) kbit_grouped_gemv_kernel(
-    const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, const uint4* __restrict__ qweight,
-    const uint4* __restrict__ qabsmax, const float* __restrict__ codebook, const float* __restrict__ scales,
-    T* __restrict__ y, int n_experts, int n, int k_in, int n_tiles, int n_groups) {
-    build_table<BITS, T>(codebook);
-    __syncthreads();
-    const int lane = threadIdx.x & 31;
+__global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
+    const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
+    const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
+    const float* __restrict__ scales, T* __restrict__ y, int n_experts, int n, int k_in, int n_tiles,
+    int n_groups, int split) {
+    constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
+    __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
+    ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int items = n_experts * n_tiles;
-    const int warp_global = blockIdx.x * kWarps + (threadIdx.x >> 5);
-    for (int item = warp_global; item < items; item += gridDim.x * kWarps) {
-        const int e = item / n_tiles, tile = item % n_tiles;
-        const int64_t lo = expert_offsets[e], hi = expert_offsets[e + 1];
-        if (hi <= lo) continue;
-        const float scale = scales[e];
-        const int64_t u0 = (int64_t(e) * n_tiles + tile) * n_groups;  // this tile's units
-        for (int64_t tok0 = lo; tok0 < hi; tok0 += 8) {
-            const int m = static_cast<int>(hi - tok0 < 8 ? hi - tok0 : 8);
-            const LaneCtx<T> ctx = lane_ctx<BITS, T>(x + tok0 * k_in, k_in, m, k_in);
-            GroupData<BITS> buf[kGroupedStages(BITS)];
-            prologue<BITS, kGroupedStages(BITS)>(buf, qweight + lane, qabsmax + g, u0, u0 + n_groups);
-            auto flush = [&](const float (&acc)[4], int, int, int) {
+    const int tiles_per_item = kWarps / split;
+    const int items_per_expert = (n_tiles + tiles_per_item - 1) / tiles_per_item;
+    const int slice = warp % split;
+    const int g_begin = slice * n_groups / split, g_end = (slice + 1) * n_groups / split;  // >= 1 group
+    const uint4* qw_lane = qweight + lane;
+    const uint4* qa_lane = qabsmax + g;
+    auto tile_of = [&](int item) { return (item % items_per_expert) * tiles_per_item + warp / split; };
+    auto first_unit = [&](int e, int tile) { return (int64_t(e) * n_tiles + tile) * n_groups + g_begin; };
+
+    GroupData<BITS> buf[S_];
+    bool prefetched = false;
+    if (expert_offsets == nullptr) {
+        // Dense: the first item is known before anything is read, so its loads overlap the table build.
+        const int tile = tile_of(blockIdx.x);
+        if (blockIdx.x < items_per_expert && tile < n_tiles) {
+            prologue<BITS, S_>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
+            prefetched = true;
+        }
+        if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
+    }
+    build_table<BITS, T>(codebook);
+    const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
+    __syncthreads();
+
+    const int items = n_active * items_per_expert;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform loop
+        const ActiveExpert ae = list[item / items_per_expert];
+        const int tile = tile_of(item);
+        const bool has_tile = tile < n_tiles;  // warp-uniform
+        const float scale = ae.scale;
+        const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
+        for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
+            const int m = ae.hi - tok0 < 8 ? ae.hi - tok0 : 8;
+            if (has_tile) {
+                if (!prefetched) prologue<BITS, S_>(buf, qw_lane, qa_lane, u0, u1);
+                prefetched = false;
+                const LaneCtx<T> ctx = lane_ctx<BITS, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
+                auto flush = [&](const float (&acc)[4], int, int, int) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
+                };
+                run_units<BITS, T, S_>(buf, qw_lane, qa_lane, ctx, u0, u1, n_groups, flush);
+            }
+            __syncthreads();
+            if (has_tile && slice == 0) {
+                float sum[4] = {0.f, 0.f, 0.f, 0.f};
+                for (int s = 0; s < split; ++s) {  // fixed order: deterministic
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) sum[i] += partial[warp + s][i][lane];
+                }
                 const int row0 = tile * 16 + g;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                    if (tok < m && row < n) y[(tok0 + tok) * n + row] = from_float<T>(acc[i] * scale);
+                    if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * scale);
                 }
-            };
-            run_units<BITS, T, kGroupedStages(BITS)>(buf, qweight + lane, qabsmax + g, ctx, u0, u0 + n_groups, n_groups, flush);
+            }
+            __syncthreads();  // partial[] is rewritten by the next chunk / item
         }
     }
 }
@@ -425,17 +511,29 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     return static_cast<int>(cudaGetLastError());
 }
 
+// Warps that share a tile in the split kernel: a power of two dividing kWarps, at most n_groups.
+inline int split_for(int n_groups) {
+    int s = 1;
+    while (s * 2 <= kWarps && s * 2 <= n_groups) s *= 2;
+    return s;
+}
+
 template <int BITS, typename T>
-int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax,
-                   const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int grid,
-                   void* stream) {
+int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
+                 const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,
+                 void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    constexpr size_t smem = table_bytes<BITS, T>();
-    auto kernel = kbit_grouped_gemv_kernel<BITS, T>;
+    const int split = split_for(n_groups), tiles_per_item = kWarps / split;
+    const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
+    if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1) return static_cast<int>(cudaErrorInvalidValue);
+    const size_t smem = split_smem<BITS>(n_experts);
+    auto kernel = kbit_split_gemv_kernel<BITS, T>;
     if (int err = configure(kernel, smem)) return err;
+    const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), offsets, static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
-        codebook, scales, static_cast<T*>(y), n_experts, n, k_in, n_tiles, n_groups);
+        static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
+        static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), n_experts, n, k_in, n_tiles,
+        n_groups, split);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -453,19 +551,24 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M>,                        \
                                        lowbit::gemv::table_bytes<BITS, TYPE>());                                    \
     }
-#define LOWBIT_DEFINE_GROUPED(BITS, NAME, TYPE)                                                                \
-    extern "C" int lowbit_kbit_grouped_gemv_b##BITS##_##NAME(                                                  \
-        const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax, const float* codebook, \
-        const float* scales, void* y, int n_experts, int n, int k_in, int grid, void* stream) {                \
-        return lowbit::gemv::launch_grouped<BITS, TYPE>(x, offsets, qweight, qabsmax, codebook, scales, y,     \
-                                                        n_experts, n, k_in, grid, stream);                    \
+#define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
+    extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
+        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
+        const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,     \
+        void* stream) {                                                                                        \
+        return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
+                                                      y, n_experts, n, k_in, max_ctas, stream);                \
+    }                                                                                                          \
+    extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE>,                     \
+                                       lowbit::gemv::split_smem<BITS>(n_experts));                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 1)        \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 2)        \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 3)        \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 4)        \
-    LOWBIT_DEFINE_GROUPED(BITS, NAME, TYPE)
+    LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)
 #define LOWBIT_DEFINE_GEMV_BITS(BITS)                  \
     LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)       \
     LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)

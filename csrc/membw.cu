@@ -28,11 +28,33 @@ __global__ void __launch_bounds__(512) read_bw_kernel(const uint4* __restrict__ 
     if ((threadIdx.x & 31) == 0) atomicXor(sink, acc);
 }
 
+// Copy probe: the read+write counterpart (dequantize reads little and writes a lot).
+__global__ void __launch_bounds__(512) copy_bw_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                     int64_t n_vec) {
+    constexpr int kUnroll = 4;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + (kUnroll - 1) * stride < n_vec; i += kUnroll * stride) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) __stcs(dst + i + u * stride, v[u]);
+    }
+    for (; i < n_vec; i += stride) __stcs(dst + i, __ldcs(src + i));
+}
+
 }  // namespace lowbit
 
 extern "C" int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, void* stream) {
     const int64_t n_vec = n_bytes / 16;
     lowbit::read_bw_kernel<<<grid, 512, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const uint4*>(src), n_vec, static_cast<uint32_t*>(sink));
+    return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int lowbit_copy_bw(const void* src, void* dst, int64_t n_bytes, int grid, void* stream) {
+    lowbit::copy_bw_kernel<<<grid, 512, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint4*>(src), static_cast<uint4*>(dst), n_bytes / 16);
     return static_cast<int>(cudaGetLastError());
 }

@@ -136,6 +136,8 @@ def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scale
     if expert_offsets.shape[0] != experts + 1:
         raise ValueError(f"expert_offsets must have E + 1 = {experts + 1} entries, got {expert_offsets.shape[0]}")
     check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight)
+    if x.shape[0] >= 2**31:
+        raise ValueError(f"grouped GEMV supports < 2^31 tokens, got {x.shape[0]}")
     return experts
 
 

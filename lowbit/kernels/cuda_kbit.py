@@ -88,6 +88,40 @@ def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int,
     return max(1, min(tiles * groups, _occupancy[key] * sms * WARPS_PER_CTA))
 
 
+#: Dense GEMV kernel choice: "auto" (below), "streamk" or "split" (tuning / benchmarks).
+DENSE_PATH = "auto"
+
+
+def split_max_ctas(lib, device: torch.device, bits: int, dtype: torch.dtype, n_experts: int) -> int:
+    """CTAs of the split-K kernel in one full wave (its shared memory grows with n_experts)."""
+    key = ("split", device.index, bits, dtype, n_experts)
+    if key not in _occupancy:
+        fn = lib.symbol("kbit_split_gemv_occupancy", bits=bits, dtype=dtype)
+        occ = fn(n_experts)
+        if occ < 1:
+            raise ValueError(f"lowbit: {n_experts} experts do not fit the grouped kernel's shared memory")
+        _occupancy[key] = occ
+    return _occupancy[key] * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_items(n: int, k_in: int) -> int:
+    """CTA items of the split-K kernel for one expert (mirrors split_for in csrc/kbit_gemv.cu)."""
+    tiles, groups = kbit_tiled.tiled_shape(n, k_in)
+    split = 1
+    while split * 2 <= WARPS_PER_CTA and split * 2 <= groups:
+        split *= 2
+    per_item = WARPS_PER_CTA // split
+    return -(-tiles // per_item)
+
+
+def use_split(lib, device, bits, dtype, n, k_in) -> bool:
+    """Split-K inside a CTA when the whole GEMV fits one wave of CTAs: no atomics, no second pass.
+    Larger shapes use stream-K, which balances any number of units over one wave of warps."""
+    if DENSE_PATH != "auto":
+        return DENSE_PATH == "split"
+    return split_items(n, k_in) <= split_max_ctas(lib, device, bits, dtype, 1)
+
+
 @ops.kbit_gemv.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     m = ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
@@ -95,9 +129,14 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
     x = _aligned16(x)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if use_split(lib, x.device, bits, x.dtype, n, k_in):
+        args = [ptr(x), ptr(None), m, ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), 1, n, k_in,
+                split_max_ctas(lib, x.device, bits, x.dtype, 1), stream_of(x.device)]
+        lib.call("kbit_split_gemv", args, bits=bits, dtype=x.dtype)
+        return y
     warps = gemv_warps(lib, x.device, bits, x.dtype, m, n, k_in)
     tiles, _ = kbit_tiled.tiled_shape(n, k_in)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = torch.empty((warps, 2, 128), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, tiles)
     args = [ptr(x), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), ptr(ws), ptr(cnt),
@@ -116,10 +155,8 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
     y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     if x.shape[0] == 0:
         return y
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    tiles, _ = kbit_tiled.tiled_shape(n, k_in)
-    grid = max(1, min(-(-experts * tiles // WARPS_PER_CTA), sms * 4))
-    args = [ptr(x), ptr(expert_offsets), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scales), ptr(y),
-            experts, n, k_in, grid, stream_of(x.device)]
-    lib.call("kbit_grouped_gemv", args, bits=bits, dtype=x.dtype)
+    max_ctas = split_max_ctas(lib, x.device, bits, x.dtype, experts)
+    args = [ptr(x), ptr(expert_offsets), 0, ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scales), ptr(y),
+            experts, n, k_in, max_ctas, stream_of(x.device)]
+    lib.call("kbit_split_gemv", args, bits=bits, dtype=x.dtype)
     return y

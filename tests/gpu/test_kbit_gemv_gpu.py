@@ -12,7 +12,8 @@ import torch
 
 import lowbit
 from lowbit.formats import kbit
-from lowbit.kernels.cuda_kbit import counters, gemv_warps
+from lowbit.kernels import cuda_kbit
+from lowbit.kernels.cuda_kbit import counters, gemv_warps, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 pytestmark = pytest.mark.gpu
@@ -39,10 +40,17 @@ def _shapes(gen):
     yield 2048, 2048 + 96  # K_in not a multiple of 256 (padded group)
 
 
+@pytest.fixture(params=["streamk", "split"])
+def dense_path(request, monkeypatch):
+    """Run a dense test through each GEMV kernel (auto picks split-K-in-CTA for small shapes)."""
+    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
-def test_gemv_matches_reference(bits, m, dtype, gen):
+def test_gemv_matches_reference(bits, m, dtype, dense_path, gen):
     for n, k_in in _shapes(gen):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
         x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
@@ -78,7 +86,29 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
 
 @pytest.mark.parametrize("bits", [2, 5])
 @pytest.mark.parametrize("m", [1, 4])
-def test_gemv_long_k(bits, m, gen):
+def test_split_gemv_poisoned_output_and_guard(bits, m, gen):
+    """Split-K-in-CTA kernel, direct C call, NaN-filled output with a guard tail; also a shape with
+    more CTA items than one wave (grid-stride over items)."""
+    lib = get_library()
+    for n, k_in in ((37, 96), (1000, 4096), (64, 8192), (40000 + 5, 64)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).half().cuda()
+        qw, qa = q.tiled()
+        buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+        max_ctas = split_max_ctas(lib, x.device, bits, torch.float16, 1)
+        args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), 1, n, k_in,
+                max_ctas, stream_of(x.device)]
+        lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
+        torch.cuda.synchronize()
+        assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in}"
+        assert buf[m * n :].isnan().all()
+        if n > 40000:
+            assert cuda_kbit.split_items(n, k_in) > max_ctas
+
+
+@pytest.mark.parametrize("bits", [2, 5])
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemv_long_k(bits, m, dense_path, gen):
     """Long rows (K_in = 16416: 65 groups, last one partial) on few tiles: deep split-K."""
     n, k_in = 80, 16384 + 32
     q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
@@ -95,7 +125,7 @@ def test_gemv_misaligned_x(gen):
     assert _rel(lowbit.kbit_linear(x, q), _ref(x, q)) <= 1e-3
 
 
-def test_gemv_deterministic(gen):
+def test_gemv_deterministic(dense_path, gen):
     q = lowbit.quantize_kbit(torch.randn(512, 8192, generator=gen), bits=4).to("cuda")  # split-K
     x = torch.randn(3, 8192, generator=gen).half().cuda()
     assert gemv_warps(get_library(), x.device, 4, torch.float16, 3, 512, 8192) > 32 * 32 // 32  # tiles shared
@@ -163,3 +193,34 @@ def test_grouped_many_experts_few_active_deterministic(bits, gen):
         lo, hi = int(off[e]), int(off[e + 1])
         assert _rel(ys[0][lo:hi], _ref(x[lo:hi], ex.expert(e))) <= 1e-3
 
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("k_in", [512, 2048])
+def test_grouped_many_active_many_tokens(bits, k_in, gen):
+    """MoE at batch size: 160 experts, 100 active with 1..20 tokens each (up to 3 passes of 8), far
+    more (expert, tile) items than one wave of CTAs. Direct C call into a NaN-filled output with a
+    guard tail: every row is written, nothing past it; then the op twice, bit-identical."""
+    e_count, n = 160, 96
+    ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=bits).to("cuda")
+    counts = torch.zeros(e_count, dtype=torch.int64)
+    active = torch.randperm(e_count, generator=gen)[:100]
+    counts[active] = torch.randint(1, 21, (100,), generator=gen)
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).cuda()
+    x = torch.randn(int(counts.sum()), k_in, generator=gen).half().cuda()
+    lib = get_library()
+    qw, qa = ex.tiled()
+    tokens = x.shape[0]
+    buf = torch.full((tokens * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+    args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), e_count, n, k_in,
+            split_max_ctas(lib, x.device, bits, torch.float16, e_count), stream_of(x.device)]
+    lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
+    torch.cuda.synchronize()
+    assert buf[tokens * n :].isnan().all()
+    y = buf[: tokens * n].view(tokens, n)
+    assert not y.isnan().any()
+    for e in active.tolist():
+        lo, hi = int(off[e]), int(off[e + 1])
+        err = _rel(y[lo:hi], _ref(x[lo:hi], ex.expert(e)))
+        assert err <= 1e-3, f"expert {e} ({hi - lo} tokens): {err:.2e}"
+    assert torch.equal(y, lowbit.kbit_grouped_linear(x, off, ex))
