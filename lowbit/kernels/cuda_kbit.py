@@ -114,12 +114,18 @@ def split_items(n: int, k_in: int) -> int:
     return -(-tiles // per_item)
 
 
+#: Split-in-CTA while its items fill at most this many waves of CTAs. Measured on H100 (cold L2,
+#: M=1, benchmarks/gemv_sweep.py): split wins at 2.4 waves (2048x10240: 10.3 vs 11.5 us at K=4),
+#: stream-K wins at 3.4 (4096x14336: 18.0 vs 19.8 us) and beyond (8192x28672: 52.1 vs 58.3 us).
+SPLIT_MAX_WAVES = 3
+
+
 def use_split(lib, device, bits, dtype, n, k_in) -> bool:
-    """Split-K inside a CTA when the whole GEMV fits one wave of CTAs: no atomics, no second pass.
-    Larger shapes use stream-K, which balances any number of units over one wave of warps."""
+    """Split-K inside a CTA for small and mid shapes: no atomics, no second pass, lowest fixed
+    latency. Large shapes use stream-K, which balances any number of units over one wave of warps."""
     if DENSE_PATH != "auto":
         return DENSE_PATH == "split"
-    return split_items(n, k_in) <= split_max_ctas(lib, device, bits, dtype, 1)
+    return split_items(n, k_in) <= SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1)
 
 
 @ops.kbit_gemv.register_kernel("cuda")
