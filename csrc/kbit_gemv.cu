@@ -12,8 +12,11 @@
 // two rows' block scales to the block's partial sums: ~2.5 instructions per weight.
 // Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
 //
-// Determinism: warps that share a tile write fp32 partials; the last one to finish it (atomic
-// counter) sums them in warp order, so the result never depends on arrival order.
+// Two kernels share the decode: stream-K (large shapes; warps that share a tile write fp32
+// partials to global memory and the last one to finish it, found by an atomic counter, sums
+// them in warp order) and split-in-CTA (grouped MoE and small/mid dense shapes; the warps of a
+// tile reduce through shared memory in slice order). Both are deterministic: the summation
+// order never depends on which warp arrives first.
 #include <type_traits>
 #include <utility>
 

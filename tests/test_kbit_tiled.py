@@ -103,3 +103,16 @@ def test_opcheck_tiled_ops(gen):
     qw, qa = q.tiled()
     x = torch.randn(2, 64, generator=gen).half()
     torch.library.opcheck(torch.ops.lowbit.kbit_gemv.default, (x, qw, qa, q.codebook, q.scale, 3, 16, 64))
+
+
+def test_split_items_mirror_kernel_rule():
+    """split_items (host) mirrors split_for in csrc/kbit_gemv.cu: S = largest power of two <= min(8, groups)
+    warps per tile, 8 / S tiles per CTA item."""
+    from lowbit.kernels.cuda_kbit import split_items
+
+    assert split_items(16, 256) == 1        # 1 tile, 1 group: S=1, 8 tiles per item
+    assert split_items(16 * 9, 256) == 2    # 9 tiles at 8 per item
+    assert split_items(512, 2048) == 32     # 32 tiles, 8 groups: S=8, one tile per item
+    assert split_items(2048, 512) == 32     # 128 tiles, 2 groups: S=2, 4 tiles per item
+    assert split_items(1024, 1024) == 32    # 64 tiles, 4 groups: S=4, 2 tiles per item
+    assert split_items(64, 256 * 3) == 1    # 4 tiles, 3 groups: S=2 (slices of 1 and 2 groups), 4 tiles per item
