@@ -8,6 +8,7 @@ the compiled kernels where one exists):
     y = lowbit.kbit_linear(x, w)                  # x[..., K_in] -> y[..., N]
     experts = lowbit.quantize_kbit_experts(W, bits=4)           # W: [E, N, K_in]
     y = lowbit.kbit_grouped_linear(x_sorted, offsets, experts)  # MoE, one launch
+    y = lowbit.dense_linear(x, weight)            # fp16/bf16 weight, tuned decode GEMV for M <= 4
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     return y.reshape(*lead, y.shape[-1])
 
 
+def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x[..., K] @ weight[N, K]^T -> [..., N]`` for fp16/bf16 weights (the unquantized layers).
+
+    M = 1..4 rows on CUDA run lowbit's tuned GEMV (``lowbit tune`` re-tunes for a new GPU); larger
+    M runs cuBLAS; CPU runs the fp32 reference. Leading dimensions of x are flattened.
+    """
+    check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)
+    check_tensor("x", x, dtypes=(weight.dtype,))
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x must have shape [..., K={weight.shape[1]}], got {tuple(x.shape)}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if 1 <= x2.shape[0] <= GEMV_MAX_M:
+        y = ops.dense_gemv(x2, weight)
+    elif x2.is_cuda:
+        y = torch.nn.functional.linear(x2, weight)
+    else:
+        y = ops.dense_gemv_reference(x2, weight)
+    return y.reshape(*lead, weight.shape[0])
+
+
 def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: KbitExperts) -> torch.Tensor:
     """MoE experts in one launch: ``y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ W_e^T``.
 
@@ -76,6 +98,7 @@ __all__ = [
     "KbitExperts",
     "KbitWeight",
     "kbit_grouped_linear",
+    "dense_linear",
     "quantize_kbit_experts",
     "dequantize_kbit",
     "e4m4",

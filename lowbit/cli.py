@@ -1,4 +1,5 @@
-"""``lowbit`` command line: ``lowbit build`` (compile the CUDA library), ``lowbit bench`` (benchmarks)."""
+"""``lowbit`` command line: ``lowbit build`` (compile the CUDA library), ``lowbit bench`` (benchmarks),
+``lowbit tune`` (re-tune the fp16/bf16 GEMV for this GPU)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def make_parser() -> argparse.ArgumentParser:
     from .bench.cli import add_parser as _add_bench
 
     _add_bench(sub)
+    from .bench.tune import add_parser as _add_tune
+
+    _add_tune(sub)
     return p
 
 

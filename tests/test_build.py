@@ -36,8 +36,15 @@ def test_library_builds_and_exports_symbols(built_library):
     lib = ctypes.CDLL(built_library)  # static cudart: loads without a GPU driver
     assert lib.lowbit_abi_version() == ABI_VERSION
     assert set(SIGNATURES) == {"kbit_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
-                               "kbit_split_gemv", "kbit_split_gemv_occupancy"}
+                               "kbit_split_gemv", "kbit_split_gemv_occupancy", "dense_gemv", "dense_gemv_scalar"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw")
+    from lowbit.tuning import ROWS_UNROLL
+
+    for dt in ("fp16", "bf16"):
+        for m in (1, 2, 3, 4):
+            assert hasattr(lib, f"lowbit_dense_gemv_scalar_{dt}_m{m}")
+            for rows, unroll in ROWS_UNROLL:
+                assert hasattr(lib, f"lowbit_dense_gemv_{dt}_m{m}_r{rows}_u{unroll}")
     for bits in (2, 3, 4, 5):
         for dt in DTYPE_NAMES.values():
             assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")

@@ -30,6 +30,10 @@ SIGNATURES: dict[str, list] = {
     # max_ctas, stream
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     "kbit_split_gemv_occupancy": [_I],
+    # x, w, y, n, k, tpr, threads, stream
+    "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _P],
+    # x, w, y, n, k, stream
+    "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
 }
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -82,6 +86,10 @@ def _fmt(key: str, value) -> str:
         return DTYPE_NAMES[value]
     if key == "m":
         return f"m{value}"
+    if key == "rows":
+        return f"r{value}"
+    if key == "unroll":
+        return f"u{value}"
     return str(value)
 
 

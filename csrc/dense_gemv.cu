@@ -1,0 +1,206 @@
+// fp16 / bf16 decode GEMV: y[M, N] = x[M, K] @ W^T, W row-major [N, K], M = 1..4, fp32 accumulation.
+//
+// Memory-bound: every weight byte is read once, so the kernel is a streaming read with a dot
+// product attached. A CTA holds `groups` = threads / tpr row groups; each group's tpr threads
+// walk ROWS rows together, 16-byte vectors strided by tpr, UNROLL vectors per row in flight
+// (ROWS * UNROLL independent loads per thread), and reuse each x vector across the ROWS rows.
+// The reduction is a fixed-order butterfly inside each warp, then (tpr > 32) a fixed-order sum
+// of the group's warps through shared memory: deterministic, no atomics, no split across CTAs.
+// Which (ROWS, UNROLL, tpr, threads) is fastest depends on the shape: lowbit/tuning.py picks.
+//
+// The vector kernel needs K % 8 == 0 and 16-byte aligned x / W; anything else runs the scalar
+// kernel (one warp per row, element loads), correct for any K.
+#include "common.cuh"
+#include "lowbit.h"
+
+namespace lowbit {
+namespace dense {
+
+constexpr int kMaxWarps = 16;  // threads per CTA <= 512
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;  // weights are read once: keep them out of L1
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ float2 to_float2(uint32_t v);
+template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t v) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));  // exact
+}
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// acc += dot(w[0..8), x[0..8)) in fp32, pairwise in a fixed order.
+template <typename T>
+__device__ __forceinline__ void dot8(float& acc, const uint4& w, const float2 (&xf)[4]) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 wf = to_float2<T>(ws[i]);
+        acc = fmaf(wf.x, xf[i].x, acc);
+        acc = fmaf(wf.y, xf[i].y, acc);
+    }
+}
+
+// Fixed-order reduction of v over the tpr threads of a row group; the result is valid in the
+// group's first thread. `red` is this CTA's shared scratch [kMaxWarps][R].
+template <int R>
+__device__ __forceinline__ void group_reduce(float (&v)[R], float (*red)[R], int tpr) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) v[i] += __shfl_xor_sync(kFullMask, v[i], off);
+    }
+    if (tpr <= 32) return;  // block-uniform
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) red[warp][i] = v[i];
+    }
+    __syncthreads();
+    const int warps_per_group = tpr >> 5;
+    if ((threadIdx.x % tpr) == 0) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            float s = 0.f;
+            for (int j = 0; j < warps_per_group; ++j) s += red[warp + j][i];
+            v[i] = s;
+        }
+    }
+}
+
+template <typename T, int M, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                          T* __restrict__ y, int n, int k, int tpr) {
+    __shared__ float red[kMaxWarps][ROWS * M];
+    const int groups = blockDim.x / tpr;
+    const int grp = threadIdx.x / tpr, t = threadIdx.x % tpr;
+    const int row0 = (blockIdx.x * groups + grp) * ROWS;
+    const int kv = k >> 3;  // 16-byte vectors per row
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const uint4* wrow[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {  // rows past n re-read row n-1; their results are dropped
+        const int row = row0 + r < n ? row0 + r : n - 1;
+        wrow[r] = reinterpret_cast<const uint4*>(w) + int64_t(row) * kv;
+    }
+    float acc[ROWS * M];
+#pragma unroll
+    for (int i = 0; i < ROWS * M; ++i) acc[i] = 0.f;
+
+    for (int c0 = t; c0 < kv; c0 += tpr * UNROLL) {
+        uint4 wr[UNROLL][ROWS];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = c0 + u * tpr;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int c = c0 + u * tpr;
+            if (c < kv) {
+#pragma unroll
+                for (int m = 0; m < M; ++m) {
+                    const uint4 xr = __ldg(xv + int64_t(m) * kv + c);
+                    const float2 xf[4] = {to_float2<T>(xr.x), to_float2<T>(xr.y), to_float2<T>(xr.z),
+                                          to_float2<T>(xr.w)};
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) dot8<T>(acc[r * M + m], wr[u][r], xf);
+                }
+            }
+        }
+    }
+    group_reduce<ROWS * M>(acc, red, tpr);
+    if (t == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (row0 + r < n) {
+#pragma unroll
+                for (int m = 0; m < M; ++m) y[int64_t(m) * n + row0 + r] = from_float<T>(acc[r * M + m]);
+            }
+        }
+    }
+}
+
+// Any K, any alignment: one warp per row, element loads, same fixed-order reduction.
+template <typename T, int M>
+__global__ void __launch_bounds__(256) dense_gemv_scalar_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                T* __restrict__ y, int n, int k) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return;  // warp-uniform
+    const T* wr = w + int64_t(row) * k;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+    for (int c = lane; c < k; c += 32) {
+        const float wv = to_float<T>(wr[c]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[m] = fmaf(wv, to_float<T>(x[int64_t(m) * k + c]), acc[m]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[m] += __shfl_xor_sync(kFullMask, acc[m], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) y[int64_t(m) * n + row] = from_float<T>(acc[m]);
+    }
+}
+
+template <typename T, int M, int ROWS, int UNROLL>
+int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {
+    const bool ok_shape = n >= 1 && k >= 8 && k % 8 == 0;
+    const bool ok_cfg = tpr >= 32 && tpr % 32 == 0 && threads % tpr == 0 && threads >= 32 && threads <= 512;
+    const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0);
+    if (!ok_shape || !ok_cfg || !aligned) return static_cast<int>(cudaErrorInvalidValue);
+    const int rows_per_cta = threads / tpr * ROWS;
+    const unsigned grid = ceil_div(n, rows_per_cta);
+    dense_gemv_kernel<T, M, ROWS, UNROLL><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+    return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T, int M>
+int launch_scalar(const void* x, const void* w, void* y, int n, int k, void* stream) {
+    if (n < 1 || k < 1) return static_cast<int>(cudaErrorInvalidValue);
+    dense_gemv_scalar_kernel<T, M><<<ceil_div(n, 8), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace dense
+}  // namespace lowbit
+
+// Symbols: lowbit_dense_gemv_<dtype>_m<M>_r<ROWS>_u<UNROLL>, lowbit_dense_gemv_scalar_<dtype>_m<M>.
+#define LOWBIT_DEFINE_DENSE(NAME, TYPE, M, R, U)                                                       \
+    extern "C" int lowbit_dense_gemv_##NAME##_m##M##_r##R##_u##U(const void* x, const void* w, void* y, \
+                                                                 int n, int k, int tpr, int threads,    \
+                                                                 void* stream) {                        \
+        return lowbit::dense::launch<TYPE, M, R, U>(x, w, y, n, k, tpr, threads, stream);              \
+    }
+// The (ROWS, UNROLL) grid tuning searches: ROWS * UNROLL <= 8 independent loads per thread.
+#define LOWBIT_DEFINE_DENSE_M(NAME, TYPE, M)                                                  \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 2)         \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 4) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 8)         \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 2)         \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 4) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 4, 1)         \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 4, 2)                                                  \
+    extern "C" int lowbit_dense_gemv_scalar_##NAME##_m##M(const void* x, const void* w, void* y, int n, \
+                                                          int k, void* stream) {              \
+        return lowbit::dense::launch_scalar<TYPE, M>(x, w, y, n, k, stream);                  \
+    }
+#define LOWBIT_DEFINE_DENSE_DTYPE(NAME, TYPE) \
+    LOWBIT_DEFINE_DENSE_M(NAME, TYPE, 1)      \
+    LOWBIT_DEFINE_DENSE_M(NAME, TYPE, 2)      \
+    LOWBIT_DEFINE_DENSE_M(NAME, TYPE, 3)      \
+    LOWBIT_DEFINE_DENSE_M(NAME, TYPE, 4)
+LOWBIT_DEFINE_DENSE_DTYPE(fp16, __half)
+LOWBIT_DEFINE_DENSE_DTYPE(bf16, __nv_bfloat16)

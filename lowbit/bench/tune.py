@@ -1,0 +1,125 @@
+"""``lowbit tune``: measure every fp16/bf16 GEMV launch configuration on this GPU and keep the winners.
+
+For each (dtype, M, shape) every configuration in :func:`lowbit.tuning.candidates` is checked
+against the fp32 reference, then timed the way the benchmarks time (cold L2: one CUDA graph over
+rotating weight copies >= 4x L2, median of replays). The fastest is written to the tuning file
+(default: the user file, see :mod:`lowbit.tuning`); existing entries for other shapes are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .. import tuning
+
+DEFAULT_TUNE_MS = (1, 2, 3, 4)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("tune", help="tune the fp16/bf16 decode GEMV for this GPU (writes a JSON tuning file)")
+    p.add_argument("--preset", action="append", default=None, help="model preset (repeatable); default: every preset")
+    p.add_argument("--shape", action="append", default=None, metavar="K_INxN", help="extra shape, e.g. 4096x14336")
+    p.add_argument("--m", type=_int_list, default=list(DEFAULT_TUNE_MS), help="batch sizes (1..4), default 1,2,3,4")
+    p.add_argument("--dtype", default="fp16,bf16", help="fp16, bf16 or both (default)")
+    p.add_argument("--replays", type=int, default=5, help="graph replays per configuration (default 5)")
+    p.add_argument("--out", type=Path, default=None, help="tuning file to update (default: $LOWBIT_TUNING_FILE or "
+                   "~/.cache/lowbit/tuning.json; pass lowbit/data/tuning.json to refresh the shipped defaults)")
+    p.set_defaults(func=run)
+    return p
+
+
+def shapes_for(presets: list[str] | None, extra: list[str] | None) -> list[tuple[int, int]]:
+    """Unique (N, K) of the presets' dense linears (MoE experts included) and the extra shapes."""
+    from .presets import load_presets, parse_shape
+
+    table = load_presets()
+    names = presets if presets is not None else ([] if extra else list(table))
+    out: list[tuple[int, int]] = []
+    for name in names:
+        if name not in table:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(table)}")
+        p = table[name]
+        for lin in list(p.linears) + (list(p.moe.linears) if p.moe else []):
+            out.append((lin.n, lin.k_in))
+    for s in extra or []:
+        lin = parse_shape(s)
+        out.append((lin.n, lin.k_in))
+    return list(dict.fromkeys(out))
+
+
+def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> tuple[tuning.GemvConfig, float, list]:
+    """Check and time every candidate; returns (best config, its us, [(config, us)])."""
+    from ..kernels.cuda_dense import launch
+    from .timing import copies_for_cold, graph_time, l2_bytes
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    w = torch.randn(n, k, device=dev, dtype=dtype)
+    x = torch.randn(m, k, device=dev, dtype=dtype)
+    ref = (x.float() @ w.float().t())
+    copies = [w] + [w.clone() for _ in range(copies_for_cold(w.numel() * w.element_size(), l2_bytes()) - 1)]
+    y = torch.empty(m, n, device=dev, dtype=dtype)
+    results = []
+    for cfg in tuning.candidates():
+        y.fill_(float("nan"))
+        launch(lib, x, w, y, cfg)
+        torch.cuda.synchronize()
+        err = ((y.float() - ref).norm() / ref.norm()).item()
+        if not err <= 1e-3:  # NaN fails too
+            raise RuntimeError(f"dense GEMV config {cfg} gave rel. error {err:.2e} on M={m} N={n} K={k} {dtype}")
+        t = graph_time([lambda c=c, cfg=cfg: launch(lib, x, c, y, cfg) for c in copies], replays=replays, warmup=2)
+        results.append((cfg, t.median_us))
+    best, best_us = min(results, key=lambda r: r[1])
+    return best, best_us, results
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..kernels.cuda_dense import gpu_name
+    from ..kernels.library import get_library
+
+    if not torch.cuda.is_available():
+        print("error: lowbit tune needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if any(not 1 <= m <= 4 for m in args.m):
+        print(f"error: --m values must be in 1..4, got {args.m}", file=sys.stderr)
+        return 2
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    names = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if not names or any(d not in dtypes for d in names):
+        print(f"error: --dtype takes fp16 and/or bf16, got {args.dtype!r}", file=sys.stderr)
+        return 2
+    try:
+        shapes = shapes_for(args.preset, args.shape)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or tuning.user_file()
+    table = tuning.load(out)
+    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    lib = get_library()
+    print(f"tuning {len(shapes)} shapes x M={args.m} x {names} on {gpu}: {len(tuning.candidates())} configs each")
+    start = time.time()
+    for dt in names:
+        for n, k in shapes:
+            if k % 8:
+                print(f"  skip N={n} K={k}: K % 8 != 0 runs the scalar kernel (nothing to tune)")
+                continue
+            for m in args.m:
+                best, us, results = tune_one(lib, dtypes[dt], m, n, k, args.replays)
+                heur = tuning.heuristic(m, n, k)
+                heur_us = next(u for c, u in results if c == heur)
+                table.setdefault(gpu, {}).setdefault(dt, {})[tuning.key(m, n, k)] = best
+                print(f"  {dt} M={m} {k}x{n}: {us:7.2f} us  rows={best.rows} unroll={best.unroll} tpr={best.tpr} "
+                      f"threads={best.threads}  (heuristic {heur_us:.2f} us)", flush=True)
+        tuning.save(out, table)  # after each dtype: a long run keeps what it measured
+    tuning.reload()
+    print(f"wrote {out} ({time.time() - start:.0f} s)")
+    return 0
