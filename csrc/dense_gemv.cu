@@ -6,7 +6,7 @@
 // (ROWS * UNROLL independent loads per thread), and reuse each x vector across the ROWS rows.
 // The reduction is a fixed-order butterfly inside each warp, then (tpr > 32) a fixed-order sum
 // of the group's warps through shared memory: deterministic, no atomics, no split across CTAs.
-// Which (ROWS, UNROLL, tpr, threads) is fastest depends on the shape: lowbit/tuning.py picks.
+// Which (ROWS, UNROLL, tpr, threads, L2 prefetch) is fastest depends on the shape: lowbit/tuning.py picks.
 //
 // The vector kernel needs K % 8 == 0 and 16-byte aligned x / W; anything else runs the scalar
 // kernel (one warp per row, element loads), correct for any K.
@@ -18,10 +18,18 @@ namespace dense {
 
 constexpr int kMaxWarps = 16;  // threads per CTA <= 512
 
+// Weights are read once: keep them out of L1. PF: also ask L2 to fetch the whole 256-byte
+// block around each miss (fewer, larger DRAM requests; tuned per shape).
+template <bool PF>
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;  // weights are read once: keep them out of L1
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    uint4 v;
+    if constexpr (PF) {
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else {
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
     return v;
 }
 
@@ -75,7 +83,7 @@ __device__ __forceinline__ void group_reduce(float (&v)[R], float (*red)[R], int
     }
 }
 
-template <typename T, int M, int ROWS, int UNROLL>
+template <typename T, int M, int ROWS, int UNROLL, bool PF>
 __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                           T* __restrict__ y, int n, int k, int tpr) {
     __shared__ float red[kMaxWarps][ROWS * M];
@@ -100,7 +108,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * tpr;
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream<PF>(wrow[r] + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -155,7 +163,7 @@ __global__ void __launch_bounds__(256) dense_gemv_scalar_kernel(const T* __restr
     }
 }
 
-template <typename T, int M, int ROWS, int UNROLL>
+template <typename T, int M, int ROWS, int UNROLL, bool PF>
 int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {
     const bool ok_shape = n >= 1 && k >= 8 && k % 8 == 0;
     const bool ok_cfg = tpr >= 32 && tpr % 32 == 0 && threads % tpr == 0 && threads >= 32 && threads <= 512;
@@ -163,7 +171,7 @@ int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int thr
     if (!ok_shape || !ok_cfg || !aligned) return static_cast<int>(cudaErrorInvalidValue);
     const int rows_per_cta = threads / tpr * ROWS;
     const unsigned grid = ceil_div(n, rows_per_cta);
-    dense_gemv_kernel<T, M, ROWS, UNROLL><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+    dense_gemv_kernel<T, M, ROWS, UNROLL, PF><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
     return static_cast<int>(cudaGetLastError());
 }
@@ -179,13 +187,14 @@ int launch_scalar(const void* x, const void* w, void* y, int n, int k, void* str
 }  // namespace dense
 }  // namespace lowbit
 
-// Symbols: lowbit_dense_gemv_<dtype>_m<M>_r<ROWS>_u<UNROLL>, lowbit_dense_gemv_scalar_<dtype>_m<M>.
-#define LOWBIT_DEFINE_DENSE(NAME, TYPE, M, R, U)                                                       \
-    extern "C" int lowbit_dense_gemv_##NAME##_m##M##_r##R##_u##U(const void* x, const void* w, void* y, \
-                                                                 int n, int k, int tpr, int threads,    \
-                                                                 void* stream) {                        \
-        return lowbit::dense::launch<TYPE, M, R, U>(x, w, y, n, k, tpr, threads, stream);              \
+// Symbols: lowbit_dense_gemv_<dtype>_m<M>_r<ROWS>_u<UNROLL>_p<0|1>, lowbit_dense_gemv_scalar_<dtype>_m<M>.
+#define LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, P)                                                        \
+    extern "C" int lowbit_dense_gemv_##NAME##_m##M##_r##R##_u##U##_p##P(                                     \
+        const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {           \
+        return lowbit::dense::launch<TYPE, M, R, U, P != 0>(x, w, y, n, k, tpr, threads, stream);            \
     }
+#define LOWBIT_DEFINE_DENSE(NAME, TYPE, M, R, U) \
+    LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 0) LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 1)
 // The (ROWS, UNROLL) grid tuning searches: ROWS * UNROLL <= 8 independent loads per thread.
 #define LOWBIT_DEFINE_DENSE_M(NAME, TYPE, M)                                                  \
     LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 2)         \

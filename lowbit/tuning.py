@@ -1,13 +1,14 @@
 """Tuned launch configurations for the fp16/bf16 decode GEMV (``csrc/dense_gemv.cu``).
 
-A configuration is four numbers: ``rows`` (rows per thread group, sharing x loads), ``unroll``
-(16-byte vectors per row in flight per thread), ``tpr`` (threads per row group, a multiple of
-32) and ``threads`` (per CTA, a multiple of tpr, <= 512). The fastest one depends on the GPU and
+A configuration is ``rows`` (rows per thread group, sharing x loads), ``unroll`` (16-byte vectors
+per row in flight per thread), ``tpr`` (threads per row group, a multiple of 32), ``threads``
+(per CTA, a multiple of tpr, <= 512) and ``prefetch`` (0/1: weight loads ask L2 for 256 bytes). The fastest one depends on the GPU and
 the shape, so winners are stored per (GPU name, dtype, M, N, K) in JSON::
 
     {"version": 1,
      "gpus": {"NVIDIA H100 80GB HBM3": {"fp16": {"m1_n4096_k2048": {"rows": 2, "unroll": 4,
-                                                                     "tpr": 64, "threads": 256}}}}}
+                                                                     "tpr": 64, "threads": 256,
+                                                                     "prefetch": 1}}}}}
 
 Lookup order: the user file (``$LOWBIT_TUNING_FILE``, else ``~/.cache/lowbit/tuning.json``,
 written by ``lowbit tune``), then the defaults shipped in ``lowbit/data/tuning.json`` (measured on
@@ -43,6 +44,7 @@ class GemvConfig:
     unroll: int
     tpr: int
     threads: int
+    prefetch: int = 0
 
     def validate(self) -> "GemvConfig":
         if (self.rows, self.unroll) not in ROWS_UNROLL:
@@ -51,12 +53,14 @@ class GemvConfig:
         if self.tpr < 32 or self.tpr % 32 or self.threads % self.tpr or not 32 <= self.threads <= MAX_THREADS:
             raise TuningFileError(f"tpr={self.tpr}, threads={self.threads}: tpr must be a multiple of 32 "
                                   f"dividing threads, threads <= {MAX_THREADS}")
+        if self.prefetch not in (0, 1):
+            raise TuningFileError(f"prefetch must be 0 or 1, got {self.prefetch}")
         return self
 
     @staticmethod
     def from_dict(d: object, where: str = "") -> "GemvConfig":
-        if not isinstance(d, dict) or set(d) != {"rows", "unroll", "tpr", "threads"}:
-            raise TuningFileError(f"{where}: expected {{rows, unroll, tpr, threads}}, got {d!r}")
+        if not isinstance(d, dict) or set(d) != {"rows", "unroll", "tpr", "threads", "prefetch"}:
+            raise TuningFileError(f"{where}: expected {{rows, unroll, tpr, threads, prefetch}}, got {d!r}")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values()):
             raise TuningFileError(f"{where}: values must be integers, got {d!r}")
         try:
@@ -67,14 +71,14 @@ class GemvConfig:
 
 def candidates() -> list[GemvConfig]:
     """Every configuration the tuner tries."""
-    return [GemvConfig(r, u, t, c) for r, u in ROWS_UNROLL for t, c in TPR_THREADS]
+    return [GemvConfig(r, u, t, c, p) for r, u in ROWS_UNROLL for t, c in TPR_THREADS for p in (0, 1)]
 
 
 def heuristic(m: int, n: int, k: int) -> GemvConfig:
     """Untuned default: a row group wide enough to cover K in about one unrolled pass."""
     vecs = max(1, k // 8)
     tpr = 32 if vecs <= 256 else 64 if vecs <= 1024 else 128
-    return GemvConfig(rows=2, unroll=2, tpr=tpr, threads=256)
+    return GemvConfig(rows=1, unroll=2, tpr=tpr, threads=256, prefetch=0)
 
 
 def key(m: int, n: int, k: int) -> str:

@@ -44,7 +44,8 @@ def test_library_builds_and_exports_symbols(built_library):
         for m in (1, 2, 3, 4):
             assert hasattr(lib, f"lowbit_dense_gemv_scalar_{dt}_m{m}")
             for rows, unroll in ROWS_UNROLL:
-                assert hasattr(lib, f"lowbit_dense_gemv_{dt}_m{m}_r{rows}_u{unroll}")
+                for p in (0, 1):
+                    assert hasattr(lib, f"lowbit_dense_gemv_{dt}_m{m}_r{rows}_u{unroll}_p{p}")
     for bits in (2, 3, 4, 5):
         for dt in DTYPE_NAMES.values():
             assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")

@@ -10,7 +10,7 @@ from lowbit import ops, tuning
 from lowbit.bench.tune import shapes_for
 from lowbit.cli import main as cli_main
 
-CFG = {"rows": 2, "unroll": 2, "tpr": 64, "threads": 256}
+CFG = {"rows": 2, "unroll": 2, "tpr": 64, "threads": 256, "prefetch": 1}
 
 
 def _write(path, gpus):
@@ -19,8 +19,8 @@ def _write(path, gpus):
 
 
 def test_round_trip(tmp_path):
-    t = {"GPU A": {"fp16": {"m1_n4096_k2048": tuning.GemvConfig(1, 4, 128, 256)},
-                   "bf16": {"m4_n10_k8": tuning.GemvConfig(4, 2, 32, 128)}}}
+    t = {"GPU A": {"fp16": {"m1_n4096_k2048": tuning.GemvConfig(1, 4, 128, 256, 1)},
+                   "bf16": {"m4_n10_k8": tuning.GemvConfig(4, 2, 32, 128, 0)}}}
     tuning.save(tmp_path / "t.json", t)
     assert tuning.load(tmp_path / "t.json") == t
 
@@ -38,6 +38,7 @@ def test_missing_file_is_empty(tmp_path):
     ({"G": {"fp16": {"m1_n4_k8": {**CFG, "threads": 1024}}}}, "threads"),
     ({"G": {"fp16": {"m1_n4_k8": {**CFG, "tpr": 256, "threads": 128}}}}, "dividing"),
     ({"G": {"fp16": {"m1_n4_k8": {**CFG, "rows": True}}}}, "integers"),
+    ({"G": {"fp16": {"m1_n4_k8": {**CFG, "prefetch": 2}}}}, "prefetch"),
     ({"G": {"fp16": {"m1_n4_k8": {"rows": 1}}}}, "expected"),
 ])
 def test_validation_names_the_entry(tmp_path, gpus, match):
@@ -67,7 +68,7 @@ def test_user_file_overrides_shipped_and_heuristic_fills_gaps(tmp_path, monkeypa
     tuning.reload()
     try:
         cfg, tuned = tuning.lookup("GPU X", torch.float16, 1, 64, 128)
-        assert tuned and cfg == tuning.GemvConfig(4, 1, 64, 256)
+        assert tuned and cfg == tuning.GemvConfig(4, 1, 64, 256, 1)
         cfg, tuned = tuning.lookup("GPU X", torch.bfloat16, 1, 64, 128)
         assert not tuned and cfg == tuning.heuristic(1, 64, 128)
     finally:

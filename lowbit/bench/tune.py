@@ -64,7 +64,8 @@ def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> t
     dev = torch.device("cuda", torch.cuda.current_device())
     w = torch.randn(n, k, device=dev, dtype=dtype)
     x = torch.randn(m, k, device=dev, dtype=dtype)
-    ref = (x.float() @ w.float().t())
+    ref = (x.double() @ w.double().t())
+    ref_rounded = ref.to(dtype).double()  # bf16's own output rounding is ~1.5e-3: compare like for like
     copies = [w] + [w.clone() for _ in range(copies_for_cold(w.numel() * w.element_size(), l2_bytes()) - 1)]
     y = torch.empty(m, n, device=dev, dtype=dtype)
     results = []
@@ -72,7 +73,7 @@ def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> t
         y.fill_(float("nan"))
         launch(lib, x, w, y, cfg)
         torch.cuda.synchronize()
-        err = ((y.float() - ref).norm() / ref.norm()).item()
+        err = ((y.double() - ref_rounded).norm() / ref.norm()).item()
         if not err <= 1e-3:  # NaN fails too
             raise RuntimeError(f"dense GEMV config {cfg} gave rel. error {err:.2e} on M={m} N={n} K={k} {dtype}")
         t = graph_time([lambda c=c, cfg=cfg: launch(lib, x, c, y, cfg) for c in copies], replays=replays, warmup=2)
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 heur_us = next(u for c, u in results if c == heur)
                 table.setdefault(gpu, {}).setdefault(dt, {})[tuning.key(m, n, k)] = best
                 print(f"  {dt} M={m} {k}x{n}: {us:7.2f} us  rows={best.rows} unroll={best.unroll} tpr={best.tpr} "
-                      f"threads={best.threads}  (heuristic {heur_us:.2f} us)", flush=True)
+                      f"threads={best.threads} prefetch={best.prefetch}  (heuristic {heur_us:.2f} us)", flush=True)
         tuning.save(out, table)  # after each dtype: a long run keeps what it measured
     tuning.reload()
     print(f"wrote {out} ({time.time() - start:.0f} s)")

@@ -31,7 +31,7 @@ def launch(lib, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: tun
         lib.call("dense_gemv_scalar", [ptr(x), ptr(weight), ptr(y), n, k, stream], dtype=x.dtype, m=m)
     else:
         lib.call("dense_gemv", [ptr(x), ptr(weight), ptr(y), n, k, cfg.tpr, cfg.threads, stream],
-                 dtype=x.dtype, m=m, rows=cfg.rows, unroll=cfg.unroll)
+                 dtype=x.dtype, m=m, rows=cfg.rows, unroll=cfg.unroll, prefetch=cfg.prefetch)
 
 
 @ops.dense_gemv.register_kernel("cuda")

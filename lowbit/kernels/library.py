@@ -90,6 +90,8 @@ def _fmt(key: str, value) -> str:
         return f"r{value}"
     if key == "unroll":
         return f"u{value}"
+    if key == "prefetch":
+        return f"p{value}"
     return str(value)
 
 
