@@ -2,8 +2,9 @@
 
 A configuration is ``rows`` (rows per thread group, sharing x loads), ``unroll`` (16-byte vectors
 per row in flight per thread), ``tpr`` (threads per row group, a multiple of 32), ``threads``
-(per CTA, a multiple of tpr, <= 512) and ``prefetch`` (0/1: weight loads ask L2 for 256 bytes). The fastest one depends on the GPU and
-the shape, so winners are stored per (GPU name, dtype, M, N, K) in JSON::
+(per CTA, a multiple of tpr, <= 512) and ``prefetch`` (0/1: weight loads ask L2 for 256 bytes).
+The fastest one depends on the GPU and the shape, so winners are stored per (GPU name, dtype,
+M, N, K) in JSON::
 
     {"version": 1,
      "gpus": {"NVIDIA H100 80GB HBM3": {"fp16": {"m1_n4096_k2048": {"rows": 2, "unroll": 4,
