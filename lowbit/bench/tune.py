@@ -16,12 +16,9 @@ from pathlib import Path
 import torch
 
 from .. import tuning
+from .cli import _int_list
 
 DEFAULT_TUNE_MS = (1, 2, 3, 4)
-
-
-def _int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

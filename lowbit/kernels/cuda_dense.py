@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops, tuning
-from .library import LibraryUnavailable, get_library, ptr, stream_of
+from .library import library_or_none, ptr, stream_of
 
 _gpu_names: dict[int, str] = {}
 
@@ -37,9 +37,8 @@ def launch(lib, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: tun
 @ops.dense_gemv.register_kernel("cuda")
 def _(x, weight):
     m, n, k = ops.check_dense_gemv_args(x, weight)
-    try:
-        lib = get_library(x.device)
-    except LibraryUnavailable:
+    lib = library_or_none(x.device)
+    if lib is None:
         return torch.nn.functional.linear(x, weight)  # cuBLAS: correct, just not the tuned kernel
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = tuning.lookup(gpu_name(x.device), x.dtype, m, n, k)[0] if vector_ok(x, weight) else None

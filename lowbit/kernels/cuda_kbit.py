@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .. import ops
 from ..formats import kbit, kbit_tiled
-from .library import LibraryUnavailable, get_library, ptr, stream_of
-
-_warned = False
-
-
-def _library_or_none(device: torch.device):
-    """The compiled library, or None (with one warning) so the op falls back to the reference."""
-    global _warned
-    try:
-        return get_library(device)
-    except LibraryUnavailable as e:
-        if not _warned:
-            warnings.warn(f"{e}; lowbit ops on CUDA fall back to the PyTorch reference (slow)", stacklevel=3)
-            _warned = True
-        return None
+from .library import library_or_none as _library_or_none
+from .library import ptr, stream_of
 
 
 @ops.kbit_dequantize.register_kernel("cuda")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -131,6 +132,21 @@ def get_library(device: torch.device | None = None) -> Library:
             raise LibraryUnavailable(_failed[arch]) from e
         _loaded[arch] = lib
         return lib
+
+
+_warned = False
+
+
+def library_or_none(device: torch.device) -> "Library | None":
+    """The compiled library, or None (warning once) so an op falls back to a slower correct path."""
+    global _warned
+    try:
+        return get_library(device)
+    except LibraryUnavailable as e:
+        if not _warned:
+            warnings.warn(f"{e}; lowbit ops on CUDA fall back to the PyTorch reference / cuBLAS (slow)", stacklevel=3)
+            _warned = True
+        return None
 
 
 def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
