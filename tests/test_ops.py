@@ -66,7 +66,11 @@ def test_torch_compile_fullgraph(gen):
 
     x = torch.randn(3, 96, generator=gen)
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
-    assert torch.allclose(compiled(x), f(x), rtol=1e-5, atol=1e-5)
+    # inductor may sum the dequantized weights in another order: allow fp32 reordering error of
+    # that sum (a few eps times the sum of magnitudes), nothing more
+    w = lowbit.dequantize_kbit(q, torch.float32)
+    atol = 8 * torch.finfo(torch.float32).eps * float(w.abs().sum())
+    torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=max(atol, 1e-5))
 
 
 def test_torch_compile_rejects_bad_shape_at_trace(gen):
