@@ -6,6 +6,9 @@
 // (ROWS * UNROLL independent loads per thread), and reuse each x vector across the ROWS rows.
 // The reduction is a fixed-order butterfly inside each warp, then (tpr > 32) a fixed-order sum
 // of the group's warps through shared memory: deterministic, no atomics, no split across CTAs.
+// ROWS = 16 or 32 selects the tensor-core variant (dense_gemv_mma_kernel): at M = 3..4 the
+// CUDA-core dot product (converts + M FMAs per weight) is enough work to fall off the bandwidth
+// line, an MMA costs the same for any M <= 8.
 // Which (ROWS, UNROLL, tpr, threads, L2 prefetch) is fastest depends on the shape: lowbit/tuning.py picks.
 //
 // The vector kernel needs K % 8 == 0 and 16-byte aligned x / W; anything else runs the scalar
@@ -137,6 +140,103 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
     }
 }
 
+// Tensor-core variant: one mma.m16n8k16 does 16 x 16 x 8 multiply-adds, whatever M <= 4 is, so
+// M = 4 costs what M = 1 does. A naive "swap AB" (16 rows of W as A, tokens as B's columns)
+// leaves 8 - M columns idle and makes each load instruction touch 16 rows 64 bytes at a time,
+// which HBM serves ~6% slower than long runs. Instead the idle columns hold other *segments of
+// K*: with P = M rounded up to a power of two and S = 8 / P segments, B's column j is token
+// j % P over segment j / P, and A's row i is W row i / S over segment i % S (rows 8..15: the
+// next 8 / S W rows). C[i][j] is a useful partial dot product when segment(i) == segment(j);
+// the S of them per (row, token) are summed at the end. A tile is 2P W rows, and the 4S lanes
+// of a W row read 64 * S contiguous bytes per instruction (512 at M = 1).
+// Within a 32-element segment chunk, lane (g, t) loads 16 bytes at element 8t; registers {0,1}
+// feed the first MMA and {2,3} the second, for A and B alike (a dot product doesn't care about
+// the order of K). A group of tpr threads (tpr / 32 warps) owns TILES tiles and splits K by
+// chunks; partial sums meet in shared memory and are added in (warp, segment) order.
+template <int M> struct MmaShape {
+    static constexpr int P = M == 1 ? 1 : M == 2 ? 2 : 4;  // token columns per segment
+    static constexpr int S = 8 / P;                       // K segments side by side
+    static constexpr int ROWS = 2 * P;                    // W rows per 16-row MMA tile
+};
+
+template <typename T, int M, int TILES, int UNROLL, bool PF>
+__global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                              T* __restrict__ y, int n, int k, int tpr) {
+    static_assert(M >= 1 && M <= 4, "M = 1..4");
+    constexpr int P = MmaShape<M>::P, S = MmaShape<M>::S, ROWS = TILES * MmaShape<M>::ROWS;
+    __shared__ float red[kMaxWarps][ROWS * M * S];
+    const int groups = blockDim.x / tpr, wpg = tpr >> 5;
+    const int grp = threadIdx.x / tpr, wg = (threadIdx.x % tpr) >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = (blockIdx.x * groups + grp) * ROWS;
+    const int kv = k >> 3;                       // 16-byte vectors per row
+    const int step = 4 * S;                      // vectors per chunk (S segments of 4)
+    const int chunks = (kv + step - 1) / step;
+    const int wcol = (g % S) * 4 + t;            // this lane's A vector within a chunk
+    const int xcol = (g / P) * 4 + t;            // ... and its B vector (segment g / P)
+    const int xm = g % P;                        // B column's token (>= M: zero padding)
+    const uint4* xv = reinterpret_cast<const uint4*>(x) + int64_t(xm < M ? xm : 0) * kv;
+    const uint4* wrow[TILES][2];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows past n re-read row n-1; their results are dropped
+            const int row = min(row0 + i * 2 * P + h * P + g / S, n - 1);
+            wrow[i][h] = reinterpret_cast<const uint4*>(w) + int64_t(row) * kv;
+        }
+    }
+    float acc[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    // A warp takes UNROLL adjacent chunks per step.
+    for (int ch0 = wg * UNROLL; ch0 < chunks; ch0 += wpg * UNROLL) {
+        uint4 wr[UNROLL][TILES][2];
+        uint4 xr[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int base = (ch0 + u) * step, cw = base + wcol, cx = base + xcol;
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wr[u][i][h] = cw < kv ? ld_stream<PF>(wrow[i][h] + cw) : make_uint4(0, 0, 0, 0);
+            }
+            xr[u] = cx < kv && xm < M ? __ldg(xv + cx) : make_uint4(0, 0, 0, 0);  // K tail / padding: 0
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                const uint4 lo = wr[u][i][0], hi = wr[u][i][1];
+                const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
+                mma16816<T>(acc[i], a0, xr[u].x, xr[u].y);
+                mma16816<T>(acc[i], a1, xr[u].z, xr[u].w);
+            }
+        }
+    }
+    // acc[i][q] = C[g + 8 (q >> 1)][2t + (q & 1)]; keep entries whose row and column segments match.
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int col = 2 * t + (q & 1), seg = col / P, m = col % P;
+            const int r = i * 2 * P + (q >> 1) * P + g / S;  // W row within the group
+            if (g % S == seg && m < M) red[warp][(r * M + m) * S + seg] = acc[i][q];
+        }
+    }
+    __syncthreads();
+    const int first = grp * wpg;  // the group's first warp
+    for (int o = threadIdx.x % tpr; o < ROWS * M; o += tpr) {
+        float s = 0.f;
+        for (int j = 0; j < wpg; ++j) {
+#pragma unroll
+            for (int sg = 0; sg < S; ++sg) s += red[first + j][o * S + sg];
+        }
+        const int row = row0 + o / M, m = o % M;
+        if (row < n) y[int64_t(m) * n + row] = from_float<T>(s);
+    }
+}
+
 // Any K, any alignment: one warp per row, element loads, same fixed-order reduction.
 template <typename T, int M>
 __global__ void __launch_bounds__(256) dense_gemv_scalar_kernel(const T* __restrict__ x, const T* __restrict__ w,
@@ -169,10 +269,17 @@ int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int thr
     const bool ok_cfg = tpr >= 32 && tpr % 32 == 0 && threads % tpr == 0 && threads >= 32 && threads <= 512;
     const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0);
     if (!ok_shape || !ok_cfg || !aligned) return static_cast<int>(cudaErrorInvalidValue);
-    const int rows_per_cta = threads / tpr * ROWS;
-    const unsigned grid = ceil_div(n, rows_per_cta);
-    dense_gemv_kernel<T, M, ROWS, UNROLL, PF><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+    // ROWS >= 16 selects the tensor-core kernel with ROWS / 16 MMA tiles per warp.
+    const int group_rows = ROWS >= 16 ? ROWS / 16 * MmaShape<M>::ROWS : ROWS;
+    const unsigned grid = ceil_div(n, threads / tpr * group_rows);
+    auto* s = static_cast<cudaStream_t>(stream);
+    if constexpr (ROWS >= 16) {
+        dense_gemv_mma_kernel<T, M, ROWS / 16, UNROLL, PF><<<grid, threads, 0, s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+    } else {
+        dense_gemv_kernel<T, M, ROWS, UNROLL, PF><<<grid, threads, 0, s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+    }
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -187,7 +294,8 @@ int launch_scalar(const void* x, const void* w, void* y, int n, int k, void* str
 }  // namespace dense
 }  // namespace lowbit
 
-// Symbols: lowbit_dense_gemv_<dtype>_m<M>_r<ROWS>_u<UNROLL>_p<0|1>, lowbit_dense_gemv_scalar_<dtype>_m<M>.
+// Symbols: lowbit_dense_gemv_<dtype>_m<M>_r<ROWS>_u<UNROLL>_p<0|1> (ROWS 16/32: tensor cores),
+// lowbit_dense_gemv_scalar_<dtype>_m<M>.
 #define LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, P)                                                        \
     extern "C" int lowbit_dense_gemv_##NAME##_m##M##_r##R##_u##U##_p##P(                                     \
         const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {           \
@@ -195,13 +303,16 @@ int launch_scalar(const void* x, const void* w, void* y, int n, int k, void* str
     }
 #define LOWBIT_DEFINE_DENSE(NAME, TYPE, M, R, U) \
     LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 0) LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 1)
-// The (ROWS, UNROLL) grid tuning searches: ROWS * UNROLL <= 8 independent loads per thread.
+// The (ROWS, UNROLL) grid tuning searches. CUDA cores: ROWS * UNROLL <= 8 independent loads per
+// thread; tensor cores (ROWS = 16 * tiles): 2 * tiles * UNROLL <= 8.
 #define LOWBIT_DEFINE_DENSE_M(NAME, TYPE, M)                                                  \
     LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 2)         \
     LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 4) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 1, 8)         \
     LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 2)         \
     LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 2, 4) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 4, 1)         \
-    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 4, 2)                                                  \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 4, 2) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 16, 1)        \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 16, 2) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 16, 4)       \
+    LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 32, 1) LOWBIT_DEFINE_DENSE(NAME, TYPE, M, 32, 2)       \
     extern "C" int lowbit_dense_gemv_scalar_##NAME##_m##M(const void* x, const void* w, void* y, int n, \
                                                           int k, void* stream) {              \
         return lowbit::dense::launch_scalar<TYPE, M>(x, w, y, n, k, stream);                  \

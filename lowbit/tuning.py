@@ -1,7 +1,8 @@
 """Tuned launch configurations for the fp16/bf16 decode GEMV (``csrc/dense_gemv.cu``).
 
-A configuration is ``rows`` (rows per thread group, sharing x loads), ``unroll`` (16-byte vectors
-per row in flight per thread), ``tpr`` (threads per row group, a multiple of 32), ``threads``
+A configuration is ``rows`` (rows per thread group, sharing x loads; 16 or 32 selects the
+tensor-core kernel, whose warps own 16-row tiles), ``unroll`` (16-byte vectors -- for tensor-core
+tiles, 32-element chunks -- per row in flight per thread), ``tpr`` (threads per row group, a multiple of 32), ``threads``
 (per CTA, a multiple of tpr, <= 512) and ``prefetch`` (0/1: weight loads ask L2 for 256 bytes).
 The fastest one depends on the GPU and the shape, so winners are stored per (GPU name, dtype,
 M, N, K) in JSON::
@@ -29,7 +30,10 @@ FORMAT_VERSION = 1
 SHIPPED = Path(__file__).parent / "data" / "tuning.json"
 DTYPES = ("fp16", "bf16")
 #: (rows, unroll) pairs compiled into the library (csrc/dense_gemv.cu, LOWBIT_DEFINE_DENSE_M).
-ROWS_UNROLL = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2))
+#: rows 1, 2, 4: CUDA-core dot products; rows 16, 32: tensor-core tiles (mma.m16n8k16, W as A).
+ROWS_UNROLL = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2),
+               (16, 1), (16, 2), (16, 4), (32, 1), (32, 2))
+MMA_ROWS = (16, 32)
 #: (tpr, threads) pairs the tuner searches.
 TPR_THREADS = ((32, 128), (32, 256), (64, 256), (128, 128), (128, 256), (256, 256), (128, 512), (512, 512))
 MAX_THREADS = 512

@@ -114,9 +114,12 @@ def run(args: argparse.Namespace) -> int:
                 best, us, results = tune_one(lib, dtypes[dt], m, n, k, args.replays)
                 heur = tuning.heuristic(m, n, k)
                 heur_us = next(u for c, u in results if c == heur)
+                simt_us = min(u for c, u in results if c.rows not in tuning.MMA_ROWS)
+                mma_us = min(u for c, u in results if c.rows in tuning.MMA_ROWS)
                 table.setdefault(gpu, {}).setdefault(dt, {})[tuning.key(m, n, k)] = best
                 print(f"  {dt} M={m} {k}x{n}: {us:7.2f} us  rows={best.rows} unroll={best.unroll} tpr={best.tpr} "
-                      f"threads={best.threads} prefetch={best.prefetch}  (heuristic {heur_us:.2f} us)", flush=True)
+                      f"threads={best.threads} prefetch={best.prefetch}  (best CUDA-core {simt_us:.2f}, tensor-core "
+                      f"{mma_us:.2f}, heuristic {heur_us:.2f} us)", flush=True)
         tuning.save(out, table)  # after each dtype: a long run keeps what it measured
     tuning.reload()
     print(f"wrote {out} ({time.time() - start:.0f} s)")
