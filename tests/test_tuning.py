@@ -76,9 +76,10 @@ def test_user_file_overrides_shipped_and_heuristic_fills_gaps(tmp_path, monkeypa
         tuning.reload()
 
 
-@pytest.mark.parametrize("k", [8, 2048, 8192, 65536])
-def test_heuristic_is_a_compiled_config(k):
-    assert tuning.heuristic(1, 4096, k) in tuning.candidates()
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [8, 1024, 2048, 8192, 65536])
+def test_heuristic_is_a_compiled_config(m, k):
+    assert tuning.heuristic(m, 4096, k) in tuning.candidates()
 
 
 def test_lookup_rejects_other_dtypes():
