@@ -29,7 +29,7 @@ LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(4)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(5)
 
 // Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.
-int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, void* stream);
+int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, int mode, void* stream);
 // Copy probe: dst = src, n_bytes a multiple of 16, both 16-byte aligned.
 int lowbit_copy_bw(const void* src, void* dst, int64_t n_bytes, int grid, void* stream);
 

@@ -6,6 +6,22 @@
 
 namespace lowbit {
 
+// Mode 0: evict-first streaming loads (__ldcs). Mode 1: the GEMV's load, L1 bypass + L2 fetches
+// the surrounding 256 bytes -- on H100 the faster of the two, and the probe must not be slower
+// than the kernels it is the denominator for.
+template <int MODE>
+__device__ __forceinline__ uint4 probe_load(const uint4* p) {
+    if constexpr (MODE == 0) {
+        return __ldcs(p);
+    } else {
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+        return v;
+    }
+}
+
+template <int MODE>
 __global__ void __launch_bounds__(512) read_bw_kernel(const uint4* __restrict__ src, int64_t n_vec,
                                                      uint32_t* __restrict__ sink) {
     constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
@@ -15,12 +31,12 @@ __global__ void __launch_bounds__(512) read_bw_kernel(const uint4* __restrict__ 
     for (; i + (kUnroll - 1) * stride < n_vec; i += kUnroll * stride) {
         uint4 v[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(src + i + u * stride);  // streaming: no L2 reuse
+        for (int u = 0; u < kUnroll; ++u) v[u] = probe_load<MODE>(src + i + u * stride);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
     for (; i < n_vec; i += stride) {
-        const uint4 v = __ldcs(src + i);
+        const uint4 v = probe_load<MODE>(src + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     // The XOR keeps the loads alive; one store per warp lane 0 is negligible traffic.
@@ -46,10 +62,17 @@ __global__ void __launch_bounds__(512) copy_bw_kernel(const uint4* __restrict__ 
 
 }  // namespace lowbit
 
-extern "C" int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, void* stream) {
+extern "C" int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, int mode, void* stream) {
     const int64_t n_vec = n_bytes / 16;
-    lowbit::read_bw_kernel<<<grid, 512, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const uint4*>(src), n_vec, static_cast<uint32_t*>(sink));
+    auto* s = static_cast<cudaStream_t>(stream);
+    auto* in = static_cast<const uint4*>(src);
+    if (mode == 0) {
+        lowbit::read_bw_kernel<0><<<grid, 512, 0, s>>>(in, n_vec, static_cast<uint32_t*>(sink));
+    } else if (mode == 1) {
+        lowbit::read_bw_kernel<1><<<grid, 512, 0, s>>>(in, n_vec, static_cast<uint32_t*>(sink));
+    } else {
+        return static_cast<int>(cudaErrorInvalidValue);
+    }
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -72,8 +72,9 @@ def graph_time(calls: Sequence[Callable[[], object]], *, replays: int = 20, warm
 def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
     """Achievable DRAM read bandwidth in bytes/s: lowbit's streaming-read kernel over ``n_bytes``.
 
-    The best over several grid sizes (1 to 32 CTAs of 512 threads per SM): which one streams
-    fastest varies by GPU, and a probe slower than the kernels it judges would flatter them.
+    The best over two load flavours (evict-first, and the GEMVs' L2 256-byte prefetch) and several
+    grid sizes (1 to 32 CTAs of 512 threads per SM): which streams fastest varies by GPU, and a
+    probe slower than the kernels it judges would flatter them.
     """
     from ..kernels.library import get_library, ptr, stream_of
 
@@ -83,9 +84,10 @@ def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
     sink = torch.zeros(1, dtype=torch.int32, device=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     best_us = float("inf")
-    for per_sm in (1, 2, 4, 8, 16, 32):
-        call = lambda g=sms * per_sm: lib.call("read_bw", [ptr(buf), buf.numel(), ptr(sink), g, stream_of(dev)])  # noqa: E731
-        best_us = min(best_us, graph_time([call], replays=replays, warmup=2).median_us)
+    for mode in (0, 1):
+        for per_sm in (1, 2, 4, 8, 16, 32):
+            args = [ptr(buf), buf.numel(), ptr(sink), sms * per_sm, mode, stream_of(dev)]
+            best_us = min(best_us, graph_time([lambda a=args: lib.call("read_bw", a)], replays=replays, warmup=2).median_us)
     return buf.numel() / (best_us * 1e-6)
 
 
