@@ -86,8 +86,10 @@ def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
     best_us = float("inf")
     for mode in (0, 1):
         for per_sm in (1, 2, 4, 8, 16, 32):
-            args = [ptr(buf), buf.numel(), ptr(sink), sms * per_sm, mode, stream_of(dev)]
-            best_us = min(best_us, graph_time([lambda a=args: lib.call("read_bw", a)], replays=replays, warmup=2).median_us)
+            def call(grid=sms * per_sm, mode=mode):  # the stream is read inside: graph capture swaps it
+                lib.call("read_bw", [ptr(buf), buf.numel(), ptr(sink), grid, mode, stream_of(dev)])
+
+            best_us = min(best_us, graph_time([call], replays=replays, warmup=2).median_us)
     return buf.numel() / (best_us * 1e-6)
 
 
