@@ -69,12 +69,15 @@ def graph_time(calls: Sequence[Callable[[], object]], *, replays: int = 20, warm
     return Timing(statistics.median(per_call), min(per_call), max(per_call), len(seq), replays)
 
 
-def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
-    """Achievable DRAM read bandwidth in bytes/s: lowbit's streaming-read kernel over ``n_bytes``.
+PROBE_MODES = {0: "grid-stride, evict-first", 1: "grid-stride, L2 256B", 2: "slice per CTA, evict-first",
+               3: "slice per CTA, L2 256B"}
 
-    The best over two load flavours (evict-first, and the GEMVs' L2 256-byte prefetch) and several
-    grid sizes (1 to 32 CTAs of 512 threads per SM): which streams fastest varies by GPU, and a
-    probe slower than the kernels it judges would flatter them.
+
+def read_bandwidth_sweep(n_bytes: int = 2 << 30, replays: int = 10) -> dict[tuple[int, int], float]:
+    """Read bandwidth in bytes/s of lowbit's streaming-read kernel for every (mode, CTAs per SM).
+
+    Modes (:data:`PROBE_MODES`): two load flavours (evict-first, and the GEMVs' L2 256-byte
+    prefetch) x two walks (grid-stride, and one contiguous slice per CTA); 512 threads per CTA.
     """
     from ..kernels.library import get_library, ptr, stream_of
 
@@ -83,14 +86,21 @@ def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
     buf = torch.empty(n_bytes // 16 * 16, dtype=torch.uint8, device=dev).random_()
     sink = torch.zeros(1, dtype=torch.int32, device=dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    best_us = float("inf")
-    for mode in (0, 1):
+    out = {}
+    for mode in PROBE_MODES:
         for per_sm in (1, 2, 4, 8, 16, 32):
             def call(grid=sms * per_sm, mode=mode):  # the stream is read inside: graph capture swaps it
                 lib.call("read_bw", [ptr(buf), buf.numel(), ptr(sink), grid, mode, stream_of(dev)])
 
-            best_us = min(best_us, graph_time([call], replays=replays, warmup=2).median_us)
-    return buf.numel() / (best_us * 1e-6)
+            out[(mode, per_sm)] = buf.numel() / (graph_time([call], replays=replays, warmup=2).median_us * 1e-6)
+    return out
+
+
+def measure_read_bandwidth(n_bytes: int = 2 << 30, replays: int = 10) -> float:
+    """Achievable DRAM read bandwidth in bytes/s: the best of :func:`read_bandwidth_sweep` (which
+    setting streams fastest varies by GPU, and a probe slower than the kernels it judges would
+    flatter them)."""
+    return max(read_bandwidth_sweep(n_bytes, replays).values())
 
 
 def measure_copy_bandwidth(n_bytes: int = 1 << 30, replays: int = 10) -> float:
