@@ -77,7 +77,9 @@ def read_bandwidth_sweep(n_bytes: int = 2 << 30, replays: int = 10) -> dict[tupl
     """Read bandwidth in bytes/s of lowbit's streaming-read kernel for every (mode, CTAs per SM).
 
     Modes (:data:`PROBE_MODES`): two load flavours (evict-first, and the GEMVs' L2 256-byte
-    prefetch) x two walks (grid-stride, and one contiguous slice per CTA); 512 threads per CTA.
+    prefetch) x two walks (grid-stride, and one contiguous slice per CTA); 512 threads per CTA,
+    1 to 2048 CTAs per SM (many short CTAs, each reading a few KB, is how the GEMVs stream and
+    on H100 the fastest).
     """
     from ..kernels.library import get_library, ptr, stream_of
 
@@ -88,7 +90,7 @@ def read_bandwidth_sweep(n_bytes: int = 2 << 30, replays: int = 10) -> dict[tupl
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     out = {}
     for mode in PROBE_MODES:
-        for per_sm in (1, 2, 4, 8, 16, 32):
+        for per_sm in (1, 2, 4, 8, 16, 32, 128, 512, 2048):  # many short CTAs: how the GEMVs stream
             def call(grid=sms * per_sm, mode=mode):  # the stream is read inside: graph capture swaps it
                 lib.call("read_bw", [ptr(buf), buf.numel(), ptr(sink), grid, mode, stream_of(dev)])
 
