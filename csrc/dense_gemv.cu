@@ -36,6 +36,21 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90+, used when the op is asked for it): the kernel lets the
+// next one in the stream start as soon as all its CTAs are resident, and waits for the previous
+// one's completion (and memory) only before it touches x or y -- weights are constant, so their
+// first loads overlap the predecessor's tail. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 template <typename T> __device__ __forceinline__ float2 to_float2(uint32_t v);
 template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
     return __half22float2(*reinterpret_cast<__half2*>(&v));
@@ -104,6 +119,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
     float acc[ROWS * M];
 #pragma unroll
     for (int i = 0; i < ROWS * M; ++i) acc[i] = 0.f;
+    pdl_launch_dependents();
 
     for (int c0 = t; c0 < kv; c0 += tpr * UNROLL) {
         uint4 wr[UNROLL][ROWS];
@@ -113,6 +129,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream<PF>(wrow[r] + c) : make_uint4(0, 0, 0, 0);
         }
+        if (c0 == t) pdl_wait();  // first pass: weights are in flight, x may now be read
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * tpr;
@@ -128,6 +145,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
             }
         }
     }
+    pdl_wait();  // threads without a pass still must not write y early (a no-op when done)
     group_reduce<ROWS * M>(acc, red, tpr);
     if (t == 0) {
 #pragma unroll
@@ -188,6 +206,7 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
     float acc[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    pdl_launch_dependents();
 
     // A warp takes UNROLL adjacent chunks per step.
     for (int ch0 = wg * UNROLL; ch0 < chunks; ch0 += wpg * UNROLL) {
@@ -195,12 +214,17 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
         uint4 xr[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const int base = (ch0 + u) * step, cw = base + wcol, cx = base + xcol;
+            const int cw = (ch0 + u) * step + wcol;
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) wr[u][i][h] = cw < kv ? ld_stream<PF>(wrow[i][h] + cw) : make_uint4(0, 0, 0, 0);
             }
+        }
+        if (ch0 == wg * UNROLL) pdl_wait();  // first step: weights are in flight, x may now be read
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int cx = (ch0 + u) * step + xcol;
             xr[u] = cx < kv && xm < M ? __ldg(xv + cx) : make_uint4(0, 0, 0, 0);  // K tail / padding: 0
         }
 #pragma unroll
@@ -214,6 +238,7 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
             }
         }
     }
+    pdl_wait();  // warps without a step still must not write y early (a no-op when done)
     // acc[i][q] = C[g + 8 (q >> 1)][2t + (q & 1)]; keep entries whose row and column segments match.
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
@@ -264,22 +289,32 @@ __global__ void __launch_bounds__(256) dense_gemv_scalar_kernel(const T* __restr
 }
 
 template <typename T, int M, int ROWS, int UNROLL, bool PF>
-int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {
+int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int threads, int pdl, void* stream) {
     const bool ok_shape = n >= 1 && k >= 8 && k % 8 == 0;
     const bool ok_cfg = tpr >= 32 && tpr % 32 == 0 && threads % tpr == 0 && threads >= 32 && threads <= 512;
     const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(w) % 16 == 0);
     if (!ok_shape || !ok_cfg || !aligned) return static_cast<int>(cudaErrorInvalidValue);
     // ROWS >= 16 selects the tensor-core kernel with ROWS / 16 MMA tiles per warp.
     const int group_rows = ROWS >= 16 ? ROWS / 16 * MmaShape<M>::ROWS : ROWS;
-    const unsigned grid = ceil_div(n, threads / tpr * group_rows);
-    auto* s = static_cast<cudaStream_t>(stream);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ceil_div(n, threads / tpr * group_rows));
+    cfg.blockDim = dim3(threads);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(w);
+    T* yt = static_cast<T*>(y);
+    cudaError_t err;
     if constexpr (ROWS >= 16) {
-        dense_gemv_mma_kernel<T, M, ROWS / 16, UNROLL, PF><<<grid, threads, 0, s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+        err = cudaLaunchKernelEx(&cfg, dense_gemv_mma_kernel<T, M, ROWS / 16, UNROLL, PF>, xt, wt, yt, n, k, tpr);
     } else {
-        dense_gemv_kernel<T, M, ROWS, UNROLL, PF><<<grid, threads, 0, s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), n, k, tpr);
+        err = cudaLaunchKernelEx(&cfg, dense_gemv_kernel<T, M, ROWS, UNROLL, PF>, xt, wt, yt, n, k, tpr);
     }
+    if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -298,8 +333,8 @@ int launch_scalar(const void* x, const void* w, void* y, int n, int k, void* str
 // lowbit_dense_gemv_scalar_<dtype>_m<M>.
 #define LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, P)                                                        \
     extern "C" int lowbit_dense_gemv_##NAME##_m##M##_r##R##_u##U##_p##P(                                     \
-        const void* x, const void* w, void* y, int n, int k, int tpr, int threads, void* stream) {           \
-        return lowbit::dense::launch<TYPE, M, R, U, P != 0>(x, w, y, n, k, tpr, threads, stream);            \
+        const void* x, const void* w, void* y, int n, int k, int tpr, int threads, int pdl, void* stream) {  \
+        return lowbit::dense::launch<TYPE, M, R, U, P != 0>(x, w, y, n, k, tpr, threads, pdl, stream);       \
     }
 #define LOWBIT_DEFINE_DENSE(NAME, TYPE, M, R, U) \
     LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 0) LOWBIT_DEFINE_DENSE_PF(NAME, TYPE, M, R, U, 1)

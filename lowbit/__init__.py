@@ -21,6 +21,7 @@ from .formats import e4m4, kbit
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
+from .kernels.cuda_dense import programmatic_launch
 
 #: largest batch the decode GEMV kernels take; larger M dequantizes and calls cuBLAS.
 GEMV_MAX_M = 4
@@ -106,5 +107,6 @@ __all__ = [
     "kbit_linear",
     "normal_float_codebook",
     "ops",
+    "programmatic_launch",
     "quantize_kbit",
 ]

@@ -79,3 +79,18 @@ def test_torch_compile_rejects_bad_shape_at_trace(gen):
     compiled = torch.compile(lambda x: lowbit.kbit_linear(x, q), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="x must have shape"):
         compiled(torch.randn(3, 64))
+
+
+def test_programmatic_launch_is_scoped():
+    from lowbit.kernels import cuda_dense
+
+    before = cuda_dense._pdl
+    with lowbit.programmatic_launch():
+        assert cuda_dense._pdl is True
+        with lowbit.programmatic_launch(False):
+            assert cuda_dense._pdl is False
+        assert cuda_dense._pdl is True
+    assert cuda_dense._pdl is before
+    with pytest.raises(RuntimeError), lowbit.programmatic_launch():
+        raise RuntimeError("restored on error too")
+    assert cuda_dense._pdl is before

@@ -62,14 +62,20 @@ def _cublas(dtype: torch.dtype) -> Method:
     )
 
 
-def _lowbit_dense(dtype: torch.dtype) -> Method:
+def _lowbit_dense(dtype: torch.dtype, pdl: bool = False) -> Method:
     name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+    def run(x, w):
+        with lowbit.programmatic_launch(pdl):
+            return lowbit.dense_linear(x, w)
+
     return Method(
-        name=f"lowbit-{name}",
-        description=f"lowbit.dense_linear, {name} weights (lowbit's tuned GEMV for M <= 4, cuBLAS above)",
+        name=f"lowbit-{name}" + ("-pdl" if pdl else ""),
+        description=f"lowbit.dense_linear, {name} weights (lowbit's tuned GEMV for M <= 4, cuBLAS above)"
+        + ("; programmatic dependent launch: overlaps each call with the previous one" if pdl else ""),
         act_dtype=dtype,
         prepare=lambda w: w.to(dtype).contiguous(),
-        run=lambda x, w: lowbit.dense_linear(x, w),
+        run=run,
         weight_bytes=lambda w: w.numel() * w.element_size(),
         reference=lambda x, w: lowbit.ops.dense_gemv_reference(x.reshape(-1, x.shape[-1]), w),
         tolerance={torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype],  # M > 4 runs cuBLAS
@@ -243,6 +249,7 @@ def _gemlite_a16w4() -> Method:
 def all_methods() -> dict[str, Method]:
     methods = [_cublas(torch.float16), _cublas(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16), _lowbit_dense(torch.bfloat16)]
+    methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]

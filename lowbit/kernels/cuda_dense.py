@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from .. import ops, tuning
 from .library import library_or_none, ptr, stream_of
 
 _gpu_names: dict[int, str] = {}
+_capability: dict[int, int] = {}
+_pdl = os.environ.get("LOWBIT_PDL", "0") == "1"
+
+
+@contextlib.contextmanager
+def programmatic_launch(enabled: bool = True):
+    """Launch lowbit's dense GEMVs with programmatic dependent launch (sm_90+) inside the block.
+
+    Each kernel then lets the next kernel in the stream start once all its CTAs are resident,
+    and itself waits for its predecessor only before reading x / writing y: its first weight
+    loads overlap the predecessor's tail. Off by default (``LOWBIT_PDL=1`` turns it on): the
+    gain is real only where the predecessor is a kernel that triggers early (another lowbit
+    GEMV); CUDA graphs captured inside the block keep the setting.
+    """
+    global _pdl
+    prev, _pdl = _pdl, bool(enabled)
+    try:
+        yield
+    finally:
+        _pdl = prev
+
+
+def pdl_supported(device: torch.device) -> bool:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _capability:
+        _capability[idx] = torch.cuda.get_device_capability(idx)[0]
+    return _capability[idx] >= 9
 
 
 def gpu_name(device: torch.device) -> str:
@@ -22,15 +52,19 @@ def vector_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return weight.shape[1] % 8 == 0 and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
 
 
-def launch(lib, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: tuning.GemvConfig | None) -> None:
-    """Run the vector kernel with ``cfg`` (or the scalar kernel when cfg is None) into y."""
+def launch(lib, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: tuning.GemvConfig | None,
+           pdl: bool | None = None) -> None:
+    """Run the vector kernel with ``cfg`` (or the scalar kernel when cfg is None) into y.
+    ``pdl``: programmatic dependent launch (None: the :func:`programmatic_launch` setting;
+    ignored below sm_90 and by the scalar kernel)."""
     m = x.shape[0]
     n, k = weight.shape
     stream = stream_of(x.device)
     if cfg is None:
         lib.call("dense_gemv_scalar", [ptr(x), ptr(weight), ptr(y), n, k, stream], dtype=x.dtype, m=m)
     else:
-        lib.call("dense_gemv", [ptr(x), ptr(weight), ptr(y), n, k, cfg.tpr, cfg.threads, stream],
+        use_pdl = (_pdl if pdl is None else pdl) and pdl_supported(x.device)
+        lib.call("dense_gemv", [ptr(x), ptr(weight), ptr(y), n, k, cfg.tpr, cfg.threads, int(use_pdl), stream],
                  dtype=x.dtype, m=m, rows=cfg.rows, unroll=cfg.unroll, prefetch=cfg.prefetch)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -32,7 +32,7 @@ SIGNATURES: dict[str, list] = {
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     "kbit_split_gemv_occupancy": [_I],
     # x, w, y, n, k, tpr, threads, stream
-    "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _P],
+    "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
     # x, w, y, n, k, stream
     "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
 }

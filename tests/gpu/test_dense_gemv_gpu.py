@@ -57,11 +57,12 @@ def test_every_config_poisoned_output_and_guard(m, dtype, gen):
     w = torch.randn(n, k, generator=gen).to(dtype).cuda()
     x = torch.randn(m, k, generator=gen).to(dtype).cuda()
     for cfg in tuning.candidates() + [None]:
-        buf = torch.full((m * n + 64,), float("nan"), dtype=dtype, device="cuda")
-        launch(lib, x, w, buf[: m * n].view(m, n), cfg)
-        torch.cuda.synchronize()
-        assert buf[m * n :].isnan().all(), f"{cfg} wrote past the output"
-        _check(buf[: m * n].view(m, n), x, w)
+        for pdl in (False, True):
+            buf = torch.full((m * n + 64,), float("nan"), dtype=dtype, device="cuda")
+            launch(lib, x, w, buf[: m * n].view(m, n), cfg, pdl=pdl)
+            torch.cuda.synchronize()
+            assert buf[m * n :].isnan().all(), f"{cfg} pdl={pdl} wrote past the output"
+            _check(buf[: m * n].view(m, n), x, w)
 
 
 def test_misaligned_x_uses_scalar_kernel(gen):
@@ -100,6 +101,45 @@ def test_tensor_core_configs_deterministic(rows, gen):
         ys.append(y)
     _check(ys[0], x, w)
     assert all(torch.equal(ys[0], y) for y in ys[1:])
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_programmatic_launch_chain_in_graph(m, gen):
+    """With PDL each kernel may start before its predecessor ends; a chain y2 = f(f(x)) in a CUDA
+    graph, x rewritten between replays, must match the same chain launched without PDL (the
+    kernels are deterministic, so bit for bit), for a CUDA-core and a tensor-core config."""
+    lib = get_library()
+    k, n1, n2 = 8 * 300, 8 * 250, 1000
+    w1 = torch.randn(n1, k, generator=gen).half().cuda()
+    w2 = torch.randn(n2, n1, generator=gen).half().cuda() / 30
+    x = torch.empty(m, k, dtype=torch.float16, device="cuda")
+    for cfg in (tuning.GemvConfig(1, 2, 64, 256, 0), tuning.GemvConfig(16, 2, 128, 256, 1)):
+        y1 = torch.empty(m, n1, dtype=torch.float16, device="cuda")
+        y2 = torch.empty(m, n2, dtype=torch.float16, device="cuda")
+
+        def chain(pdl):
+            launch(lib, x, w1, y1, cfg, pdl=pdl)
+            launch(lib, y1, w2, y2, cfg, pdl=pdl)
+
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        x.normal_()
+        with torch.cuda.stream(s):
+            chain(True)  # warm-up outside capture
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s), torch.cuda.graph(g):
+            chain(True)
+        for _ in range(3):
+            x.copy_(torch.randn(m, k, generator=gen).half())
+            y1.fill_(float("nan"))
+            y2.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            got = y2.clone()
+            chain(False)
+            torch.cuda.synchronize()
+            assert torch.equal(got, y2), f"{cfg}: PDL chain differs from the serialized one"
+            _check(y2, y1, w2)
 
 
 def test_large_m_goes_to_cublas(gen):
