@@ -51,6 +51,18 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Under PDL x may be the output of a predecessor still running when this kernel starts: read it
+// through the coherent path (ld.global.nc assumes data fixed for the kernel's lifetime) and in
+// asm volatile, so the compiler can't hoist it above pdl_wait(). (Reading x with __ldg there
+// failed the chained-graph test.) PDL is a template flag: the default kernels keep __ldg and
+// their tuned code -- switching them to this load cost up to 20% on some tuned shapes.
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
 template <typename T> __device__ __forceinline__ float2 to_float2(uint32_t v);
 template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
     return __half22float2(*reinterpret_cast<__half2*>(&v));
@@ -101,7 +113,7 @@ __device__ __forceinline__ void group_reduce(float (&v)[R], float (*red)[R], int
     }
 }
 
-template <typename T, int M, int ROWS, int UNROLL, bool PF>
+template <typename T, int M, int ROWS, int UNROLL, bool PF, bool PDL>
 __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                           T* __restrict__ y, int n, int k, int tpr) {
     __shared__ float red[kMaxWarps][ROWS * M];
@@ -119,7 +131,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
     float acc[ROWS * M];
 #pragma unroll
     for (int i = 0; i < ROWS * M; ++i) acc[i] = 0.f;
-    pdl_launch_dependents();
+    if constexpr (PDL) pdl_launch_dependents();
 
     for (int c0 = t; c0 < kv; c0 += tpr * UNROLL) {
         uint4 wr[UNROLL][ROWS];
@@ -129,14 +141,18 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream<PF>(wrow[r] + c) : make_uint4(0, 0, 0, 0);
         }
-        if (c0 == t) pdl_wait();  // first pass: weights are in flight, x may now be read
+        if constexpr (PDL) {
+            if (c0 == t) pdl_wait();
+        }  // first pass: weights are in flight, x may now be read
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * tpr;
             if (c < kv) {
 #pragma unroll
                 for (int m = 0; m < M; ++m) {
-                    const uint4 xr = __ldg(xv + int64_t(m) * kv + c);
+                    const uint4* px = xv + int64_t(m) * kv + c;
+                    uint4 xr;
+                    if constexpr (PDL) xr = ld_x(px); else xr = __ldg(px);
                     const float2 xf[4] = {to_float2<T>(xr.x), to_float2<T>(xr.y), to_float2<T>(xr.z),
                                           to_float2<T>(xr.w)};
 #pragma unroll
@@ -145,7 +161,7 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
             }
         }
     }
-    pdl_wait();  // threads without a pass still must not write y early (a no-op when done)
+    if constexpr (PDL) pdl_wait();  // threads without a pass must not write y early either
     group_reduce<ROWS * M>(acc, red, tpr);
     if (t == 0) {
 #pragma unroll
@@ -177,7 +193,7 @@ template <int M> struct MmaShape {
     static constexpr int ROWS = 2 * P;                    // W rows per 16-row MMA tile
 };
 
-template <typename T, int M, int TILES, int UNROLL, bool PF>
+template <typename T, int M, int TILES, int UNROLL, bool PF, bool PDL>
 __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                               T* __restrict__ y, int n, int k, int tpr) {
     static_assert(M >= 1 && M <= 4, "M = 1..4");
@@ -206,7 +222,7 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
     float acc[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    pdl_launch_dependents();
+    if constexpr (PDL) pdl_launch_dependents();
 
     // A warp takes UNROLL adjacent chunks per step.
     for (int ch0 = wg * UNROLL; ch0 < chunks; ch0 += wpg * UNROLL) {
@@ -220,12 +236,16 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
 #pragma unroll
                 for (int h = 0; h < 2; ++h) wr[u][i][h] = cw < kv ? ld_stream<PF>(wrow[i][h] + cw) : make_uint4(0, 0, 0, 0);
             }
-        }
-        if (ch0 == wg * UNROLL) pdl_wait();  // first step: weights are in flight, x may now be read
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
             const int cx = (ch0 + u) * step + xcol;
-            xr[u] = cx < kv && xm < M ? __ldg(xv + cx) : make_uint4(0, 0, 0, 0);  // K tail / padding: 0
+            if constexpr (!PDL) xr[u] = cx < kv && xm < M ? __ldg(xv + cx) : make_uint4(0, 0, 0, 0);  // tail/pad: 0
+        }
+        if constexpr (PDL) {
+            if (ch0 == wg * UNROLL) pdl_wait();  // first step: weights are in flight, x may now be read
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int cx = (ch0 + u) * step + xcol;
+                xr[u] = cx < kv && xm < M ? ld_x(xv + cx) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -238,7 +258,7 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
             }
         }
     }
-    pdl_wait();  // warps without a step still must not write y early (a no-op when done)
+    if constexpr (PDL) pdl_wait();  // warps without a step must not write y early either
     // acc[i][q] = C[g + 8 (q >> 1)][2t + (q & 1)]; keep entries whose row and column segments match.
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
@@ -310,9 +330,12 @@ int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int thr
     T* yt = static_cast<T*>(y);
     cudaError_t err;
     if constexpr (ROWS >= 16) {
-        err = cudaLaunchKernelEx(&cfg, dense_gemv_mma_kernel<T, M, ROWS / 16, UNROLL, PF>, xt, wt, yt, n, k, tpr);
+        constexpr int TILES = ROWS / 16;
+        err = pdl ? cudaLaunchKernelEx(&cfg, dense_gemv_mma_kernel<T, M, TILES, UNROLL, PF, true>, xt, wt, yt, n, k, tpr)
+                  : cudaLaunchKernelEx(&cfg, dense_gemv_mma_kernel<T, M, TILES, UNROLL, PF, false>, xt, wt, yt, n, k, tpr);
     } else {
-        err = cudaLaunchKernelEx(&cfg, dense_gemv_kernel<T, M, ROWS, UNROLL, PF>, xt, wt, yt, n, k, tpr);
+        err = pdl ? cudaLaunchKernelEx(&cfg, dense_gemv_kernel<T, M, ROWS, UNROLL, PF, true>, xt, wt, yt, n, k, tpr)
+                  : cudaLaunchKernelEx(&cfg, dense_gemv_kernel<T, M, ROWS, UNROLL, PF, false>, xt, wt, yt, n, k, tpr);
     }
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
