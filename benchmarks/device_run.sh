@@ -19,7 +19,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
       tests/gpu/test_kbit_gemv_gpu.py -k "poisoned or grouped_all or grouped_many_active or misaligned or long_k" 2>&1 | tail -4
   compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
-      tests/gpu/test_dense_gemv_gpu.py -k "poisoned or misaligned" 2>&1 | tail -4
+      tests/gpu/test_dense_gemv_gpu.py -k "poisoned or misaligned or chain" 2>&1 | tail -4
   echo "== dequant bandwidth"; python3 benchmarks/tools/dequant_bw.py 2>&1
   fi
 } 2>&1 | tee "$LOG"
