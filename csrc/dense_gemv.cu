@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
             for (int r = 0; r < ROWS; ++r) wr[u][r] = c < kv ? ld_stream<PF>(wrow[r] + c) : make_uint4(0, 0, 0, 0);
         }
         if constexpr (PDL) {
-            if (c0 == t) pdl_wait();
-        }  // first pass: weights are in flight, x may now be read
+            if (c0 == t) pdl_wait();  // first pass: weights are in flight, x may now be read
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int c = c0 + u * tpr;
