@@ -29,6 +29,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
     return __float2bfloat16_rn(v);
 }
 
+// Weights are read once: keep them out of L1. PF: also ask L2 to fetch the whole 256-byte
+// block around each miss (fewer, larger DRAM requests; tuned per shape).
+template <bool PF = false>
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    if constexpr (PF) {
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else {
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    }
+    return v;
+}
+
 // d += A (16x16, row) * B (16x8, col), fp32 accumulate; T picks the f16 or bf16 instruction.
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

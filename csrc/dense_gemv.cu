@@ -21,21 +21,6 @@ namespace dense {
 
 constexpr int kMaxWarps = 16;  // threads per CTA <= 512
 
-// Weights are read once: keep them out of L1. PF: also ask L2 to fetch the whole 256-byte
-// block around each miss (fewer, larger DRAM requests; tuned per shape).
-template <bool PF>
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;
-    if constexpr (PF) {
-        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    } else {
-        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    }
-    return v;
-}
-
 // Programmatic dependent launch (sm_90+, used when the op is asked for it): the kernel lets the
 // next one in the stream start as soon as all its CTAs are resident, and waits for the previous
 // one's completion (and memory) only before it touches x or y -- weights are constant, so their

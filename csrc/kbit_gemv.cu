@@ -59,13 +59,6 @@ template <> struct Pack2<__nv_bfloat16> {
     }
 };
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-    uint4 v;  // weights are read once: don't keep them in L1
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 // E4M4 byte (in bits 19..26 of `shifted`) -> float: the byte placed in an fp32's exponent and
 // top mantissa bits is e4m4 * 2^-112 (exact, subnormals included), so one multiply finishes it.
 __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {

@@ -12,14 +12,8 @@ namespace lowbit {
 // takes the best: a probe slower than the kernels it is the denominator for would flatter them.
 template <bool PF>
 __device__ __forceinline__ uint4 probe_load(const uint4* p) {
-    if constexpr (!PF) {
-        return __ldcs(p);
-    } else {
-        uint4 v;
-        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-        return v;
-    }
+    if constexpr (PF) return ld_stream<true>(p);  // common.cuh, as the dense GEMV loads weights
+    return __ldcs(p);
 }
 
 template <bool PF, bool SLICE>

@@ -10,8 +10,7 @@ import torch
 from .. import ops, tuning
 from .library import library_or_none, ptr, stream_of
 
-_gpu_names: dict[int, str] = {}
-_capability: dict[int, int] = {}
+_props: dict[int, tuple[str, int]] = {}  # device index -> (name, compute capability major)
 _pdl = os.environ.get("LOWBIT_PDL", "0") == "1"
 
 
@@ -33,18 +32,19 @@ def programmatic_launch(enabled: bool = True):
         _pdl = prev
 
 
-def pdl_supported(device: torch.device) -> bool:
+def _device_props(device: torch.device) -> tuple[str, int]:
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _capability:
-        _capability[idx] = torch.cuda.get_device_capability(idx)[0]
-    return _capability[idx] >= 9
+    if idx not in _props:
+        _props[idx] = (torch.cuda.get_device_name(idx), torch.cuda.get_device_capability(idx)[0])
+    return _props[idx]
 
 
 def gpu_name(device: torch.device) -> str:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _gpu_names:
-        _gpu_names[idx] = torch.cuda.get_device_name(idx)
-    return _gpu_names[idx]
+    return _device_props(device)[0]
+
+
+def pdl_supported(device: torch.device) -> bool:
+    return _device_props(device)[1] >= 9
 
 
 def vector_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:

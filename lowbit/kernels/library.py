@@ -31,7 +31,7 @@ SIGNATURES: dict[str, list] = {
     # max_ctas, stream
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     "kbit_split_gemv_occupancy": [_I],
-    # x, w, y, n, k, tpr, threads, stream
+    # x, w, y, n, k, tpr, threads, pdl (0/1), stream
     "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
     # x, w, y, n, k, stream
     "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
