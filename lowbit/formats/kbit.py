@@ -133,9 +133,9 @@ class KbitWeight:
         Built eagerly by ``.to('cuda')``; call it before CUDA-graph capture otherwise.
         """
         if self._tiled is None:
-            from .. import ops
+            from . import kbit_tiled  # the layout module builds on this one
 
-            self._tiled = ops.kbit_repack(self.planes, self.absmax, self.bits)
+            self._tiled = kbit_tiled.repack(self.planes, self.absmax, self.bits)
         return self._tiled
 
     @property
@@ -184,12 +184,19 @@ def check_kbit_tensors(planes, absmax, codebook, scale, bits) -> None:
 
 
 # --------------------------------------------------------------------------- quantize
-def quantize(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None = None) -> KbitWeight:
-    """Quantize ``weight[N, K_in]`` (fp16/bf16/fp32, finite, K_in % 32 == 0) to kbit."""
+def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None = None):
+    """Quantize ``weight[..., N, K_in]`` to codes; one fp32 scale per leading index (per tensor / expert).
+
+    Returns ``(codes uint8 [..., N, K_in/32, 32], absmax uint8 [..., N, K_in/32], codebook fp32 [2**bits],
+    scale fp32 [...])``. :func:`quantize` packs the codes into bit planes; the modules pack them
+    straight into the GPU layout (``kbit_tiled.pack_codes``).
+    """
     check_bits(bits)
-    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, dim=2, contiguous=False)
-    n, k_in = weight.shape
-    if n == 0 or k_in == 0:
+    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, contiguous=False)
+    if weight.dim() < 2:
+        raise ValueError(f"weight must be [..., N, K_in], got shape {tuple(weight.shape)}")
+    n, k_in = weight.shape[-2:]
+    if weight.numel() == 0:
         raise ValueError(f"weight must not be empty, got shape {tuple(weight.shape)}")
     if k_in % BLOCK:
         raise ValueError(
@@ -203,18 +210,27 @@ def quantize(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None 
     _check_codebook_values(codebook)
     codebook = codebook.to(weight.device).contiguous()
 
-    w = weight.detach().to(torch.float32).reshape(n, k_in // BLOCK, BLOCK)
+    lead = weight.shape[:-2]
+    w = weight.detach().to(torch.float32).reshape(*lead, n, k_in // BLOCK, BLOCK)
     block_absmax = w.abs().amax(dim=-1)
-    gmax = block_absmax.max()
+    gmax = block_absmax.reshape(*lead, -1).amax(dim=-1)
     scale = torch.where(gmax > 0, gmax / e4m4.MAX_VALUE, torch.ones_like(gmax)).to(torch.float32)
-    absmax = e4m4.encode(block_absmax / scale)
-    block_scale = e4m4.decode(absmax) * scale  # the dequantizer's scale, same fp32 ops
+    absmax = e4m4.encode(block_absmax / scale[..., None, None])
+    block_scale = e4m4.decode(absmax) * scale[..., None, None]  # the dequantizer's scale, same fp32 ops
 
     normalized = torch.where(block_scale[..., None] > 0, w / block_scale[..., None].clamp_min(1e-38), 0.0)
     sorted_cb, order = codebook.sort()
     mids = (sorted_cb[1:] + sorted_cb[:-1]) / 2
     codes = order[torch.bucketize(normalized, mids)].to(torch.uint8)  # nearest entry
-    return KbitWeight(pack_planes(codes, bits).contiguous(), absmax.contiguous(), codebook, scale, bits)
+    return codes, absmax.contiguous(), codebook, scale
+
+
+def quantize(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None = None) -> KbitWeight:
+    """Quantize ``weight[N, K_in]`` (fp16/bf16/fp32, finite, K_in % 32 == 0) to kbit."""
+    check_bits(bits)
+    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, dim=2, contiguous=False)
+    codes, absmax, codebook, scale = quantize_codes(weight, bits, codebook)
+    return KbitWeight(pack_planes(codes, bits).contiguous(), absmax, codebook, scale, bits)
 
 
 # --------------------------------------------------------------------------- reference math
@@ -260,9 +276,9 @@ class KbitExperts:
 
     def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tiled is None:
-            from .. import ops
+            from . import kbit_tiled  # the layout module builds on this one
 
-            self._tiled = ops.kbit_repack(self.planes, self.absmax, self.bits)
+            self._tiled = kbit_tiled.repack(self.planes, self.absmax, self.bits)
         return self._tiled
 
     def to(self, device) -> "KbitExperts":
@@ -285,6 +301,5 @@ def quantize_experts(weights: torch.Tensor, bits: int = 4, codebook: torch.Tenso
     check_tensor("weights", weights, dtypes=FLOAT_DTYPES, dim=3, contiguous=False)
     if weights.shape[0] == 0:
         raise ValueError("weights must hold at least one expert")
-    qs = [quantize(weights[e], bits, codebook) for e in range(weights.shape[0])]
-    return KbitExperts(torch.stack([q.planes for q in qs]), torch.stack([q.absmax for q in qs]), qs[0].codebook,
-                       torch.stack([q.scale for q in qs]), bits)
+    codes, absmax, codebook, scales = quantize_codes(weights, bits, codebook)
+    return KbitExperts(pack_planes(codes, bits).contiguous(), absmax, codebook, scales, bits)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from . import kbit
+from . import e4m4, kbit
 
 TILE_N = 16
 GROUP_BLOCKS = 8
@@ -62,14 +62,21 @@ def tiled_shape(n: int, k_in: int) -> tuple[int, int]:
 def repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Bit planes ``[..., N, K_in/32, bits]`` + absmax ``[..., N, K_in/32]`` -> (qweight, qabsmax)."""
     kbit.check_bits(bits)
-    lead = planes.shape[:-3]
-    n, nblk = planes.shape[-3], planes.shape[-2]
-    if tuple(absmax.shape) != (*lead, n, nblk):
-        raise ValueError(f"absmax must have shape {(*lead, n, nblk)}, got {tuple(absmax.shape)}")
+    return pack_codes(kbit.unpack_planes(planes, bits), absmax, bits)
+
+
+def pack_codes(codes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes ``[..., N, K_in/32, 32]`` (uint8, each < 2**bits) + absmax ``[..., N, K_in/32]`` -> (qweight, qabsmax).
+
+    The quantizer's direct route to the GPU layout (no bit planes in between)."""
+    kbit.check_bits(bits)
+    lead = codes.shape[:-3]
+    n, nblk = codes.shape[-3], codes.shape[-2]
+    if codes.shape[-1] != kbit.BLOCK or tuple(absmax.shape) != (*lead, n, nblk):
+        raise ValueError(f"codes [..., N, B, 32] and absmax [..., N, B] disagree: {tuple(codes.shape)}, {tuple(absmax.shape)}")
     t_count, g_count = tiled_shape(n, nblk * kbit.BLOCK)
     n_pad, b_pad = t_count * TILE_N, g_count * GROUP_BLOCKS
-    codes = kbit.unpack_planes(planes, bits).to(torch.int64)  # [..., N, B, 32]
-    codes = torch.nn.functional.pad(codes, (0, 0, 0, b_pad - nblk, 0, n_pad - n))
+    codes = torch.nn.functional.pad(codes.to(torch.int64), (0, 0, 0, b_pad - nblk, 0, n_pad - n))
     amax = torch.nn.functional.pad(absmax, (0, b_pad - nblk, 0, n_pad - n))
     # [..., T, h, g, G, j, t, m, q, e] -> [..., T, G, j, g, t, m, q, h, e] -> [..., T, G, j, lane, p, e]
     c = codes.reshape(*lead, t_count, 2, 8, g_count, 8, 4, 2, 2, 2)
@@ -89,8 +96,8 @@ def repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch
     return qweight, qabsmax
 
 
-def unpack(qweight: torch.Tensor, qabsmax: torch.Tensor, bits: int, n: int, k_in: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`repack`: (qweight, qabsmax) -> (planes ``[..., n, k_in/32, bits]``, absmax)."""
+def unpack_codes(qweight: torch.Tensor, bits: int, n: int, k_in: int) -> torch.Tensor:
+    """qweight -> uint8 codes ``[..., n, k_in/32, 32]`` (the inverse of :func:`pack_codes`)."""
     kbit.check_bits(bits)
     t_count, g_count = tiled_shape(n, k_in)
     lead = qweight.shape[:-5]
@@ -104,13 +111,39 @@ def unpack(qweight: torch.Tensor, qabsmax: torch.Tensor, bits: int, n: int, k_in
     field[..., spill] |= lane_words[..., word[spill] + 1] << (32 - shift[spill])
     field &= (1 << 2 * bits) - 1  # [..., lane, f = 8j + p]
     mask = (1 << bits) - 1
-    codes = torch.stack([field & mask, field >> bits], dim=-1).reshape(*lead, t_count, g_count, 32, 8, 8, 2)
+    codes = torch.stack([field & mask, field >> bits], dim=-1).to(torch.uint8)
     # [..., T, G, lane(g,t), j, p(m,q,h), e] -> [..., T, h, g, G, j, t, m, q, e]
     c = codes.reshape(*lead, t_count, g_count, 8, 4, 8, 2, 2, 2, 2)  # T G g t j m q h e
     perm = [*range(nl), nl, nl + 7, nl + 2, nl + 1, nl + 4, nl + 3, nl + 5, nl + 6, nl + 8]
     c = c.permute(perm).reshape(*lead, t_count * TILE_N, g_count * GROUP_BLOCKS, 32)
-    nblk = k_in // kbit.BLOCK
-    codes_out = c[..., :n, :nblk, :].to(torch.uint8).contiguous()
+    return c[..., :n, :k_in // kbit.BLOCK, :]
+
+
+def unpack_absmax(qabsmax: torch.Tensor, n: int, k_in: int) -> torch.Tensor:
+    """qabsmax -> absmax ``[..., n, k_in/32]`` (uint8 E4M4 codes)."""
+    t_count, g_count = tiled_shape(n, k_in)
+    lead = qabsmax.shape[:-3]
+    if tuple(qabsmax.shape[-3:]) != (t_count, g_count, 128):
+        raise ValueError(f"qabsmax must end in {(t_count, g_count, 128)}, got {tuple(qabsmax.shape)}")
+    nl = len(lead)
     amax = qabsmax.reshape(*lead, t_count, g_count, 8, 2, 8).permute(
         *range(nl), nl, nl + 3, nl + 2, nl + 1, nl + 4).reshape(*lead, t_count * TILE_N, g_count * GROUP_BLOCKS)
-    return kbit.pack_planes(codes_out, bits), amax[..., :n, :nblk].contiguous()
+    return amax[..., :n, :k_in // kbit.BLOCK]
+
+
+def unpack(qweight: torch.Tensor, qabsmax: torch.Tensor, bits: int, n: int, k_in: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`repack`: (qweight, qabsmax) -> (planes ``[..., n, k_in/32, bits]``, absmax)."""
+    codes = unpack_codes(qweight, bits, n, k_in).contiguous()
+    return kbit.pack_planes(codes, bits), unpack_absmax(qabsmax, n, k_in).contiguous()
+
+
+def dequantize(qweight: torch.Tensor, qabsmax: torch.Tensor, codebook: torch.Tensor, scale: torch.Tensor, bits: int,
+               n: int, k_in: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dense ``[..., n, k_in]`` weight straight from the tiled layout (``scale``: one fp32 per leading index).
+
+    Same fp32 arithmetic as :func:`kbit.dequantize_reference` (the definition), so the results are identical.
+    """
+    codes = unpack_codes(qweight, bits, n, k_in)
+    block_scale = e4m4.decode(unpack_absmax(qabsmax, n, k_in).contiguous()) * scale[..., None, None]
+    w = codebook[codes.long()] * block_scale[..., None]
+    return w.reshape(*w.shape[:-3], n, k_in).to(dtype)
