@@ -9,22 +9,30 @@ the compiled kernels where one exists):
     experts = lowbit.quantize_kbit_experts(W, bits=4)           # W: [E, N, K_in]
     y = lowbit.kbit_grouped_linear(x_sorted, offsets, experts)  # MoE, one launch
     y = lowbit.dense_linear(x, weight)            # fp16/bf16 weight, tuned decode GEMV for M <= 4
+
+Models:
+
+    report = lowbit.quantize_model(model, bits=4)  # nn.Linear -> lowbit.nn.KbitLinear, MoE experts too
+    lowbit.save_quantized(model, "out/")           # safetensors, sharded, checksummed
+    lowbit.load_quantized(skeleton, "out/")        # e.g. a transformers model built from its config
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import dispatch, ops
 from ._checks import check_tensor
+from .dispatch import GEMV_MAX_M
 from .formats import e4m4, kbit
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
 from .kernels.cuda_dense import programmatic_launch
+from .convert import QuantizeReport, quantize_model
+from .serialization import load_quantized, save_quantized
+from . import nn
 
-#: largest batch the decode GEMV kernels take; larger M dequantizes and calls cuBLAS.
-GEMV_MAX_M = 4
 
 __version__ = "0.1.0"
 
@@ -45,6 +53,7 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     """``x[..., K_in] @ W^T -> [..., N]`` in x's dtype (fp16/bf16/fp32), fp32 accumulation.
 
     Leading dimensions of ``x`` are flattened; a batch of 0 rows gives an empty result.
+    The kernel is chosen by :mod:`lowbit.dispatch`.
     """
     _check_weight(w)
     check_tensor("x", x, contiguous=True)
@@ -52,7 +61,7 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
         raise ValueError(f"x must have at least 1 dimension [..., K_in], got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.is_cuda and 1 <= x2.shape[0] <= GEMV_MAX_M and x2.dtype in (torch.float16, torch.bfloat16):
+    if dispatch.kbit_path(x2) == "gemv":
         n, k_in = w.shape
         qweight, qabsmax = w.tiled()
         y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
@@ -96,6 +105,11 @@ def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: 
 
 __all__ = [
     "GEMV_MAX_M",
+    "QuantizeReport",
+    "load_quantized",
+    "nn",
+    "quantize_model",
+    "save_quantized",
     "KbitExperts",
     "KbitWeight",
     "kbit_grouped_linear",

@@ -123,13 +123,37 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     return x.new_empty((m, n))
 
 
+def check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in) -> int:
+    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
+    check_same_device(x=x, qweight=qweight)
+    return x.shape[0]
+
+
+@torch.library.custom_op("lowbit::kbit_tiled_linear", mutates_args=())
+def kbit_tiled_linear(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
+                      k_in: int) -> Tensor:
+    """``x[M, K_in] @ W^T`` from the tiled layout for any M and float dtype: the path beyond the GEMV
+    (and the CPU reference of the modules, which hold only the tiled layout)."""
+    check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+
+
+@kbit_tiled_linear.register_fake
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    m = check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return x.new_empty((m, n))
+
+
 def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
     check_tensor("qweight", qweight, dtypes=(torch.int32,))
     if qweight.dim() != 6:
         raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
     experts = qweight.shape[0]
     check_tiled_args(qweight, qabsmax, codebook, scales, bits, n, k_in, experts=experts)
-    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
     if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [tokens, K_in={k_in}], got {tuple(x.shape)}")
     check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
@@ -148,6 +172,8 @@ def kbit_grouped_gemv(
 ) -> Tensor:
     """MoE experts in one call: rows ``offsets[e]:offsets[e+1]`` of x (sorted by expert) use expert e.
 
+    fp16/bf16 x runs the grouped CUDA kernel on GPUs; fp32 x (and CPU) the reference, expert by expert.
+
     ``expert_offsets`` must be non-decreasing with ``offsets[0] = 0`` and ``offsets[E] = tokens``
     (the CUDA kernel trusts it; the reference checks it).
     """
@@ -156,8 +182,13 @@ def kbit_grouped_gemv(
 
 
 def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    planes, absmax = kbit_tiled.unpack(qweight, qabsmax, bits, n, k_in)
-    return kbit.linear_reference(x, planes, absmax, codebook, scale, bits)
+    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+
+
+def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    """``x @ W^T`` in fp32 from the tiled layout, rounded once to x's dtype (= kbit.linear_reference)."""
+    w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return (x.to(torch.float32) @ w.t()).to(x.dtype)
 
 
 def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
@@ -167,8 +198,8 @@ def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bit
     y = x.new_empty((x.shape[0], n))
     for e in range(qweight.shape[0]):
         if off[e + 1] > off[e]:
-            planes, absmax = kbit_tiled.unpack(qweight[e], qabsmax[e], bits, n, k_in)
-            y[off[e]:off[e + 1]] = kbit.linear_reference(x[off[e]:off[e + 1]], planes, absmax, codebook, scales[e], bits)
+            y[off[e]:off[e + 1]] = tiled_linear_reference(
+                x[off[e]:off[e + 1]], qweight[e], qabsmax[e], codebook, scales[e], bits, n, k_in)
     return y
 
 

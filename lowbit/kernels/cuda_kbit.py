@@ -7,7 +7,7 @@ import torch
 from .. import ops
 from ..formats import kbit, kbit_tiled
 from .library import library_or_none as _library_or_none
-from .library import ptr, stream_of
+from .library import ptr, stream_of  # noqa: F401
 
 
 @ops.kbit_dequantize.register_kernel("cuda")
@@ -113,41 +113,124 @@ def use_split(lib, device, bits, dtype, n, k_in) -> bool:
     return split_items(n, k_in) <= SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1)
 
 
+def _raw_stream_getter():
+    """Fastest way to the current stream's handle (the eager module path calls it per launch)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda idx: torch.cuda.current_stream(idx).cuda_stream
+
+
+_current_stream = _raw_stream_getter()
+
+
+class GemvLauncher:
+    """The kbit GEMV of one weight with every per-weight decision made once.
+
+    The eager forward of ``lowbit.nn`` modules calls this directly (no torch dispatcher, no
+    re-checks of the weight's tensors: the module checked them when it was built), which keeps
+    a decode call at a few microseconds of CPU. The registered op builds one per call.
+    Arguments: x ``[M <= 4, K_in]`` fp16/bf16, contiguous, on the weight's device.
+    """
+
+    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
+        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+        self.device = qweight.device
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.tensors = (qweight, qabsmax, codebook, scale)  # kept alive: the plans hold their addresses
+        self.ptrs = tuple(t.data_ptr() for t in self.tensors)
+        self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
+        self._plans: dict = {}
+
+    def _plan(self, dtype, m):
+        qw, qa, cb, sc = self.ptrs
+        lib, n, k_in, bits = self.lib, self.n, self.k_in, self.bits
+        if use_split(lib, self.device, bits, dtype, n, k_in):
+            fn = lib.symbol("kbit_split_gemv", bits=bits, dtype=dtype)
+            max_ctas = split_max_ctas(lib, self.device, bits, dtype, 1)
+            plan = ("split", fn, max_ctas)
+        else:
+            fn = lib.symbol("kbit_gemv", bits=bits, dtype=dtype, m=m)
+            warps = gemv_warps(lib, self.device, bits, dtype, m, n, k_in)
+            plan = ("streamk", fn, warps, counters(self.device, self.tiles).data_ptr())
+        self._plans[(dtype, m)] = plan
+        return plan
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        dtype = x.dtype
+        plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
+        if x.data_ptr() % 16:
+            x = x.clone()  # the kernels read x with 16-byte loads
+        y = torch.empty((m, self.n), dtype=dtype, device=self.device)
+        qw, qa, cb, sc = self.ptrs
+        stream = _current_stream(self.index)
+        if plan[0] == "split":
+            err = plan[1](x.data_ptr(), None, m, qw, qa, cb, sc, y.data_ptr(), 1, self.n, self.k_in, plan[2], stream)
+        else:
+            ws = torch.empty((plan[2], 2, 128), dtype=torch.float32, device=self.device)
+            err = plan[1](x.data_ptr(), qw, qa, cb, sc, y.data_ptr(), ws.data_ptr(), plan[3], m, self.n, self.k_in,
+                          plan[2], stream)
+        if err:
+            self.lib.raise_error("kbit_gemv", err)
+        return y
+
+
+class GroupedLauncher:
+    """The grouped (MoE) kbit GEMV of one expert stack, decisions made once (see GemvLauncher)."""
+
+    def __init__(self, lib, qweight, qabsmax, codebook, scales, bits, n, k_in):
+        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+        self.device = qweight.device
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.experts = qweight.shape[0]
+        self.tensors = (qweight, qabsmax, codebook, scales)
+        self.ptrs = tuple(t.data_ptr() for t in self.tensors)
+        self._plans: dict = {}
+
+    def _plan(self, dtype):
+        fn = self.lib.symbol("kbit_split_gemv", bits=self.bits, dtype=dtype)
+        plan = (fn, split_max_ctas(self.lib, self.device, self.bits, dtype, self.experts))
+        self._plans[dtype] = plan
+        return plan
+
+    def __call__(self, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+        fn, max_ctas = self._plans.get(x.dtype) or self._plan(x.dtype)
+        if x.data_ptr() % 16:
+            x = x.clone()
+        y = torch.empty((x.shape[0], self.n), dtype=x.dtype, device=self.device)
+        if x.shape[0] == 0:
+            return y
+        qw, qa, cb, sc = self.ptrs
+        err = fn(x.data_ptr(), expert_offsets.data_ptr(), 0, qw, qa, cb, sc, y.data_ptr(), self.experts, self.n,
+                 self.k_in, max_ctas, _current_stream(self.index))
+        if err:
+            self.lib.raise_error("kbit_grouped_gemv", err)
+        return y
+
+
 @ops.kbit_gemv.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    m = ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
     lib = _library_or_none(x.device)
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    x = _aligned16(x)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if use_split(lib, x.device, bits, x.dtype, n, k_in):
-        args = [ptr(x), ptr(None), m, ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), 1, n, k_in,
-                split_max_ctas(lib, x.device, bits, x.dtype, 1), stream_of(x.device)]
-        lib.call("kbit_split_gemv", args, bits=bits, dtype=x.dtype)
-        return y
-    warps = gemv_warps(lib, x.device, bits, x.dtype, m, n, k_in)
-    tiles, _ = kbit_tiled.tiled_shape(n, k_in)
-    ws = torch.empty((warps, 2, 128), dtype=torch.float32, device=x.device)
-    cnt = counters(x.device, tiles)
-    args = [ptr(x), ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(y), ptr(ws), ptr(cnt),
-            m, n, k_in, warps, stream_of(x.device)]
-    lib.call("kbit_gemv", args, bits=bits, dtype=x.dtype, m=m)
-    return y
+    return GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)(x)
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")
 def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
-    experts = ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     lib = _library_or_none(x.device)
-    if lib is None:
+    if lib is None or x.dtype == torch.float32:  # the kernel is fp16/bf16 only
         return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    x = _aligned16(x)
-    y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0:
-        return y
-    max_ctas = split_max_ctas(lib, x.device, bits, x.dtype, experts)
-    args = [ptr(x), ptr(expert_offsets), 0, ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scales), ptr(y),
-            experts, n, k_in, max_ctas, stream_of(x.device)]
-    lib.call("kbit_split_gemv", args, bits=bits, dtype=x.dtype)
-    return y
+    return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
+
+
+@ops.kbit_tiled_linear.register_kernel("cuda")
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    # Large M (prefill) for now: the weight decoded in x's dtype by PyTorch ops, then cuBLAS.
+    # Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
+    ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
+    return torch.nn.functional.linear(x, w)

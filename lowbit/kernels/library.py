@@ -76,8 +76,11 @@ class Library:
     def call(self, op: str, args: list, **params) -> None:
         err = self.symbol(op, **params)(*args)
         if err != 0:
-            msg = self._dll.lowbit_error_string(err).decode()
-            raise RuntimeError(f"lowbit CUDA kernel {op}{params} failed: {msg} (cudaError {err})")
+            self.raise_error(f"{op}{params}", err)
+
+    def raise_error(self, what: str, err: int) -> None:
+        msg = self._dll.lowbit_error_string(err).decode()
+        raise RuntimeError(f"lowbit CUDA kernel {what} failed: {msg} (cudaError {err})")
 
 
 def _fmt(key: str, value) -> str:

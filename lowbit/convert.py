@@ -1,0 +1,186 @@
+"""``quantize_model``: replace a model's ``nn.Linear`` layers and fused MoE expert blocks by kbit modules, in place."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .formats import kbit
+from .nn import KbitLinear, KbitMoeExperts, fused_experts_layout
+
+#: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
+DEFAULT_SKIP = ("lm_head", "*.lm_head")
+
+
+@dataclass
+class LayerReport:
+    name: str
+    kind: str              # "linear" or "experts"
+    shape: tuple           # (N, K_in) or (E, H, I)
+    bytes_before: int      # the layer's tensors before (weights + bias)
+    bytes_after: int       # the module's tensors after (tiled layout incl. padding, codebook, scales, bias)
+    format_bytes: int      # nominal kbit bytes, (bits + 1/4) per weight
+
+
+@dataclass
+class QuantizeReport:
+    bits: int
+    layers: list[LayerReport] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (module name, reason)
+    model_bytes_before: int = 0
+    model_bytes_after: int = 0
+    seconds: float = 0.0
+    device: str = "cpu"
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(x.bytes_before for x in self.layers)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(x.bytes_after for x in self.layers)
+
+    def __str__(self) -> str:
+        gib = 2.0**30
+        lines = [
+            f"lowbit.quantize_model: {len(self.layers)} layers to kbit{self.bits} in {self.seconds:.2f} s on {self.device}",
+            f"  quantized layers: {self.bytes_before / gib:.3f} GiB -> {self.bytes_after / gib:.3f} GiB "
+            f"({self.bytes_before / max(1, self.bytes_after):.2f}x smaller)",
+            f"  whole model:      {self.model_bytes_before / gib:.3f} GiB -> {self.model_bytes_after / gib:.3f} GiB",
+        ]
+        if self.skipped:
+            lines.append(f"  left unquantized ({len(self.skipped)}):")
+            lines += [f"    {name}: {why}" for name, why in self.skipped]
+        return "\n".join(lines)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of a model's parameters and buffers (shared tensors counted once)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = (t.device, t.data_ptr(), t.nbytes)
+        if key not in seen:
+            seen.add(key)
+            total += t.nbytes
+    return total
+
+
+def _tensor_bytes(*ts) -> int:
+    return sum(t.nbytes for t in ts if t is not None)
+
+
+def _skip_reason(name: str, mod: nn.Module, patterns: tuple[str, ...], skip_fn, output_embeddings) -> str | None:
+    if mod is output_embeddings and any(fnmatch.fnmatchcase(p, "*lm_head*") for p in patterns):
+        return "output embedding (lm_head), skipped by default"
+    for p in patterns:
+        if fnmatch.fnmatchcase(name, p):
+            return f"matches skip pattern {p!r}"
+    if skip_fn is not None and skip_fn(name, mod):
+        return "skip callable returned True"
+    return None
+
+
+def quantize_model(
+    model: nn.Module,
+    bits: int = 4,
+    codebook: torch.Tensor | None = None,
+    skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = DEFAULT_SKIP,
+    *,
+    experts: bool = True,
+    progress: bool = True,
+) -> QuantizeReport:
+    """Quantize ``model`` in place: every ``nn.Linear`` -> :class:`KbitLinear`, every fused MoE expert
+    block (transformers 5.x) -> :class:`KbitMoeExperts`; returns a :class:`QuantizeReport`.
+
+    * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
+      embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass
+      ``()`` to quantize everything. Embeddings are never ``nn.Linear`` and stay as they are.
+    * A layer whose input size is not a multiple of 32 stays unquantized, with a warning; the
+      report lists it and why.
+    * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
+    """
+    kbit.check_bits(bits)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if callable(skip):
+        patterns, skip_fn = (), skip
+    else:
+        patterns, skip_fn = tuple(skip or ()), None
+    get_out = getattr(model, "get_output_embeddings", None)
+    try:
+        output_embeddings = get_out() if callable(get_out) else None
+    except (NotImplementedError, AttributeError):
+        output_embeddings = None
+
+    report = QuantizeReport(bits=bits, model_bytes_before=model_bytes(model))
+    todo: list[tuple[str, nn.Module, str]] = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (KbitLinear, KbitMoeExperts)):
+            report.skipped.append((name, "already quantized"))
+            continue
+        kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if experts and fused_experts_layout(mod) else None)
+        if kind is None:
+            continue
+        why = _skip_reason(name, mod, patterns, skip_fn, output_embeddings)
+        if why is None:
+            dims = (mod.in_features,) if kind == "linear" else fused_experts_layout(mod)[1:]
+            bad = [d for d in dims if d % kbit.BLOCK]
+            if bad:
+                why = f"input size {bad[0]} is not a multiple of {kbit.BLOCK}"
+        if why is not None:
+            report.skipped.append((name, why))
+            continue
+        todo.append((name, mod, kind))
+
+    odd = [f"{n} ({w})" for n, w in report.skipped if "multiple of" in w]
+    if odd:
+        warnings.warn(f"lowbit.quantize_model: {len(odd)} layer(s) left unquantized: " + "; ".join(odd), stacklevel=2)
+
+    # Replace every occurrence of a module (a module shared by two parents is quantized once).
+    parents: dict[int, list[tuple[nn.Module, str]]] = {}
+    for pname, parent in model.named_modules(remove_duplicate=False):
+        for cname, child in parent.named_children():
+            parents.setdefault(id(child), []).append((parent, cname))
+
+    devices = {str(m.weight.device if k == "linear" else m.gate_up_proj.device) for _, m, k in todo}
+    report.device = ",".join(sorted(devices)) or "-"
+    sync = any(d.startswith("cuda") for d in devices)
+    bar = _progress(todo, progress, bits)
+    start = time.perf_counter()
+    for name, mod, kind in bar:
+        if kind == "linear":
+            new = KbitLinear.from_linear(mod, bits, codebook)
+            before = _tensor_bytes(mod.weight, mod.bias)
+            after = _tensor_bytes(*new.buffers(), new.bias)
+            shape = (mod.out_features, mod.in_features)
+        else:
+            new = KbitMoeExperts.from_experts(mod, bits, codebook)
+            before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
+            after = _tensor_bytes(*new.buffers(recurse=False))
+            shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
+        new.train(mod.training)
+        for parent, cname in parents.get(id(mod), []):
+            setattr(parent, cname, new)
+        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes()))
+        del mod
+    if sync:
+        torch.cuda.synchronize()
+    report.seconds = time.perf_counter() - start
+    report.model_bytes_after = model_bytes(model)
+    return report
+
+
+def _progress(items: list, enabled: bool, bits: int):
+    if not enabled or not items:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # progress bars are optional (lowbit[hf] installs tqdm)
+        return items
+    return tqdm(items, desc=f"quantizing to kbit{bits}", unit="layer", leave=False)

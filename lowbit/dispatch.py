@@ -1,0 +1,53 @@
+"""Dispatch: which kbit kernel runs a call, decided in one place from the call's shape and device.
+
+Everything that computes a kbit matmul (the functional API, the ``lowbit.nn`` modules) goes
+through here, so a new kernel (the tensor-core GEMM, measured crossovers) changes this file only.
+
+Paths today:
+
+* ``"gemv"``: CUDA, fp16/bf16 activations, 1 <= M <= :data:`GEMV_MAX_M` rows -- the decode GEMV.
+* ``"dequant_matmul"``: everything else -- the weight decoded from the tiled layout, then a
+  matmul (cuBLAS on CUDA; on CPU the fp32 reference, which *is* the definition).
+* grouped (MoE): CUDA fp16/bf16 -> the grouped GEMV, which takes any number of rows per expert
+  (8 at a time); CPU and fp32 -> the reference, expert by expert.
+
+Two ways to call a path: ``*_op`` goes through the ``torch.ops.lowbit`` custom ops (what
+``torch.compile`` traces), the launchers in ``kernels.cuda_kbit`` skip the dispatcher (the modules'
+eager fast path). Both run the same kernels with the same decisions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+#: largest batch the decode GEMV kernels take; larger M dequantizes and calls cuBLAS.
+GEMV_MAX_M = 4
+GEMV_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def kbit_path(x2: torch.Tensor) -> str:
+    """The path for a 2-D activation ``x2 [M, K_in]``: ``"gemv"`` or ``"dequant_matmul"``."""
+    if x2.is_cuda and x2.dtype in GEMV_DTYPES and 1 <= x2.shape[0] <= GEMV_MAX_M:
+        return "gemv"
+    return "dequant_matmul"
+
+
+def grouped_path(x2: torch.Tensor) -> str:
+    """The path for sorted MoE rows ``x2 [rows, K_in]``: ``"grouped_gemv"`` or ``"reference"``."""
+    if x2.is_cuda and x2.dtype in GEMV_DTYPES:
+        return "grouped_gemv"
+    return "reference"
+
+
+def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int) -> torch.Tensor:
+    """``x2 [M, K_in] @ W^T`` for a weight held in the tiled layout, through the custom ops."""
+    if kbit_path(x2) == "gemv":
+        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in)
+
+
+def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int) -> torch.Tensor:
+    """Grouped MoE matmul through the custom ops (the op's CPU default is the reference)."""
+    return ops.kbit_grouped_gemv(x2, offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)

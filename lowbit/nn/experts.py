@@ -1,0 +1,193 @@
+"""``KbitMoeExperts``: the fused MoE expert block of transformers 5.x models, in kbit.
+
+transformers 5.x keeps a MoE layer's experts as two stacked parameters, ``gate_up_proj
+[E, 2I, H]`` (gate rows first, then up) and ``down_proj [E, H, I]``, in one module called as
+``experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`` (Qwen2/3-MoE,
+Qwen3-Next, Mixtral, DeepSeek-V2/V3, GLM-4-MoE, OLMoE, ...). This module replaces it:
+
+    route -> sort the T*k (token, expert) rows by expert -> one grouped launch for gate/up
+    -> act(gate) * up -> one grouped launch for down -> weight each row -> sum each token's k rows
+
+The grouped GEMV takes any number of rows per expert (8 per weight pass), so the same two
+launches serve decode and prefill; the grouped GEMM (a later issue) will take large batches.
+Every step has a static shape (``searchsorted`` for the offsets, no ``nonzero``), so the block
+captures in CUDA graphs and compiles with ``fullgraph=True``. Rows routed to an expert id >= E
+(expert-parallel sentinels) contribute zero, as in transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import dispatch
+from ..formats import kbit, kbit_tiled
+from ._launch import fast_launcher
+
+#: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
+_QUANT_CHUNK_WEIGHTS = 1 << 26
+
+
+def fused_experts_layout(module: nn.Module) -> tuple[int, int, int] | None:
+    """(E, H, I) if ``module`` is a transformers fused expert block this module reproduces, else None.
+
+    Requirements: 3-D ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``, an ``act_fn``,
+    and the default layout/gating (not transposed, concatenated gate/up, no bias, the default
+    ``act(gate) * up``; GPT-OSS-style custom gates are left alone).
+    """
+    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(gu, torch.Tensor) and isinstance(down, torch.Tensor) and gu.dim() == 3 and down.dim() == 3):
+        return None
+    if not hasattr(module, "act_fn"):
+        return None
+    if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
+        return None
+    if not getattr(module, "has_gate", True) or not getattr(module, "is_concatenated", True):
+        return None
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
+        return None
+    e, two_i, h = gu.shape
+    if two_i % 2 or tuple(down.shape) != (e, h, two_i // 2):
+        return None
+    return e, h, two_i // 2
+
+
+def _quantize_stack(w: torch.Tensor, bits: int, codebook):
+    """[E, N, K] -> (qweight, qabsmax, codebook, scales), a few experts at a time."""
+    per = max(1, _QUANT_CHUNK_WEIGHTS // (w.shape[1] * w.shape[2]))
+    parts = []
+    for lo in range(0, w.shape[0], per):
+        codes, absmax, codebook, scales = kbit.quantize_codes(w[lo:lo + per].detach(), bits, codebook)
+        qw, qa = kbit_tiled.pack_codes(codes, absmax, bits)
+        parts.append((qw, qa, scales))
+        del codes
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), codebook,
+            torch.cat([p[2] for p in parts]))
+
+
+class KbitMoeExperts(nn.Module):
+    """E experts, each ``down(act(gate(x)) * up(x))``, with gate/up and down in kbit.
+
+    Buffers: ``gate_up_{qweight,qabsmax,scales}`` (E stacked [2I, H] weights), ``down_{...}``
+    (E stacked [H, I]), one shared ``codebook``. Build with :meth:`from_experts`.
+    """
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, bits: int = 4,
+                 act_fn: nn.Module | None = None, *, device=None):
+        super().__init__()
+        self.bits = kbit.check_bits(bits)
+        for name, v in (("num_experts", num_experts), ("hidden_dim", hidden_dim), ("intermediate_dim", intermediate_dim)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, v in (("hidden_dim", hidden_dim), ("intermediate_dim", intermediate_dim)):
+            if v % kbit.BLOCK:
+                raise ValueError(f"kbit needs {name} % {kbit.BLOCK} == 0, got {v}")
+        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        self.act_fn = act_fn if act_fn is not None else nn.SiLU()
+        for prefix, n, k in (("gate_up", 2 * intermediate_dim, hidden_dim), ("down", hidden_dim, intermediate_dim)):
+            t, g = kbit_tiled.tiled_shape(n, k)
+            self.register_buffer(f"{prefix}_qweight", torch.zeros((num_experts, t, g, bits, 32, 4), dtype=torch.int32, device=device))
+            self.register_buffer(f"{prefix}_qabsmax", torch.zeros((num_experts, t, g, 128), dtype=torch.uint8, device=device))
+            self.register_buffer(f"{prefix}_scales", torch.ones((num_experts,), dtype=torch.float32, device=device))
+        self.register_buffer("codebook", kbit.normal_float_codebook(bits).to(device))
+        self.register_buffer("expert_range", torch.arange(num_experts + 1, device=device), persistent=False)
+        self._launchers = None
+
+    @classmethod
+    def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitMoeExperts":
+        """Quantize a transformers fused expert block (see :func:`fused_experts_layout`) on its device."""
+        layout = fused_experts_layout(module)
+        if layout is None:
+            raise TypeError(f"{type(module).__name__} is not a fused expert block lowbit knows "
+                            "(gate_up_proj [E, 2I, H], down_proj [E, H, I], act(gate) * up)")
+        e, h, i = layout
+        device = module.gate_up_proj.device
+        mod = cls(e, h, i, bits, module.act_fn, device="meta")
+        gu = _quantize_stack(module.gate_up_proj, bits, codebook)
+        dn = _quantize_stack(module.down_proj, bits, gu[2])
+        mod._buffers["codebook"] = gu[2]
+        mod.set_quantized("gate_up", *gu[:2], gu[3])
+        mod.set_quantized("down", *dn[:2], dn[3])
+        mod._buffers["expert_range"] = torch.arange(e + 1, device=device)
+        return mod
+
+    def set_quantized(self, prefix: str, qweight, qabsmax, scales) -> None:
+        from .. import ops
+
+        n, k = self._shape(prefix)
+        ops.check_tiled_args(qweight, qabsmax, self.codebook, scales, self.bits, n, k, experts=self.num_experts)
+        self._buffers.update({f"{prefix}_qweight": qweight, f"{prefix}_qabsmax": qabsmax, f"{prefix}_scales": scales})
+        self._launchers = None
+
+    def _shape(self, prefix: str) -> tuple[int, int]:
+        if prefix == "gate_up":
+            return 2 * self.intermediate_dim, self.hidden_dim
+        return self.hidden_dim, self.intermediate_dim
+
+    def _stack(self, prefix: str) -> dict:
+        b = self._buffers
+        return {"qweight": b[f"{prefix}_qweight"], "qabsmax": b[f"{prefix}_qabsmax"], "codebook": b["codebook"],
+                "scales": b[f"{prefix}_scales"]}
+
+    def _grouped(self, idx: int, prefix: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        n, k = self._shape(prefix)
+        if dispatch.grouped_path(x) == "grouped_gemv" and not torch.compiler.is_compiling():
+            launchers = self._launchers
+            if launchers is None or launchers[idx] is None or launchers[idx].tensors[0] is not self._buffers[f"{prefix}_qweight"]:
+                launchers = self._launchers = [fast_launcher("grouped", self._stack(p), self.bits, *self._shape(p), x)
+                                               for p in ("gate_up", "down")]
+            if launchers[idx] is not None:
+                return launchers[idx](x, offsets)
+        s = self._stack(prefix)
+        return dispatch.kbit_grouped_op(x, offsets, s["qweight"], s["qabsmax"], s["codebook"], s["scales"],
+                                        self.bits, n, k)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_dim:
+            raise ValueError(f"hidden_states must be [tokens, {self.hidden_dim}], got {tuple(hidden_states.shape)}")
+        if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+            raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
+                             f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+        tokens, k = top_k_index.shape
+        dtype = hidden_states.dtype
+        ids = top_k_index.reshape(-1)
+        # Sentinel ids (>= E, expert parallelism) go to the last expert with weight 0.
+        valid = ids < self.num_experts
+        weights = torch.where(valid, top_k_weights.reshape(-1), 0).to(torch.float32)
+        ids = torch.where(valid, ids, self.num_experts - 1)
+        sorted_ids, perm = torch.sort(ids, stable=True)
+        offsets = torch.searchsorted(sorted_ids, self.expert_range.to(sorted_ids.dtype))
+        x = hidden_states.contiguous().index_select(0, perm // k)
+        gate_up = self._grouped(0, "gate_up", x, offsets)
+        inter = self.act_fn(gate_up[:, :self.intermediate_dim]) * gate_up[:, self.intermediate_dim:]
+        out = self._grouped(1, "down", inter.contiguous(), offsets)
+        out = out.float() * weights.index_select(0, perm)[:, None]
+        unsorted = torch.empty_like(out).index_copy_(0, perm, out)  # a permutation: deterministic
+        return unsorted.view(tokens, k, self.hidden_dim).sum(dim=1).to(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""
+        out = []
+        for prefix in ("gate_up", "down"):
+            s = self._stack(prefix)
+            out.append(kbit_tiled.dequantize(s["qweight"], s["qabsmax"], s["codebook"], s["scales"], self.bits,
+                                             *self._shape(prefix), dtype))
+        return out[0], out[1]
+
+    def format_bytes(self) -> int:
+        w = self.num_experts * 3 * self.hidden_dim * self.intermediate_dim
+        return w * self.bits // 8 + w // 32
+
+    def _apply(self, fn, recurse=True):
+        keep = {k: self._buffers[k] for k in ("codebook", "gate_up_scales", "down_scales")}
+        super()._apply(fn, recurse)
+        for k, old in keep.items():
+            if self._buffers[k].dtype != old.dtype:
+                self._buffers[k] = old.to(self._buffers[k].device)
+        self._launchers = None
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, bits={self.bits}")

@@ -1,0 +1,127 @@
+"""``KbitLinear``: a drop-in for ``nn.Linear`` whose weight is stored in kbit.
+
+The module holds only what the kernels read: the tiled GPU layout (``qweight``, ``qabsmax``;
+see ``lowbit/formats/kbit_tiled.py``), the codebook and the fp32 tensor scale -- on every
+device, so a model moves between CPU and GPU without repacking and its state dict is the
+saved format. The CPU forward decodes the same bytes with the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import dispatch
+from ..formats import kbit, kbit_tiled
+from ._launch import fast_launcher
+
+
+def _check_features(in_features: int, out_features: int) -> None:
+    if not (isinstance(in_features, int) and isinstance(out_features, int) and in_features > 0 and out_features > 0):
+        raise ValueError(f"in_features and out_features must be positive ints, got {in_features}, {out_features}")
+    if in_features % kbit.BLOCK:
+        raise ValueError(f"kbit needs in_features % {kbit.BLOCK} == 0, got in_features={in_features}")
+    if in_features >= 2**31 or out_features >= 2**31:
+        raise ValueError(f"features must be < 2^31, got {in_features}, {out_features}")
+
+
+class KbitLinear(nn.Module):
+    """``y = x @ W^T + b`` with W in kbit (K = 2..5 bits, blocks of 32, E4M4 absmax).
+
+    Build one with :meth:`from_linear`; ``KbitLinear(in, out, bias, bits)`` makes an empty
+    skeleton that ``load_state_dict`` / :func:`lowbit.load_quantized` fills. Output dtype = x's
+    dtype (fp16/bf16/fp32); accumulation in fp32. Inference only (no autograd through W).
+    """
+
+    _QUANT_BUFFERS = ("qweight", "qabsmax", "codebook", "scale")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4, *,
+                 device=None, dtype: torch.dtype | None = None):
+        super().__init__()
+        _check_features(in_features, out_features)
+        self.bits = kbit.check_bits(bits)
+        self.in_features, self.out_features = in_features, out_features
+        tiles, groups = kbit_tiled.tiled_shape(out_features, in_features)
+        self.register_buffer("qweight", torch.zeros((tiles, groups, bits, 32, 4), dtype=torch.int32, device=device))
+        self.register_buffer("qabsmax", torch.zeros((tiles, groups, 128), dtype=torch.uint8, device=device))
+        self.register_buffer("codebook", kbit.normal_float_codebook(bits).to(device))
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self._launcher = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitLinear":
+        """Quantize an ``nn.Linear`` (on its device: a GPU quantizes in milliseconds)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        w = linear.weight
+        _check_features(w.shape[1], w.shape[0])
+        codes, absmax, codebook, scale = kbit.quantize_codes(w.detach(), bits, codebook)
+        qweight, qabsmax = kbit_tiled.pack_codes(codes, absmax, bits)
+        del codes
+        mod = cls(w.shape[1], w.shape[0], bias=linear.bias is not None, bits=bits, device="meta")
+        mod.set_quantized(qweight, qabsmax, codebook, scale)
+        if linear.bias is not None:
+            mod.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        return mod
+
+    def set_quantized(self, qweight, qabsmax, codebook, scale) -> None:
+        """Install quantized tensors (checked against this module's shape and bits)."""
+        from .. import ops
+
+        ops.check_tiled_args(qweight, qabsmax, codebook, scale, self.bits, self.out_features, self.in_features)
+        kbit._check_codebook_values(codebook)
+        self._buffers.update(qweight=qweight, qabsmax=qabsmax, codebook=codebook, scale=scale)
+        self._launcher = None
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape [..., in_features={self.in_features}], got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        b = self._buffers
+        if dispatch.kbit_path(x2) == "gemv" and not torch.compiler.is_compiling():
+            launch = self._launcher
+            if launch is None or launch.tensors[0] is not b["qweight"] or launch.device != x2.device:
+                launch = self._launcher = fast_launcher("gemv", b, self.bits, self.out_features, self.in_features, x2)
+            if launch is not None:
+                y = launch(x2)
+            else:
+                y = dispatch.kbit_tiled_linear_op(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
+                                                  self.bits, self.out_features, self.in_features)
+        else:
+            y = dispatch.kbit_tiled_linear_op(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
+                                              self.bits, self.out_features, self.in_features)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*lead, self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight ``[out_features, in_features]`` as the reference decodes it."""
+        return kbit_tiled.dequantize(self.qweight, self.qabsmax, self.codebook, self.scale, self.bits,
+                                     self.out_features, self.in_features, dtype)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def format_bytes(self) -> int:
+        """Nominal bytes of the kbit format: (bits + 8/32) per weight."""
+        return self.out_features * self.in_features * self.bits // 8 + self.out_features * self.in_features // 32
+
+    def _apply(self, fn, recurse=True):
+        # Device moves apply to everything; dtype casts (model.half(), .to(bfloat16)) must not
+        # touch the fp32 codebook and scale, which are part of the format.
+        keep = {k: self._buffers[k] for k in ("codebook", "scale")}
+        super()._apply(fn, recurse)
+        for k, old in keep.items():
+            new = self._buffers[k]
+            if new.dtype != old.dtype:
+                self._buffers[k] = old.to(new.device)
+        self._launcher = None
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, bits={self.bits}")

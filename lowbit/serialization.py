@@ -1,0 +1,305 @@
+"""Save / load quantized models with safetensors (never pickle).
+
+A saved model is a directory::
+
+    lowbit_model.json                 index: format name + version, lowbit version, the quantized
+                                      modules (type, bits, shapes), every tensor's file, dtype,
+                                      shape and CRC-32, and tied tensors (aliases)
+    model-00001-of-0000N.safetensors  the state dict (quantized buffers + unquantized parameters),
+                                      sharded by size; each file's metadata names the format too
+
+``load_quantized(model, dir)`` turns a skeleton (e.g. a transformers model built from its config)
+into the saved quantized model: it checks everything first -- format and version, that every
+module exists with the saved shapes, that every tensor is present with the expected dtype and
+shape and that its bytes match their checksum -- and only then changes the model, so a
+refused load leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .nn import KbitLinear, KbitMoeExperts, fused_experts_layout
+
+FORMAT_NAME = "lowbit"
+FORMAT_VERSION = 1
+INDEX_FILE = "lowbit_model.json"
+DEFAULT_SHARD_BYTES = 2 * 2**30
+
+
+class LoadError(ValueError):
+    """A saved model that cannot be loaded into this skeleton (the message names the tensor/module/file)."""
+
+
+def _safetensors():
+    try:
+        import safetensors.torch  # noqa: F401
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError('lowbit save/load needs safetensors: pip install "lowbit[hf]" (or safetensors)') from e
+    return safe_open, save_file
+
+
+def _crc32(t: torch.Tensor) -> int:
+    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _module_config(mod: nn.Module) -> dict:
+    if isinstance(mod, KbitLinear):
+        return {"type": "KbitLinear", "bits": mod.bits, "in_features": mod.in_features,
+                "out_features": mod.out_features, "bias": mod.bias is not None}
+    return {"type": "KbitMoeExperts", "bits": mod.bits, "num_experts": mod.num_experts,
+            "hidden_dim": mod.hidden_dim, "intermediate_dim": mod.intermediate_dim}
+
+
+def save_quantized(model: nn.Module, directory: str | os.PathLike, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+    """Write ``model`` (quantized by :func:`lowbit.quantize_model`) to ``directory``; returns the index path."""
+    from . import __version__
+
+    _, save_file = _safetensors()
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    modules = {name: _module_config(m) for name, m in model.named_modules() if isinstance(m, (KbitLinear, KbitMoeExperts))}
+
+    state = model.state_dict()
+    aliases, tensors, seen = {}, {}, {}
+    for key, t in state.items():
+        ident = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if t.numel() and ident in seen:  # tied weights: stored once
+            aliases[key] = seen[ident]
+            continue
+        seen[ident] = key
+        tensors[key] = t.detach().to("cpu").contiguous()
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, t in tensors.items():
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += t.nbytes
+    meta = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION), "lowbit_version": __version__}
+    entries = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / fname), metadata=meta)
+        for key, t in shard.items():
+            entries[key] = {"file": fname, "dtype": _dtype_name(t.dtype), "shape": list(t.shape), "crc32": _crc32(t)}
+    index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "lowbit_version": __version__,
+             "modules": modules, "tensors": entries, "aliases": aliases}
+    path = directory / INDEX_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, path)  # the index appears last, complete
+    return path
+
+
+# ----------------------------------------------------------------------------------------- load
+def _read_index(directory: Path) -> dict:
+    path = directory / INDEX_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a directory written by lowbit.save_quantized")
+    try:
+        index = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
+        raise LoadError(f"{path}: format is {index.get('format') if isinstance(index, dict) else None!r}, expected {FORMAT_NAME!r}")
+    if index.get("format_version") != FORMAT_VERSION:
+        raise LoadError(f"{path}: format version {index.get('format_version')!r} is not supported "
+                        f"(this lowbit reads version {FORMAT_VERSION}; saved by lowbit {index.get('lowbit_version')})")
+    for k in ("modules", "tensors", "aliases"):
+        if not isinstance(index.get(k), dict):
+            raise LoadError(f"{path}: missing or malformed {k!r}")
+    return index
+
+
+def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> nn.Module:
+    """The empty quantized module (on meta) that replaces ``name`` in the skeleton."""
+    try:
+        old = model.get_submodule(name)
+    except AttributeError:
+        raise LoadError(f"module {name!r} of the saved model does not exist in this model") from None
+    kind, bits = cfg.get("type"), cfg.get("bits")
+    try:
+        if kind == "KbitLinear":
+            n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
+            if isinstance(old, (nn.Linear, KbitLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
+                return KbitLinear(k, n, bias=bias, bits=bits, device="meta")
+            have = (f"{type(old).__name__}({getattr(old, 'in_features', '?')} -> {getattr(old, 'out_features', '?')}, "
+                    f"bias={getattr(old, 'bias', None) is not None})")
+            raise LoadError(f"module {name!r}: saved KbitLinear({k} -> {n}, bias={bias}) does not fit this model's {have}")
+        if kind == "KbitMoeExperts":
+            shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
+            have = fused_experts_layout(old) if not isinstance(old, KbitMoeExperts) else (
+                old.num_experts, old.hidden_dim, old.intermediate_dim)
+            if have != shape:
+                raise LoadError(f"module {name!r}: saved experts (E, H, I) = {shape} do not fit this model's "
+                                f"{type(old).__name__} {have}")
+            return KbitMoeExperts(*shape, bits=bits, act_fn=old.act_fn, device="meta")
+    except (KeyError, TypeError) as e:
+        raise LoadError(f"module {name!r}: malformed module entry {cfg!r} ({e})") from None
+    except ValueError as e:
+        if isinstance(e, LoadError):
+            raise
+        raise LoadError(f"module {name!r}: {e}") from None
+    raise LoadError(f"module {name!r}: unknown module type {kind!r}")
+
+
+def _expected_state(model: nn.Module, replaced: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """The state dict (meta/real tensors, for shape and dtype) the model will have after loading."""
+    prefixes = tuple(n + "." for n in replaced)
+    expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.startswith(prefixes)}
+    for name, mod in replaced.items():
+        for k, v in mod.state_dict(keep_vars=True).items():
+            expected[f"{name}.{k}"] = v
+    return expected
+
+
+def _dtype_fits(saved: str, want: torch.dtype, quantized: bool) -> bool:
+    if saved == _dtype_name(want):
+        return True
+    # Unquantized float tensors load in the dtype they were saved in (the skeleton may be fp32).
+    return not quantized and want.is_floating_point and saved in ("float16", "bfloat16", "float32", "float64")
+
+
+def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: str | torch.device | None = None) -> nn.Module:
+    """Load a model saved by :func:`save_quantized` into the skeleton ``model`` (in place; returned).
+
+    ``device``: where the tensors go (default: the skeleton's device, or CPU for a skeleton on
+    the meta device). Raises :class:`LoadError` naming the tensor, module or file on a mismatch,
+    a missing or unexpected tensor, a truncated file or a checksum failure; the model is then unchanged.
+    """
+    safe_open, _ = _safetensors()
+    directory = Path(directory)
+    index = _read_index(directory)
+    if device is None:
+        real = [t.device for t in [*model.parameters(), *model.buffers()] if t.device.type != "meta"]
+        device = real[0] if real else torch.device("cpu")
+    device = torch.device(device)
+
+    replaced = {name: _skeleton_module(model, name, cfg) for name, cfg in index["modules"].items()}
+    expected = _expected_state(model, replaced)
+    entries, aliases = index["tensors"], index["aliases"]
+    quantized_keys = {f"{n}.{k}" for n, m in replaced.items() for k in m.state_dict()}
+
+    for key in expected:
+        if key not in entries and key not in aliases:
+            raise LoadError(f"tensor {key!r} is missing from the saved model")
+    for key in [*entries, *aliases]:
+        if key not in expected:
+            raise LoadError(f"tensor {key!r} in the saved model has no place in this model (unexpected tensor)")
+    for key, target in aliases.items():
+        if target not in entries:
+            raise LoadError(f"tensor {key!r} is saved as an alias of {target!r}, which is not saved")
+    for key, e in entries.items():
+        want = expected[key]
+        if not isinstance(e, dict) or not {"file", "dtype", "shape", "crc32"} <= e.keys():
+            raise LoadError(f"tensor {key!r}: malformed index entry {e!r}")
+        if list(want.shape) != list(e["shape"]) or not _dtype_fits(e["dtype"], want.dtype, key in quantized_keys):
+            raise LoadError(f"tensor {key!r}: saved {e['dtype']}{list(e['shape'])} does not fit the expected "
+                            f"{_dtype_name(want.dtype)}{list(want.shape)}")
+    for name, buf in model.named_buffers():
+        if buf.device.type == "meta" and name not in expected and not name.startswith(tuple(n + "." for n in replaced)):
+            raise LoadError(f"buffer {name!r} is on the meta device and not in the saved model (non-persistent); "
+                            "build the skeleton on a real device")
+
+    # Read and verify every tensor before touching the model.
+    staged: dict[str, torch.Tensor] = {}
+    by_file: dict[str, list[str]] = {}
+    for key, e in entries.items():
+        by_file.setdefault(e["file"], []).append(key)
+    for fname, keys in by_file.items():
+        path = directory / fname
+        if Path(fname).name != fname or not path.is_file():
+            raise LoadError(f"tensor {keys[0]!r}: file {fname!r} not found in {directory}")
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != FORMAT_NAME or meta.get("format_version") != str(FORMAT_VERSION):
+                    raise LoadError(f"{path}: file metadata says format {meta.get('format')!r} version "
+                                    f"{meta.get('format_version')!r}, expected {FORMAT_NAME!r} version {FORMAT_VERSION}")
+                present = set(f.keys())
+                for key in keys:
+                    if key not in present:
+                        raise LoadError(f"tensor {key!r} is missing from {fname}")
+                    t = f.get_tensor(key)
+                    e = entries[key]
+                    if list(t.shape) != list(e["shape"]) or _dtype_name(t.dtype) != e["dtype"]:
+                        raise LoadError(f"tensor {key!r} in {fname} is {_dtype_name(t.dtype)}{list(t.shape)}, "
+                                        f"the index says {e['dtype']}{e['shape']}")
+                    if _crc32(t) != e["crc32"]:
+                        raise LoadError(f"tensor {key!r} in {fname} fails its checksum: the file is corrupted or was modified")
+                    staged[key] = t
+        except LoadError:
+            raise
+        except Exception as ex:  # safetensors raises its own errors on truncated / malformed files
+            raise LoadError(f"{path}: cannot read it ({type(ex).__name__}: {ex}); truncated or not a safetensors file") from None
+    for name, mod in replaced.items():
+        _check_quantized_values(name, mod, staged)
+    for key, target in aliases.items():
+        staged[key] = staged[target]
+    moved = {}
+    for key, t in staged.items():  # to the device (may run out of memory: still before any change)
+        if id(t) not in moved:
+            moved[id(t)] = t.to(device)
+    staged = {k: moved[id(t)] for k, t in staged.items()}
+
+    # Commit: nothing below can fail on the data.
+    for name, new in replaced.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+        if isinstance(new, KbitMoeExperts):
+            new._buffers["expert_range"] = torch.arange(new.num_experts + 1, device=device)
+    owners: dict[int, list[tuple[nn.Module, str, str]]] = {}
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for pname, p in mod._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((mod, pname, f"{mname}.{pname}" if mname else pname))
+    for pid, places in owners.items():
+        key = next((k for _, _, k in places if k in staged), None)
+        if key is None:
+            continue
+        old = places[0][0]._parameters[places[0][1]]
+        new_p = nn.Parameter(staged[key], requires_grad=old.requires_grad and staged[key].is_floating_point())
+        for mod, pname, _ in places:
+            mod._parameters[pname] = new_p
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for bname in list(mod._buffers):
+            key = f"{mname}.{bname}" if mname else bname
+            if key in staged and bname not in mod._non_persistent_buffers_set:
+                mod._buffers[bname] = staged[key]
+        if isinstance(mod, KbitLinear):
+            mod._launcher = None
+        elif isinstance(mod, KbitMoeExperts):
+            mod._launchers = None
+    if device.type != "meta":
+        model.to(device)  # the rest of the skeleton (non-persistent buffers) joins the weights
+    return model
+
+
+def _check_quantized_values(name: str, mod: nn.Module, staged: dict[str, torch.Tensor]) -> None:
+    """Values a kernel trusts: codebook in [-1, 1], distinct and finite; scales finite and > 0."""
+    cb = staged[f"{name}.codebook"]
+    if not bool(torch.isfinite(cb).all()) or bool((cb.abs() > 1).any()) or cb.unique().numel() != cb.numel():
+        raise LoadError(f"tensor {name + '.codebook'!r}: codebook values must be finite, distinct and in [-1, 1]")
+    scale_keys = ["scale"] if isinstance(mod, KbitLinear) else ["gate_up_scales", "down_scales"]
+    for k in scale_keys:
+        s = staged[f"{name}.{k}"]
+        if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+            raise LoadError(f"tensor {name + '.' + k!r}: scales must be finite and > 0")
