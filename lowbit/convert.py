@@ -144,9 +144,10 @@ def quantize_model(
 
     # Replace every occurrence of a module (a module shared by two parents is quantized once).
     parents: dict[int, list[tuple[nn.Module, str]]] = {}
-    for pname, parent in model.named_modules(remove_duplicate=False):
-        for cname, child in parent.named_children():
-            parents.setdefault(id(child), []).append((parent, cname))
+    for _, parent in model.named_modules(remove_duplicate=False):
+        for cname, child in parent._modules.items():  # every slot, also a second one holding the same module
+            if child is not None:
+                parents.setdefault(id(child), []).append((parent, cname))
 
     devices = {str(m.weight.device if k == "linear" else m.gate_up_proj.device) for _, m, k in todo}
     report.device = ",".join(sorted(devices)) or "-"

@@ -20,7 +20,20 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-CSRC_DIR = Path(os.environ.get("LOWBIT_CSRC_DIR", Path(__file__).resolve().parents[2] / "csrc"))
+def _find_csrc() -> Path:
+    """The CUDA sources: $LOWBIT_CSRC_DIR, else the installed package's ``lowbit/_csrc`` (a wheel),
+    else the checkout's ``csrc/`` (an editable install)."""
+    env = os.environ.get("LOWBIT_CSRC_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[1]
+    for cand in (here / "_csrc", here.parent / "csrc"):
+        if any(cand.glob("*.cu")):
+            return cand
+    return here.parent / "csrc"
+
+
+CSRC_DIR = _find_csrc()
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90a")
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo", "--threads", "0")
 

@@ -1,0 +1,193 @@
+"""lowbit.nn modules on CPU: the reference path, construction, dtype/device handling, errors."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lowbit
+from lowbit.formats import kbit, kbit_tiled
+from lowbit.nn import KbitLinear, KbitMoeExperts
+
+from .tiny_models import rel_err
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_tiled_dequantize_is_the_reference(bits, gen):
+    n, k = int(torch.randint(1, 50, (1,), generator=gen)), 32 * int(torch.randint(1, 12, (1,), generator=gen))
+    q = lowbit.quantize_kbit(torch.randn(n, k, generator=gen), bits=bits)
+    qw, qa = q.tiled()
+    want = kbit.dequantize_reference(*q.tensors(), bits)
+    assert torch.equal(kbit_tiled.dequantize(qw, qa, q.codebook, q.scale, bits, n, k), want)
+
+
+def test_pack_codes_equals_repack(gen):
+    codes, absmax, cb, scale = kbit.quantize_codes(torch.randn(3, 40, 96, generator=gen), 3)
+    qw, qa = kbit_tiled.pack_codes(codes, absmax, 3)
+    qw2, qa2 = kbit_tiled.repack(kbit.pack_planes(codes, 3), absmax, 3)
+    assert torch.equal(qw, qw2) and torch.equal(qa, qa2)
+    assert torch.equal(kbit_tiled.unpack_codes(qw, 3, 40, 96), codes)
+
+
+def test_quantize_experts_matches_per_expert(gen):
+    w = torch.randn(4, 24, 64, generator=gen) * torch.tensor([1.0, 10.0, 0.01, 3.0])[:, None, None]
+    ex = lowbit.quantize_kbit_experts(w, bits=4)
+    for e in range(4):
+        q = lowbit.quantize_kbit(w[e], bits=4)
+        assert torch.equal(ex.planes[e], q.planes) and torch.equal(ex.absmax[e], q.absmax)
+        assert torch.equal(ex.scales[e], q.scale)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kbit_linear_module_is_reference(bits, bias, gen):
+    lin = nn.Linear(96, 37, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(37, 96, generator=gen))
+        if bias:
+            lin.bias.copy_(torch.randn(37, generator=gen))
+    q = KbitLinear.from_linear(lin, bits=bits)
+    for shape in [(1, 96), (5, 96), (2, 3, 96), (96,)]:
+        x = torch.randn(*shape, generator=gen)
+        want = x @ kbit.dequantize_reference(*lowbit.quantize_kbit(lin.weight, bits).tensors(), bits).t()
+        if bias:
+            want = want + lin.bias
+        y = q(x)
+        assert y.shape == (*shape[:-1], 37)
+        assert rel_err(y, want) < 1e-6  # same fp32 math, summation order aside
+    # the quantization error itself, as a sanity bound per bit width (Gaussian weights)
+    x = torch.randn(64, 96, generator=gen)
+    bound = {2: 0.6, 3: 0.3, 4: 0.15, 5: 0.08}[bits]
+    assert rel_err(q(x), lin(x)) < bound
+
+
+def test_kbit_linear_dtypes_and_casts(gen):
+    lin = nn.Linear(64, 16).to(torch.bfloat16)
+    q = KbitLinear.from_linear(lin, bits=4)
+    q.half()  # a dtype cast moves the bias, never the format's fp32 codebook/scale
+    assert q.codebook.dtype == torch.float32 and q.scale.dtype == torch.float32 and q.bias.dtype == torch.float16
+    x = torch.randn(3, 64, generator=gen, dtype=torch.float16)
+    assert q(x).dtype == torch.float16
+    q.to(torch.bfloat16)
+    assert q.codebook.dtype == torch.float32 and q.bias.dtype == torch.bfloat16
+    assert q(torch.randn(2, 64, generator=gen)).dtype == torch.float32
+
+
+def test_kbit_linear_state_dict_into_skeleton(gen):
+    q = KbitLinear.from_linear(nn.Linear(64, 48), bits=5)
+    sk = KbitLinear(64, 48, bias=True, bits=5)
+    sk.load_state_dict(q.state_dict())
+    x = torch.randn(4, 64, generator=gen)
+    assert torch.equal(sk(x), q(x))
+
+
+def test_kbit_linear_errors():
+    with pytest.raises(ValueError, match="in_features % 32"):
+        KbitLinear.from_linear(nn.Linear(48, 8))
+    with pytest.raises(TypeError, match="nn.Linear"):
+        KbitLinear.from_linear(nn.Conv1d(32, 8, 1))
+    with pytest.raises(ValueError, match="bits"):
+        KbitLinear.from_linear(nn.Linear(32, 8), bits=6)
+    with pytest.raises(ValueError, match="bits"):
+        KbitLinear(32, 8, bits=True)
+    with pytest.raises(ValueError, match="finite"):
+        lin = nn.Linear(32, 8)
+        lin.weight.data[0, 0] = float("nan")
+        KbitLinear.from_linear(lin)
+    q = KbitLinear.from_linear(nn.Linear(64, 8))
+    with pytest.raises(ValueError, match="in_features=64"):
+        q(torch.randn(2, 32))
+    with pytest.raises(TypeError, match="dtype"):
+        q(torch.ones(2, 64, dtype=torch.int32))
+    with pytest.raises(ValueError, match="qweight must have shape"):
+        q.set_quantized(torch.zeros(2, 1, 4, 32, 4, dtype=torch.int32), q.qabsmax, q.codebook, q.scale)
+    with pytest.raises(ValueError, match="distinct"):
+        q.set_quantized(q.qweight, q.qabsmax, torch.zeros(16), q.scale)
+
+
+def test_non_contiguous_input_is_accepted(gen):
+    q = KbitLinear.from_linear(nn.Linear(64, 8), bits=4)
+    x = torch.randn(64, 6, generator=gen).t()  # [6, 64], not contiguous
+    assert torch.equal(q(x), q(x.contiguous()))
+
+
+# ------------------------------------------------------------------------------------- experts
+class _Experts(nn.Module):
+    """The transformers 5.x fused experts forward (reference semantics), without transformers."""
+
+    def __init__(self, e, h, i, gen):
+        super().__init__()
+        self.num_experts = e
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h, generator=gen) / h**0.5)
+        self.down_proj = nn.Parameter(torch.randn(e, h, i, generator=gen) / i**0.5)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, hidden, idx, w):
+        out = torch.zeros_like(hidden)
+        for t in range(hidden.shape[0]):
+            for j in range(idx.shape[1]):
+                e = int(idx[t, j])
+                if e >= self.num_experts:
+                    continue
+                gate, up = (hidden[t] @ self.gate_up_proj[e].t()).chunk(2)
+                out[t] += w[t, j] * ((self.act_fn(gate) * up) @ self.down_proj[e].t())
+        return out
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_experts_module_is_reference(bits, tokens, gen):
+    ref = _Experts(6, 64, 96, gen)
+    q = KbitMoeExperts.from_experts(ref, bits=bits)
+    gu, dn = q.dequantize()
+    deq = copy.deepcopy(ref)
+    deq.gate_up_proj.data, deq.down_proj.data = gu, dn
+    hidden = torch.randn(tokens, 64, generator=gen)
+    idx = torch.stack([torch.randperm(6, generator=gen)[:2] for _ in range(tokens)])
+    w = torch.rand(tokens, 2, generator=gen)
+    with torch.no_grad():
+        assert rel_err(q(hidden, idx, w), deq(hidden, idx, w)) < 1e-5
+        assert rel_err(q(hidden, idx, w), ref(hidden, idx, w)) < {3: 0.5, 4: 0.3}[bits]  # quantization error, loose
+
+
+def test_experts_sentinel_ids_contribute_nothing(gen):
+    ref = _Experts(4, 32, 32, gen)
+    q = KbitMoeExperts.from_experts(ref, bits=4)
+    hidden = torch.randn(3, 32, generator=gen)
+    idx = torch.tensor([[0, 4], [4, 4], [1, 2]])  # 4 = sentinel (expert parallelism)
+    w = torch.rand(3, 2, generator=gen)
+    y = q(hidden, idx, w)
+    assert torch.equal(y[1], torch.zeros(32))
+    idx2 = torch.tensor([[0, 1], [1, 1], [1, 2]])
+    w2 = w.clone()
+    w2[0, 1] = 0
+    assert rel_err(y[0], q(hidden, idx2, w2)[0]) < 1e-6
+
+
+def test_experts_errors(gen):
+    with pytest.raises(TypeError, match="fused expert block"):
+        KbitMoeExperts.from_experts(nn.Linear(32, 32))
+    q = KbitMoeExperts.from_experts(_Experts(4, 32, 64, gen))
+    with pytest.raises(ValueError, match="hidden_states"):
+        q(torch.randn(2, 64), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))
+    with pytest.raises(ValueError, match="top_k_index"):
+        q(torch.randn(2, 32), torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 1))
+    with pytest.raises(ValueError, match="hidden_dim % 32"):
+        KbitMoeExperts(4, 48, 64)
+
+
+def test_compile_fullgraph_traces_modules(gen):
+    """The modules trace without graph breaks (aot_eager: no C++ compiler needed on CPU)."""
+    lin = KbitLinear.from_linear(nn.Linear(64, 32), bits=4)
+    ex = KbitMoeExperts.from_experts(_Experts(4, 32, 64, gen), bits=4)
+
+    def f(x, idx, w):
+        return ex(lin(x), idx, w)
+
+    x = torch.randn(3, 64, generator=gen)
+    idx = torch.tensor([[0, 1], [2, 3], [1, 2]])
+    w = torch.rand(3, 2, generator=gen)
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, idx, w)
+    assert torch.allclose(got, f(x, idx, w), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,61 @@
+"""Tiny random-init transformers models (no downloads) for the model-level tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+
+def llama(tie: bool = False, hidden: int = 128, inter: int = 224, layers: int = 2, vocab: int = 320):
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie,
+                                   max_position_embeddings=256)
+    return cfg, transformers.LlamaForCausalLM
+
+
+def qwen3_moe():
+    cfg = transformers.Qwen3MoeConfig(vocab_size=320, hidden_size=128, intermediate_size=256, moe_intermediate_size=96,
+                                      num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32, max_position_embeddings=256)
+    return cfg, transformers.Qwen3MoeForCausalLM
+
+
+def mixtral():
+    cfg = transformers.MixtralConfig(vocab_size=320, hidden_size=128, intermediate_size=160, num_local_experts=4,
+                                     num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=256)
+    return cfg, transformers.MixtralForCausalLM
+
+
+MODELS = {"llama": llama, "qwen3_moe": qwen3_moe, "mixtral": mixtral}
+
+
+def build(name: str, seed: int, dtype=torch.float32, device="cpu", **kw):
+    cfg, cls = MODELS[name](**kw)
+    torch.manual_seed(seed)
+    model = cls(cfg).to(dtype=dtype, device=device).eval()
+    return model
+
+
+def reference_copy(quantized, original):
+    """``original`` with every quantized layer's weight replaced by the reference dequantization."""
+    import lowbit
+
+    for name, mod in quantized.named_modules():
+        if isinstance(mod, lowbit.nn.KbitLinear):
+            lin = original.get_submodule(name)
+            lin.weight.data = mod.dequantize(torch.float32).to(lin.weight.device, lin.weight.dtype)
+        elif isinstance(mod, lowbit.nn.KbitMoeExperts):
+            ex = original.get_submodule(name)
+            gu, dn = mod.dequantize(torch.float32)
+            ex.gate_up_proj.data = gu.to(ex.gate_up_proj.device, ex.gate_up_proj.dtype)
+            ex.down_proj.data = dn.to(ex.down_proj.device, ex.down_proj.dtype)
+    return original
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    assert torch.isfinite(a).all(), "NaN/Inf in the result"
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
