@@ -24,9 +24,9 @@ if [[ $STEPS == *models* ]]; then
 fi
 if [[ $STEPS == *wheel* ]]; then
   {
-    echo "== wheel in a fresh venv"
-    python3 -m venv --system-site-packages /tmp/venv && /tmp/venv/bin/pip install -q --no-index --no-deps dist/lowbit-*.whl
+    echo "== wheel installed into a fresh target (the image's torch, lowbit only from the wheel)"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/wheel_site dist/lowbit-*.whl
     cp benchmarks/tools/wheel_smoke.py /tmp/wheel_smoke.py
-    (cd /tmp && env -u PYTHONPATH LOWBIT_CACHE_DIR=/tmp/fresh_cache /tmp/venv/bin/python /tmp/wheel_smoke.py)
+    (cd /tmp && env -u PYTHONPATH PYTHONPATH=/tmp/wheel_site LOWBIT_CACHE_DIR=/tmp/fresh_cache python3 /tmp/wheel_smoke.py)
   } 2>&1 | tee "$OUT/wheel.log"
 fi

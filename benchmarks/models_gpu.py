@@ -129,7 +129,9 @@ def _graph_decode_ms(model, cfg, context=512, steps=50) -> float:
     """One decode step (static KV cache at position `context`) captured in a CUDA graph; ms per step."""
     from transformers import StaticCache
 
-    cache = StaticCache(config=cfg, max_cache_len=context + 8)
+    # transformers 5.x static layers keep their fill level on the device and advance it on every
+    # update (graph replays too), so leave room for warm-up + capture + all timed replays.
+    cache = StaticCache(config=cfg, max_cache_len=context + steps + 16)
     ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
     tok = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda")
     pos = torch.tensor([context], device="cuda")

@@ -27,11 +27,14 @@ GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 
 
+def use_gemv(is_cuda: bool, dtype: torch.dtype, m: int) -> bool:
+    """True where the decode GEMV runs: CUDA, fp16/bf16, 1 <= M <= GEMV_MAX_M rows."""
+    return is_cuda and 1 <= m <= GEMV_MAX_M and dtype in GEMV_DTYPES
+
+
 def kbit_path(x2: torch.Tensor) -> str:
     """The path for a 2-D activation ``x2 [M, K_in]``: ``"gemv"`` or ``"dequant_matmul"``."""
-    if x2.is_cuda and x2.dtype in GEMV_DTYPES and 1 <= x2.shape[0] <= GEMV_MAX_M:
-        return "gemv"
-    return "dequant_matmul"
+    return "gemv" if use_gemv(x2.is_cuda, x2.dtype, x2.shape[0]) else "dequant_matmul"
 
 
 def grouped_path(x2: torch.Tensor) -> str:

@@ -2,8 +2,8 @@
 the GPU and compare its logits with the reference-dequantized model. Proves the wheel carries the
 CUDA sources (the library is JIT-built from lowbit/_csrc into a fresh cache) and runs a model.
 
-    python -m venv --system-site-packages /tmp/venv && /tmp/venv/bin/pip install --no-deps dist/lowbit-*.whl
-    cd /tmp && LOWBIT_CACHE_DIR=/tmp/fresh /tmp/venv/bin/python /path/to/wheel_smoke.py
+    pip install --no-deps --target /tmp/wheel_site dist/lowbit-*.whl
+    cd /tmp && PYTHONPATH=/tmp/wheel_site LOWBIT_CACHE_DIR=/tmp/fresh python3 /path/to/wheel_smoke.py
 """
 
 import copy
@@ -19,7 +19,7 @@ from lowbit.kernels.library import get_library
 
 print("lowbit from", lowbit.__file__)
 print("CUDA sources", build.CSRC_DIR)
-assert "site-packages" in lowbit.__file__ and "_csrc" in str(build.CSRC_DIR), "not running the installed wheel"
+assert "wheel_site" in lowbit.__file__ and "_csrc" in str(build.CSRC_DIR), "not running the installed wheel"
 t0 = time.perf_counter()
 lib = get_library(torch.device("cuda"))
 print(f"library {lib.path} ready in {time.perf_counter() - t0:.1f} s (cache {os.environ.get('LOWBIT_CACHE_DIR')})")

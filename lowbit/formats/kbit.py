@@ -214,7 +214,9 @@ def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor |
     w = weight.detach().to(torch.float32).reshape(*lead, n, k_in // BLOCK, BLOCK)
     block_absmax = w.abs().amax(dim=-1)
     gmax = block_absmax.reshape(*lead, -1).amax(dim=-1)
-    scale = torch.where(gmax > 0, gmax / e4m4.MAX_VALUE, torch.ones_like(gmax)).to(torch.float32)
+    # Divide by a tensor: CUDA turns `tensor / python_scalar` into a multiply by the rounded
+    # reciprocal, which can differ from the CPU's true division in the last bit.
+    scale = torch.where(gmax > 0, gmax / torch.full_like(gmax, e4m4.MAX_VALUE), torch.ones_like(gmax)).to(torch.float32)
     absmax = e4m4.encode(block_absmax / scale[..., None, None])
     block_scale = e4m4.decode(absmax) * scale[..., None, None]  # the dequantizer's scale, same fp32 ops
 

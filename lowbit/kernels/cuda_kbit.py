@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .. import ops
@@ -129,8 +131,10 @@ class GemvLauncher:
 
     The eager forward of ``lowbit.nn`` modules calls this directly (no torch dispatcher, no
     re-checks of the weight's tensors: the module checked them when it was built), which keeps
-    a decode call at a few microseconds of CPU. The registered op builds one per call.
-    Arguments: x ``[M <= 4, K_in]`` fp16/bf16, contiguous, on the weight's device.
+    a decode call at a few microseconds of CPU; the registered op builds one per call. The
+    kernel symbols are called without ctypes argtypes, every fixed argument pre-wrapped.
+    Call: ``launcher(x, m, out_shape)`` with x contiguous, ``m = x.numel() // K_in`` in 1..4
+    rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
     """
 
     def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
@@ -138,46 +142,52 @@ class GemvLauncher:
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.tensors = (qweight, qabsmax, codebook, scale)  # kept alive: the plans hold their addresses
-        self.ptrs = tuple(t.data_ptr() for t in self.tensors)
+        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
         self._plans: dict = {}
 
     def _plan(self, dtype, m):
-        qw, qa, cb, sc = self.ptrs
         lib, n, k_in, bits = self.lib, self.n, self.k_in, self.bits
+        qw, qa, cb, sc = self.ptrs
+        c_int = ctypes.c_int
         if use_split(lib, self.device, bits, dtype, n, k_in):
-            fn = lib.symbol("kbit_split_gemv", bits=bits, dtype=dtype)
+            fn = lib.raw_symbol("kbit_split_gemv", bits=bits, dtype=dtype)
             max_ctas = split_max_ctas(lib, self.device, bits, dtype, 1)
-            plan = ("split", fn, max_ctas)
+            fixed = (c_int(m), qw, qa, cb, sc, c_int(1), c_int(n), c_int(k_in), c_int(max_ctas))
+            plan = ("split", fn, fixed)
         else:
-            fn = lib.symbol("kbit_gemv", bits=bits, dtype=dtype, m=m)
+            fn = lib.raw_symbol("kbit_gemv", bits=bits, dtype=dtype, m=m)
             warps = gemv_warps(lib, self.device, bits, dtype, m, n, k_in)
-            plan = ("streamk", fn, warps, counters(self.device, self.tiles).data_ptr())
+            cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
+            plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), warps)
         self._plans[(dtype, m)] = plan
         return plan
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
+    def __call__(self, x: torch.Tensor, m: int, out_shape) -> torch.Tensor:
         dtype = x.dtype
         plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
         if x.data_ptr() % 16:
             x = x.clone()  # the kernels read x with 16-byte loads
-        y = torch.empty((m, self.n), dtype=dtype, device=self.device)
-        qw, qa, cb, sc = self.ptrs
-        stream = _current_stream(self.index)
+        y = torch.empty(out_shape, dtype=dtype, device=self.device)
+        vp = ctypes.c_void_p
+        stream = vp(_current_stream(self.index))
         if plan[0] == "split":
-            err = plan[1](x.data_ptr(), None, m, qw, qa, cb, sc, y.data_ptr(), 1, self.n, self.k_in, plan[2], stream)
+            m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
+            err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), one, n, k, ctas, stream)
         else:
-            ws = torch.empty((plan[2], 2, 128), dtype=torch.float32, device=self.device)
-            err = plan[1](x.data_ptr(), qw, qa, cb, sc, y.data_ptr(), ws.data_ptr(), plan[3], m, self.n, self.k_in,
-                          plan[2], stream)
+            qw, qa, cb, sc = plan[2]
+            cnt, m_, n, k, warps = plan[3]
+            ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
+            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), vp(ws.data_ptr()), cnt, m_, n, k, warps,
+                          stream)
         if err:
             self.lib.raise_error("kbit_gemv", err)
         return y
 
 
 class GroupedLauncher:
-    """The grouped (MoE) kbit GEMV of one expert stack, decisions made once (see GemvLauncher)."""
+    """The grouped (MoE) kbit GEMV of one expert stack, decisions made once (see GemvLauncher).
+    Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1])`` -> y ``[rows, N]``."""
 
     def __init__(self, lib, qweight, qabsmax, codebook, scales, bits, n, k_in):
         self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
@@ -185,25 +195,27 @@ class GroupedLauncher:
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.experts = qweight.shape[0]
         self.tensors = (qweight, qabsmax, codebook, scales)
-        self.ptrs = tuple(t.data_ptr() for t in self.tensors)
+        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self._plans: dict = {}
 
     def _plan(self, dtype):
-        fn = self.lib.symbol("kbit_split_gemv", bits=self.bits, dtype=dtype)
-        plan = (fn, split_max_ctas(self.lib, self.device, self.bits, dtype, self.experts))
+        c_int = ctypes.c_int
+        fn = self.lib.raw_symbol("kbit_split_gemv", bits=self.bits, dtype=dtype)
+        ctas = split_max_ctas(self.lib, self.device, self.bits, dtype, self.experts)
+        plan = (fn, (c_int(0), *self.ptrs), (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
         self._plans[dtype] = plan
         return plan
 
     def __call__(self, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
-        fn, max_ctas = self._plans.get(x.dtype) or self._plan(x.dtype)
+        fn, (zero, qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
         if x.data_ptr() % 16:
             x = x.clone()
         y = torch.empty((x.shape[0], self.n), dtype=x.dtype, device=self.device)
         if x.shape[0] == 0:
             return y
-        qw, qa, cb, sc = self.ptrs
-        err = fn(x.data_ptr(), expert_offsets.data_ptr(), 0, qw, qa, cb, sc, y.data_ptr(), self.experts, self.n,
-                 self.k_in, max_ctas, _current_stream(self.index))
+        vp = ctypes.c_void_p
+        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), experts, n, k,
+                 ctas, vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error("kbit_grouped_gemv", err)
         return y
@@ -215,7 +227,7 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
     lib = _library_or_none(x.device)
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)(x)
+    return GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)(x, x.shape[0], (x.shape[0], n))
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")

@@ -73,6 +73,14 @@ class Library:
             self._fns[name] = fn
         return fn
 
+    def raw_symbol(self, op: str, **params) -> ctypes._CFuncPtr:
+        """A fresh function pointer without argtypes (callers pass ctypes objects; saves the
+        per-argument conversion on the eager hot path). Checks that the symbol exists."""
+        self.symbol(op, **params)
+        fn = self._dll["lowbit_" + op + "".join(f"_{_fmt(k, v)}" for k, v in params.items())]
+        fn.restype = ctypes.c_int
+        return fn
+
     def call(self, op: str, args: list, **params) -> None:
         err = self.symbol(op, **params)(*args)
         if err != 0:

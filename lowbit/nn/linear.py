@@ -79,26 +79,27 @@ class KbitLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x must have shape [..., in_features={self.in_features}], got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).contiguous()
+        k = self.in_features
+        if x.shape[-1] != k:
+            raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if x.is_cuda and not torch.compiler.is_compiling():
+            # Eager decode: straight to the kernel (a few us of CPU; see nn/_launch.py).
+            m = x.numel() // k
+            if dispatch.use_gemv(True, x.dtype, m):
+                launch = self._launcher
+                if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.device != x.device:
+                    launch = self._launcher = fast_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
+                if launch is not None:
+                    y = launch(x, m, (*x.shape[:-1], self.out_features))
+                    return y if self.bias is None else y.add_(self.bias)
         b = self._buffers
-        if dispatch.kbit_path(x2) == "gemv" and not torch.compiler.is_compiling():
-            launch = self._launcher
-            if launch is None or launch.tensors[0] is not b["qweight"] or launch.device != x2.device:
-                launch = self._launcher = fast_launcher("gemv", b, self.bits, self.out_features, self.in_features, x2)
-            if launch is not None:
-                y = launch(x2)
-            else:
-                y = dispatch.kbit_tiled_linear_op(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                                  self.bits, self.out_features, self.in_features)
-        else:
-            y = dispatch.kbit_tiled_linear_op(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                              self.bits, self.out_features, self.in_features)
+        y = dispatch.kbit_tiled_linear_op(x.reshape(-1, k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
+                                          self.bits, self.out_features, k)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.view(*lead, self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the reference decodes it."""

@@ -62,6 +62,7 @@ def test_eager_fast_path_equals_op_path(dtype, gen):
         y = q(x)
         want = ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 3, 300, 512) + q.bias
         assert torch.equal(y, want)
+        assert torch.equal(q(x.view(1, m, 512)), want.view(1, m, 300))  # [batch, seq, K] as models call it
     h = torch.randn(3, 64, generator=gen).to(dtype)
     idx = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(3)])
     w = torch.rand(3, 2, generator=gen)
