@@ -39,16 +39,22 @@ def section(name):
     return wrap
 
 
-def host_us_per_call(fn, iters=3000, warmup=100) -> float:
-    """Wall time per call of a loop of eager calls (CPU-bound when the kernel is shorter than the CPU work)."""
+def host_us_per_call(fn, iters=1000, warmup=100, rounds=7) -> dict:
+    """Per eager call: wall time of a loop of calls (CPU-bound when the kernel is shorter than the CPU
+    work) and this thread's CPU time; median over rounds."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
+    wall, cpu = [], []
+    for _ in range(rounds):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(iters):
+            fn()
+        c1 = time.thread_time()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) / iters * 1e6)
+        cpu.append((c1 - c0) / iters * 1e6)
+    return {"wall_us": sorted(wall)[rounds // 2], "cpu_us": sorted(cpu)[rounds // 2], "min_wall_us": min(wall)}
 
 
 @section("eager_cost")
@@ -62,17 +68,21 @@ def eager_cost():
         q = lowbit.nn.KbitLinear.from_linear(lin, bits=4)
         qf = lowbit.quantize_kbit(w, bits=4).to(dev)
         x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        x3 = x.view(1, 1, k)
+        linb = torch.nn.Linear(k, n, bias=True, device=dev, dtype=torch.bfloat16)
+        qb = lowbit.nn.KbitLinear.from_linear(linb, bits=4)
         with torch.no_grad():
             row = {
                 "F.linear bf16": host_us_per_call(lambda: F.linear(x, w)),
                 "nn.Linear bf16": host_us_per_call(lambda: lin(x)),
                 "lowbit.kbit_linear (functional op)": host_us_per_call(lambda: lowbit.kbit_linear(x, qf)),
                 "KbitLinear module (eager fast path)": host_us_per_call(lambda: q(x)),
-                "KbitLinear x3-D input [1,1,K]": host_us_per_call(lambda: q(x.view(1, 1, k))),
+                "KbitLinear x3-D input [1,1,K]": host_us_per_call(lambda: q(x3)),
+                "KbitLinear + bias, 3-D input": host_us_per_call(lambda: qb(x3)),
             }
         out[f"{k}x{n} M=1"] = row
-        for name, us in row.items():
-            print(f"   {k}x{n} M=1  {name:40s} {us:7.1f} us/call")
+        for name, r in row.items():
+            print(f"   {k}x{n} M=1  {name:40s} wall {r['wall_us']:6.1f}  cpu {r['cpu_us']:6.1f}  min {r['min_wall_us']:6.1f} us/call")
     # MoE expert block, Qwen3-30B-A3B layer shape, one decode token
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
@@ -87,11 +97,11 @@ def eager_cost():
     idx = torch.randperm(128, device=dev)[:8][None]
     wts = torch.softmax(torch.randn(1, 8, device=dev), -1).to(torch.bfloat16)
     with torch.no_grad():
-        row = {"transformers Qwen3MoeExperts bf16 (eager)": host_us_per_call(lambda: ex(h, idx, wts), iters=500),
-               "KbitMoeExperts (eager fast path)": host_us_per_call(lambda: qex(h, idx, wts), iters=1000)}
+        row = {"transformers Qwen3MoeExperts bf16 (eager)": host_us_per_call(lambda: ex(h, idx, wts), iters=100, rounds=3),
+               "KbitMoeExperts (eager fast path)": host_us_per_call(lambda: qex(h, idx, wts), iters=300, rounds=5)}
     out["experts E=128 H=2048 I=768 top8 T=1"] = row
-    for name, us in row.items():
-        print(f"   experts T=1  {name:40s} {us:7.1f} us/call")
+    for name, r in row.items():
+        print(f"   experts T=1  {name:40s} wall {r['wall_us']:6.1f}  cpu {r['cpu_us']:6.1f} us/call")
     return out
 
 

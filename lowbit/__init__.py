@@ -28,6 +28,8 @@ from .formats import e4m4, kbit
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
+from .kernels import cuda_dense as _cuda_dense  # noqa: F401  (CUDA kernels register on import)
+from .kernels import cuda_kbit as _cuda_kbit  # noqa: F401
 from .kernels.cuda_dense import programmatic_launch
 from .convert import QuantizeReport, quantize_model
 from .serialization import load_quantized, save_quantized
@@ -64,7 +66,16 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     if dispatch.kbit_path(x2) == "gemv":
         n, k_in = w.shape
         qweight, qabsmax = w.tiled()
-        y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
+        launch = None
+        if not torch.compiler.is_compiling():
+            launch = w._launcher
+            if launch is None or launch.device != x2.device:
+                tensors = {"qweight": qweight, "qabsmax": qabsmax, "codebook": w.codebook, "scale": w.scale}
+                launch = w._launcher = dispatch.eager_launcher("gemv", tensors, w.bits, n, k_in, x2)
+        if launch is not None:
+            y = launch(x2, x2.shape[0], (x2.shape[0], n))
+        else:
+            y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
     else:  # large M, fp32, or CPU: dequantize + matmul (reference on CPU)
         y = ops.kbit_linear(x2, *w.tensors(), w.bits)
     return y.reshape(*lead, y.shape[-1])

@@ -4,7 +4,8 @@ Each op has
 * a default implementation = the format's pure-PyTorch reference (runs on CPU, and on any
   device no kernel is registered for),
 * a fake implementation (shapes/dtypes only) so ``torch.compile(fullgraph=True)`` traces it,
-* device kernels registered by ``lowbit.kernels.*`` (CUDA), which override the default.
+* device kernels registered by ``lowbit.kernels.*`` (CUDA; imported by the package, never by
+  this module), which override the default.
 All three run the same metadata checks, so bad input fails the same way everywhere.
 """
 
@@ -243,7 +244,3 @@ def _(x, weight):
     m, n, _ = check_dense_gemv_args(x, weight)
     return x.new_empty((m, n))
 
-
-# CUDA kernels register themselves on import.
-from .kernels import cuda_dense as _cuda_dense  # noqa: E402,F401
-from .kernels import cuda_kbit as _cuda_kbit  # noqa: E402,F401

@@ -116,7 +116,7 @@ def unpack_planes(planes: torch.Tensor, bits: int) -> torch.Tensor:
 class KbitWeight:
     """A kbit-quantized weight ``[N, K_in]``: planes, absmax codes, codebook, scale, bits."""
 
-    __slots__ = ("planes", "absmax", "codebook", "scale", "bits", "_tiled")
+    __slots__ = ("planes", "absmax", "codebook", "scale", "bits", "_tiled", "_launcher")
 
     def __init__(self, planes, absmax, codebook, scale, bits):
         self.planes = planes
@@ -125,6 +125,7 @@ class KbitWeight:
         self.scale = scale
         self.bits = bits
         self._tiled = None
+        self._launcher = None  # the eager GEMV launcher lowbit.kbit_linear keeps for this weight
         check_kbit_tensors(planes, absmax, codebook, scale, bits)
 
     def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,6 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import kbit, kbit_tiled
-from ._launch import fast_launcher
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
 _QUANT_CHUNK_WEIGHTS = 1 << 26
@@ -135,7 +134,7 @@ class KbitMoeExperts(nn.Module):
         if dispatch.grouped_path(x) == "grouped_gemv" and not torch.compiler.is_compiling():
             launchers = self._launchers
             if launchers is None or launchers[idx] is None or launchers[idx].tensors[0] is not self._buffers[f"{prefix}_qweight"]:
-                launchers = self._launchers = [fast_launcher("grouped", self._stack(p), self.bits, *self._shape(p), x)
+                launchers = self._launchers = [dispatch.eager_launcher("grouped", self._stack(p), self.bits, *self._shape(p), x)
                                                for p in ("gate_up", "down")]
             if launchers[idx] is not None:
                 return launchers[idx](x, offsets)

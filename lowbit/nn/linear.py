@@ -13,7 +13,6 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import kbit, kbit_tiled
-from ._launch import fast_launcher
 
 
 def _check_features(in_features: int, out_features: int) -> None:
@@ -85,12 +84,12 @@ class KbitLinear(nn.Module):
         if not x.is_contiguous():
             x = x.contiguous()
         if x.is_cuda and not torch.compiler.is_compiling():
-            # Eager decode: straight to the kernel (a few us of CPU; see nn/_launch.py).
+            # Eager decode: straight to the kernel (a few us of CPU; see dispatch.eager_launcher).
             m = x.numel() // k
             if dispatch.use_gemv(True, x.dtype, m):
                 launch = self._launcher
                 if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.device != x.device:
-                    launch = self._launcher = fast_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
+                    launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
                 if launch is not None:
                     y = launch(x, m, (*x.shape[:-1], self.out_features))
                     return y if self.bias is None else y.add_(self.bias)

@@ -133,3 +133,18 @@ def test_torch_compile_fullgraph(name, gen):
         want = model(ids, use_cache=False).logits
         got = compiled(ids, use_cache=False).logits
     assert rel_err(got.float(), want.float()) < 1e-2  # inductor fuses the non-linear parts differently
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral"])
+def test_save_on_gpu_load_on_gpu_and_cpu(name, tmp_path, gen):
+    seed = _seed(gen)
+    model = build(name, seed, dtype=torch.bfloat16, device="cuda")
+    lowbit.quantize_model(model, bits=5, progress=False)
+    lowbit.save_quantized(model, tmp_path, max_shard_bytes=100_000)
+    gpu = lowbit.load_quantized(build(name, seed + 1, dtype=torch.bfloat16, device="cuda"), tmp_path)
+    cpu = lowbit.load_quantized(build(name, seed + 2, dtype=torch.bfloat16), tmp_path)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, gpu.state_dict()[k]) and torch.equal(v.cpu(), cpu.state_dict()[k]), k
+    ids = torch.randint(0, 320, (1, 1), generator=gen).cuda()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, gpu(ids).logits)
