@@ -52,7 +52,7 @@ def main() -> None:
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
             def split_call(c):
-                a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), 1, n,
+                a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
                      k_in, max_ctas, stream_of(dev)]
                 lib.call("kbit_split_gemv", a, bits=bits, dtype=torch.float16)
 
@@ -64,7 +64,7 @@ def main() -> None:
                 ws = torch.empty(warps, 2, 128, device=dev)
 
                 def call(c):
-                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(ws), ptr(cnt),
+                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(ws), ptr(cnt),
                          args.m, n, k_in, warps, stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 

@@ -280,11 +280,17 @@ struct StreamK {
     }
 };
 
+// Optional bias, added in fp32 before the one rounding to T (as cuBLAS's epilogue does).
+template <typename T>
+__device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row) {
+    return bias == nullptr ? 0.f : to_float(bias[row]);
+}
+
 template <int BITS, typename T, int MAXM>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
-    float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
+    const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk) {
     const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -308,7 +314,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * scale);
+                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * scale + bias_of(bias, row));
             }
             return;
         }
@@ -334,7 +340,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * scale);
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * scale + bias_of(bias, row));
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
@@ -389,8 +395,8 @@ template <int BITS, typename T>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
-    const float* __restrict__ scales, T* __restrict__ y, int n_experts, int n, int k_in, int n_tiles,
-    int n_groups, int split) {
+    const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
+    int n_tiles, int n_groups, int split) {
     constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
@@ -447,10 +453,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                     for (int i = 0; i < 4; ++i) sum[i] += partial[warp + s][i][lane];
                 }
                 const int row0 = tile * 16 + g;
+                const T* ebias = bias == nullptr ? nullptr : bias + int64_t(ae.e) * n;  // [n_experts, n]
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                    if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * scale);
+                    if (tok < m && row < n)
+                        y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * scale + bias_of(ebias, row));
                 }
             }
             __syncthreads();  // partial[] is rewritten by the next chunk / item
@@ -475,7 +483,8 @@ int occupancy(K kernel, size_t smem) {
 
 template <int BITS, typename T, int MAXM>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
-                void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {
+                void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
+                void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = table_bytes<BITS, T>();
     auto kernel = kbit_gemv_kernel<BITS, T, MAXM>;
@@ -486,7 +495,8 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const int grid = (n_warps + kWarps - 1) / kWarps;
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
-        scale, static_cast<T*>(y), workspace, counters, m, n, k_in, n_tiles, n_groups, n_warps, sk);
+        scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles, n_groups,
+        n_warps, sk);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -499,8 +509,8 @@ inline int split_for(int n_groups) {
 
 template <int BITS, typename T>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
-                 const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,
-                 void* stream) {
+                 const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
+                 int max_ctas, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
@@ -511,8 +521,8 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
-        static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), n_experts, n, k_in, n_tiles,
-        n_groups, split);
+        static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
+        n_experts, n, k_in, n_tiles, n_groups, split);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -522,9 +532,10 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
 #define LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, M)                                                               \
     extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
         const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
-        void* y, float* workspace, int* counters, int m, int n, int k_in, int n_warps, void* stream) {        \
-        return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, workspace,   \
-                                                        counters, m, n, k_in, n_warps, stream);               \
+        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,      \
+        void* stream) {                                                                                       \
+        return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
+                                                        workspace, counters, m, n, k_in, n_warps, stream);    \
     }                                                                                                         \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M>,                        \
@@ -533,10 +544,10 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
 #define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
     extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
         const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
-        const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,     \
-        void* stream) {                                                                                        \
+        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
+        int max_ctas, void* stream) {                                                                          \
         return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
-                                                      y, n_experts, n, k_in, max_ctas, stream);                \
+                                                      y, bias, n_experts, n, k_in, max_ctas, stream);          \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE>,                     \

@@ -32,6 +32,12 @@ def use_gemv(is_cuda: bool, dtype: torch.dtype, m: int) -> bool:
     return is_cuda and 1 <= m <= GEMV_MAX_M and dtype in GEMV_DTYPES
 
 
+def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
+    """The GEMV kernels add a bias of x's dtype, contiguous, in fp32 before rounding; any other
+    bias is added after them."""
+    return bias.dtype == x.dtype and bias.is_contiguous()
+
+
 def kbit_path(x2: torch.Tensor) -> str:
     """The path for a 2-D activation ``x2 [M, K_in]``: ``"gemv"`` or ``"dequant_matmul"``."""
     return "gemv" if use_gemv(x2.is_cuda, x2.dtype, x2.shape[0]) else "dequant_matmul"
@@ -44,11 +50,12 @@ def grouped_path(x2: torch.Tensor) -> str:
     return "reference"
 
 
-def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int) -> torch.Tensor:
-    """``x2 [M, K_in] @ W^T`` for a weight held in the tiled layout, through the custom ops."""
+def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2 [M, K_in] @ W^T (+ bias)`` for a weight held in the tiled layout, through the custom ops."""
     if kbit_path(x2) == "gemv":
-        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in)
+        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int) -> torch.Tensor:

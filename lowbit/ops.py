@@ -100,7 +100,16 @@ def _(planes, absmax, bits):
     return planes.new_empty((*lead, t, g, bits, 32, 4)), absmax.new_empty((*lead, t, g, 128))
 
 
-def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in) -> int:
+def check_bias(bias, n, x) -> None:
+    if bias is None:
+        return
+    check_tensor("bias", bias, dtypes=FLOAT_DTYPES, dim=1, contiguous=False)
+    if bias.shape[0] != n:
+        raise ValueError(f"bias must have shape [N={n}], got {tuple(bias.shape)}")
+    check_same_device(x=x, bias=bias)
+
+
+def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
     check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
     if x.shape[1] != k_in:
@@ -108,43 +117,47 @@ def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in) ->
     if not 1 <= x.shape[0] <= 4:
         raise ValueError(f"kbit_gemv takes M = 1..4 rows of x, got {x.shape[0]} (use kbit_linear for larger M)")
     check_same_device(x=x, qweight=qweight)
+    check_bias(bias, n, x)
     return x.shape[0]
 
 
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
-def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int) -> Tensor:
-    """Decode GEMV ``x[M<=4, K_in] @ W^T`` from the tiled layout; fp16/bf16 in and out, fp32 accumulation."""
-    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int,
+              bias: Tensor | None = None) -> Tensor:
+    """Decode GEMV ``x[M<=4, K_in] @ W^T (+ bias)`` from the tiled layout; fp16/bf16 in and out, fp32
+    accumulation, the bias added in fp32 before the one rounding."""
+    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @kbit_gemv.register_fake
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return x.new_empty((m, n))
 
 
-def check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in) -> int:
+def check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
     check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
     if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
     check_same_device(x=x, qweight=qweight)
+    check_bias(bias, n, x)
     return x.shape[0]
 
 
 @torch.library.custom_op("lowbit::kbit_tiled_linear", mutates_args=())
 def kbit_tiled_linear(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
-                      k_in: int) -> Tensor:
-    """``x[M, K_in] @ W^T`` from the tiled layout for any M and float dtype: the path beyond the GEMV
-    (and the CPU reference of the modules, which hold only the tiled layout)."""
-    check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+                      k_in: int, bias: Tensor | None = None) -> Tensor:
+    """``x[M, K_in] @ W^T (+ bias)`` from the tiled layout for any M and float dtype: the path beyond the
+    GEMV (and the CPU reference of the modules, which hold only the tiled layout)."""
+    check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @kbit_tiled_linear.register_fake
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    m = check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    m = check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return x.new_empty((m, n))
 
 
@@ -182,14 +195,17 @@ def kbit_grouped_gemv(
     return grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
 
 
-def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
-def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    """``x @ W^T`` in fp32 from the tiled layout, rounded once to x's dtype (= kbit.linear_reference)."""
+def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    """``x @ W^T (+ bias)`` in fp32 from the tiled layout, rounded once to x's dtype (= kbit.linear_reference)."""
     w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return (x.to(torch.float32) @ w.t()).to(x.dtype)
+    y = x.to(torch.float32) @ w.t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
 
 
 def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):

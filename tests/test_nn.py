@@ -74,6 +74,18 @@ def test_kbit_linear_dtypes_and_casts(gen):
     assert q(torch.randn(2, 64, generator=gen)).dtype == torch.float32
 
 
+def test_ops_bias_is_added_before_rounding(gen):
+    q = KbitLinear.from_linear(nn.Linear(64, 24), bits=4)
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    b = torch.randn(24, generator=gen)
+    y = lowbit.ops.kbit_tiled_linear(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, 24, 64, b)
+    assert torch.equal(y, (x.float() @ q.dequantize().t() + b).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        lowbit.ops.kbit_tiled_linear(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, 24, 64, b[:5])
+    with pytest.raises(ValueError, match="bias must have shape"):
+        lowbit.ops.kbit_gemv(x[:1], q.qweight, q.qabsmax, q.codebook, q.scale, 4, 24, 64, b[:5])
+
+
 def test_kbit_linear_state_dict_into_skeleton(gen):
     q = KbitLinear.from_linear(nn.Linear(64, 48), bits=5)
     sk = KbitLinear(64, 48, bias=True, bits=5)

@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from .. import ops
+from .. import dispatch, ops
 from ..formats import kbit, kbit_tiled
 from .library import library_or_none as _library_or_none
 from .library import ptr, stream_of  # noqa: F401
@@ -133,8 +133,9 @@ class GemvLauncher:
     re-checks of the weight's tensors: the module checked them when it was built), which keeps
     a decode call at a few microseconds of CPU; the registered op builds one per call. The
     kernel symbols are called without ctypes argtypes, every fixed argument pre-wrapped.
-    Call: ``launcher(x, m, out_shape)`` with x contiguous, ``m = x.numel() // K_in`` in 1..4
-    rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
+    Call: ``launcher(x, m, out_shape, bias=None)`` with x contiguous, ``m = x.numel() // K_in`` in
+    1..4 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
+    ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
     """
 
     def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
@@ -163,7 +164,7 @@ class GemvLauncher:
         self._plans[(dtype, m)] = plan
         return plan
 
-    def __call__(self, x: torch.Tensor, m: int, out_shape) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None) -> torch.Tensor:
         dtype = x.dtype
         plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
         if x.data_ptr() % 16:
@@ -171,15 +172,16 @@ class GemvLauncher:
         y = torch.empty(out_shape, dtype=dtype, device=self.device)
         vp = ctypes.c_void_p
         stream = vp(_current_stream(self.index))
+        b = None if bias is None else vp(bias.data_ptr())
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
-            err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), one, n, k, ctas, stream)
+            err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas, stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
-            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), vp(ws.data_ptr()), cnt, m_, n, k, warps,
-                          stream)
+            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
+                          warps, stream)
         if err:
             self.lib.raise_error("kbit_gemv", err)
         return y
@@ -214,20 +216,23 @@ class GroupedLauncher:
         if x.shape[0] == 0:
             return y
         vp = ctypes.c_void_p
-        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), experts, n, k,
-                 ctas, vp(_current_stream(self.index)))
+        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
+                 n, k, ctas, vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error("kbit_grouped_gemv", err)
         return y
 
 
 @ops.kbit_gemv.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
-    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     lib = _library_or_none(x.device)
     if lib is None:
-        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)(x, x.shape[0], (x.shape[0], n))
+        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    if bias is None or dispatch.fusable_bias(bias, x):
+        return launch(x, x.shape[0], (x.shape[0], n), bias)
+    return launch(x, x.shape[0], (x.shape[0], n)).add_(bias)
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")
@@ -240,9 +245,9 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
 
 
 @ops.kbit_tiled_linear.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in):
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     # Large M (prefill) for now: the weight decoded in x's dtype by PyTorch ops, then cuBLAS.
     # Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
-    ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
-    return torch.nn.functional.linear(x, w)
+    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))

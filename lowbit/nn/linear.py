@@ -91,13 +91,14 @@ class KbitLinear(nn.Module):
                 if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.device != x.device:
                     launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
                 if launch is not None:
-                    y = launch(x, m, (*x.shape[:-1], self.out_features))
-                    return y if self.bias is None else y.add_(self.bias)
+                    out_shape = (*x.shape[:-1], self.out_features)
+                    bias = self.bias
+                    if bias is None or dispatch.fusable_bias(bias, x):
+                        return launch(x, m, out_shape, bias)  # bias added in the kernel, one rounding
+                    return launch(x, m, out_shape).add_(bias)
         b = self._buffers
         y = dispatch.kbit_tiled_linear_op(x.reshape(-1, k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                          self.bits, self.out_features, k)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+                                          self.bits, self.out_features, k, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

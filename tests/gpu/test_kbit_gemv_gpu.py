@@ -75,7 +75,8 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
         tiles = -(-n // 16)
         buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
         ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
-        args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(ws), ptr(counters(x.device, tiles)),
+        args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
+                ptr(counters(x.device, tiles)),
                 m, n, k_in, warps, stream_of(x.device)]
         lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
         torch.cuda.synchronize()
@@ -96,7 +97,7 @@ def test_split_gemv_poisoned_output_and_guard(bits, m, gen):
         qw, qa = q.tiled()
         buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
         max_ctas = split_max_ctas(lib, x.device, bits, torch.float16, 1)
-        args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), 1, n, k_in,
+        args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n, k_in,
                 max_ctas, stream_of(x.device)]
         lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
         torch.cuda.synchronize()
@@ -212,7 +213,7 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
     qw, qa = ex.tiled()
     tokens = x.shape[0]
     buf = torch.full((tokens * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
-    args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), e_count, n, k_in,
+    args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), ptr(None), e_count, n, k_in,
             split_max_ctas(lib, x.device, bits, torch.float16, e_count), stream_of(x.device)]
     lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
     torch.cuda.synchronize()

@@ -60,9 +60,15 @@ def test_eager_fast_path_equals_op_path(dtype, gen):
     for m in (1, 2, 3, 4):
         x = torch.randn(m, 512, generator=gen).to(dtype).cuda()
         y = q(x)
-        want = ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 3, 300, 512) + q.bias
+        want = ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 3, 300, 512, q.bias)
         assert torch.equal(y, want)
+        # the fused bias = fp32 reference (x @ W^T + b) rounded once
+        ref = (x.double().cpu() @ q.dequantize().double().t() + q.bias.double().cpu())
+        assert rel_err(y.double().cpu(), ref) < {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
         assert torch.equal(q(x.view(1, m, 512)), want.view(1, m, 300))  # [batch, seq, K] as models call it
+    q.bias = nn.Parameter(q.bias.float(), requires_grad=False)  # another dtype: added after the kernel
+    x = torch.randn(2, 512, generator=gen).to(dtype).cuda()
+    assert torch.equal(q(x), (ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 3, 300, 512) + q.bias).to(dtype))
     h = torch.randn(3, 64, generator=gen).to(dtype)
     idx = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(3)])
     w = torch.rand(3, 2, generator=gen)
