@@ -69,7 +69,7 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
         launch = None
         if not torch.compiler.is_compiling():
             launch = w._launcher
-            if launch is None or launch.device != x2.device:
+            if launch is None or launch.index != x2.get_device():
                 tensors = {"qweight": qweight, "qabsmax": qabsmax, "codebook": w.codebook, "scale": w.scale}
                 launch = w._launcher = dispatch.eager_launcher("gemv", tensors, w.bits, n, k_in, x2)
         if launch is not None:

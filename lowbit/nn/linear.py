@@ -88,7 +88,7 @@ class KbitLinear(nn.Module):
             m = x.numel() // k
             if dispatch.use_gemv(True, x.dtype, m):
                 launch = self._launcher
-                if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.device != x.device:
+                if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.index != x.get_device():
                     launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
                 if launch is not None:
                     out_shape = (*x.shape[:-1], self.out_features)

@@ -63,7 +63,7 @@ def test_eager_fast_path_equals_op_path(dtype, gen):
         want = ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 3, 300, 512, q.bias)
         assert torch.equal(y, want)
         # the fused bias = fp32 reference (x @ W^T + b) rounded once
-        ref = (x.double().cpu() @ q.dequantize().double().t() + q.bias.double().cpu())
+        ref = x.double().cpu() @ q.dequantize().double().cpu().t() + q.bias.double().cpu()
         assert rel_err(y.double().cpu(), ref) < {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
         assert torch.equal(q(x.view(1, m, 512)), want.view(1, m, 300))  # [batch, seq, K] as models call it
     q.bias = nn.Parameter(q.bias.float(), requires_grad=False)  # another dtype: added after the kernel
