@@ -1,5 +1,6 @@
 """``lowbit`` command line: ``lowbit build`` (compile the CUDA library), ``lowbit bench`` (benchmarks),
-``lowbit tune`` (re-tune the fp16/bf16 GEMV for this GPU)."""
+``lowbit tune`` (re-tune the fp16/bf16 GEMV for this GPU), ``lowbit generate`` (the main job:
+quantize a model and decode with it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def make_parser() -> argparse.ArgumentParser:
     from .bench.tune import add_parser as _add_tune
 
     _add_tune(sub)
+    from .hf.generate import add_parser as _add_generate  # imports transformers only when run
+
+    _add_generate(sub)
     return p
 
 

@@ -285,9 +285,9 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
             if key in staged and bname not in mod._non_persistent_buffers_set:
                 mod._buffers[bname] = staged[key]
         if isinstance(mod, KbitLinear):
-            mod._launcher = None
+            mod._launcher = mod._cpu_weight = None
         elif isinstance(mod, KbitMoeExperts):
-            mod._launchers = None
+            mod._launchers, mod._cpu_weights = None, {}
     if device.type != "meta":
         model.to(device)  # the rest of the skeleton (non-persistent buffers) joins the weights
     return model

@@ -126,3 +126,21 @@ def test_weight_object_metadata(gen):
     assert "bits=3" in repr(q)
     assert torch.equal(q.to("cpu").planes, q.planes)
     assert kbit.unpack_planes(q.planes, 3).shape == (48, 3, 32)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_fit_codebook_lowers_error_and_is_valid(bits, gen):
+    w = torch.randn(128, 256, generator=gen) * torch.rand(128, 1, generator=gen)
+    base = kbit.dequantize_reference(*lowbit.quantize_kbit(w, bits).tensors(), bits)
+    q = lowbit.quantize_kbit(w, bits, codebook="fit")
+    fitted = kbit.dequantize_reference(*q.tensors(), bits)
+    assert q.codebook.unique().numel() == 2**bits and bool((q.codebook.abs() <= 1).all())
+    assert torch.equal(q.codebook, q.codebook.to(torch.bfloat16).float())  # bf16-exact for the kernels
+    assert (fitted - w).norm() <= (base - w).norm() * 1.001
+    with pytest.raises(ValueError, match="'fit'"):
+        lowbit.quantize_kbit(w, bits, codebook="lloyd")
+
+
+def test_fit_codebook_crowded_values():
+    c = kbit.fit_codebook(torch.ones(1000) * 0.5, 3)  # one distinct value: entries collapse, stay distinct
+    assert c.unique().numel() == 8 and bool((c.abs() <= 1).all())

@@ -65,6 +65,36 @@ def normal_float_codebook(bits: int) -> torch.Tensor:
     return (values / values.abs().max()).to(torch.bfloat16).to(torch.float32)
 
 
+def fit_codebook(normalized: torch.Tensor, bits: int, iters: int = 25, sample: int = 1 << 22) -> torch.Tensor:
+    """Lloyd-Max (1-D k-means) codebook for block-normalized weights (values in [-1, 1]).
+
+    Starts from :func:`normal_float_codebook`, runs on an evenly strided sample of at most
+    ``sample`` values, keeps entries in [-1, 1], rounds them to bf16 (what the tensor-core
+    kernels hold) and keeps them distinct; deterministic for a given tensor.
+    """
+    v = normalized.reshape(-1)
+    if v.numel() > sample:
+        v = v[:: v.numel() // sample][:sample]
+    v = v.to(torch.float32)
+    c = normal_float_codebook(bits).to(v.device)
+    for _ in range(iters):
+        mids = (c[1:] + c[:-1]) / 2
+        idx = torch.bucketize(v, mids)
+        sums = torch.zeros_like(c).index_add_(0, idx, v)
+        counts = torch.zeros_like(c).index_add_(0, idx, torch.ones_like(v))
+        c = torch.where(counts > 0, sums / counts.clamp_min(1), c).clamp(-1, 1).sort().values
+    c = c.to(torch.bfloat16).to(torch.float32)
+    vals = c.tolist()
+    for i in range(1, len(vals)):  # bf16 rounding may merge neighbours: move up past the previous one
+        if vals[i] <= vals[i - 1]:
+            step = max(abs(vals[i - 1]) * 2.0**-7, 2.0**-20)
+            vals[i] = float(torch.tensor(vals[i - 1] + step).to(torch.bfloat16))
+    c = torch.tensor(vals, dtype=torch.float32, device=c.device)
+    if bool((c.abs() > 1).any()):  # only if the top entries were all crowded at +1: fall back
+        return normal_float_codebook(bits).to(c.device)
+    return c.contiguous()
+
+
 def check_codebook(codebook: object, bits: int) -> torch.Tensor:
     check_tensor("codebook", codebook, dtypes=(torch.float32,), dim=1)
     assert isinstance(codebook, torch.Tensor)
@@ -185,8 +215,11 @@ def check_kbit_tensors(planes, absmax, codebook, scale, bits) -> None:
 
 
 # --------------------------------------------------------------------------- quantize
-def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | None = None):
+def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor | str | None = None):
     """Quantize ``weight[..., N, K_in]`` to codes; one fp32 scale per leading index (per tensor / expert).
+
+    ``codebook``: a tensor of 2**bits values, None (:func:`normal_float_codebook`), or ``"fit"``
+    (:func:`fit_codebook` on this tensor's block-normalized weights; one codebook per call).
 
     Returns ``(codes uint8 [..., N, K_in/32, 32], absmax uint8 [..., N, K_in/32], codebook fp32 [2**bits],
     scale fp32 [...])``. :func:`quantize` packs the codes into bit planes; the modules pack them
@@ -205,7 +238,10 @@ def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor |
             f"pad it with zero columns (and the activations with zeros) to {math.ceil(k_in / BLOCK) * BLOCK}"
         )
     check_finite("weight", weight)
-    if codebook is None:
+    fit = isinstance(codebook, str)
+    if fit and codebook != "fit":
+        raise ValueError(f"codebook must be a tensor, None (default) or 'fit', got {codebook!r}")
+    if codebook is None or fit:
         codebook = normal_float_codebook(bits)
     check_codebook(codebook, bits)
     _check_codebook_values(codebook)
@@ -222,6 +258,8 @@ def quantize_codes(weight: torch.Tensor, bits: int = 4, codebook: torch.Tensor |
     block_scale = e4m4.decode(absmax) * scale[..., None, None]  # the dequantizer's scale, same fp32 ops
 
     normalized = torch.where(block_scale[..., None] > 0, w / block_scale[..., None].clamp_min(1e-38), 0.0)
+    if fit:
+        codebook = fit_codebook(normalized, bits)
     sorted_cb, order = codebook.sort()
     mids = (sorted_cb[1:] + sorted_cb[:-1]) / 2
     codes = order[torch.bucketize(normalized, mids)].to(torch.uint8)  # nearest entry

@@ -92,6 +92,7 @@ class KbitMoeExperts(nn.Module):
         self.register_buffer("codebook", kbit.normal_float_codebook(bits).to(device))
         self.register_buffer("expert_range", torch.arange(num_experts + 1, device=device), persistent=False)
         self._launchers = None
+        self._cpu_weights: dict = {}
 
     @classmethod
     def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitMoeExperts":
@@ -117,7 +118,7 @@ class KbitMoeExperts(nn.Module):
         n, k = self._shape(prefix)
         ops.check_tiled_args(qweight, qabsmax, self.codebook, scales, self.bits, n, k, experts=self.num_experts)
         self._buffers.update({f"{prefix}_qweight": qweight, f"{prefix}_qabsmax": qabsmax, f"{prefix}_scales": scales})
-        self._launchers = None
+        self._launchers, self._cpu_weights = None, {}
 
     def _shape(self, prefix: str) -> tuple[int, int]:
         if prefix == "gate_up":
@@ -139,6 +140,18 @@ class KbitMoeExperts(nn.Module):
             if launchers[idx] is not None:
                 return launchers[idx](x, offsets)
         s = self._stack(prefix)
+        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # CPU reference with the decoded stack kept (see KbitLinear): expert by expert, fp32.
+            cached = self._cpu_weights.get(prefix)
+            if cached is None or cached[0] is not s["qweight"]:
+                cached = self._cpu_weights[prefix] = (s["qweight"], kbit_tiled.dequantize(
+                    s["qweight"], s["qabsmax"], s["codebook"], s["scales"], self.bits, n, k))
+            off = offsets.tolist()
+            y = x.new_empty((x.shape[0], n))
+            for e in range(self.num_experts):
+                if off[e + 1] > off[e]:
+                    y[off[e]:off[e + 1]] = (x[off[e]:off[e + 1]].float() @ cached[1][e].t()).to(x.dtype)
+            return y
         return dispatch.kbit_grouped_op(x, offsets, s["qweight"], s["qabsmax"], s["codebook"], s["scales"],
                                         self.bits, n, k)
 
@@ -185,6 +198,7 @@ class KbitMoeExperts(nn.Module):
             if self._buffers[k].dtype != old.dtype:
                 self._buffers[k] = old.to(self._buffers[k].device)
         self._launchers = None
+        self._cpu_weights = {}
         return self
 
     def extra_repr(self) -> str:

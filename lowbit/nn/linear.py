@@ -30,6 +30,8 @@ class KbitLinear(nn.Module):
     Build one with :meth:`from_linear`; ``KbitLinear(in, out, bias, bits)`` makes an empty
     skeleton that ``load_state_dict`` / :func:`lowbit.load_quantized` fills. Output dtype = x's
     dtype (fp16/bf16/fp32); accumulation in fp32. Inference only (no autograd through W).
+    On CPU (the reference path) the module decodes its weight to fp32 on the first call and keeps
+    that copy: CPU runs are for checking and demos, the compact format is for the GPU kernels.
     """
 
     _QUANT_BUFFERS = ("qweight", "qabsmax", "codebook", "scale")
@@ -50,6 +52,7 @@ class KbitLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self._launcher = None
+        self._cpu_weight = None  # (qweight it was decoded from, fp32 weight): the CPU path's cache
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitLinear":
@@ -74,7 +77,7 @@ class KbitLinear(nn.Module):
         ops.check_tiled_args(qweight, qabsmax, codebook, scale, self.bits, self.out_features, self.in_features)
         kbit._check_codebook_values(codebook)
         self._buffers.update(qweight=qweight, qabsmax=qabsmax, codebook=codebook, scale=scale)
-        self._launcher = None
+        self._launcher = self._cpu_weight = None
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,6 +100,16 @@ class KbitLinear(nn.Module):
                         return launch(x, m, out_shape, bias)  # bias added in the kernel, one rounding
                     return launch(x, m, out_shape).add_(bias)
         b = self._buffers
+        if not x.is_floating_point():
+            raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        if x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # CPU runs the reference; decoding the weight once instead of per call keeps CPU
+            # generation bearable (the same fp32 product, bias, one rounding as the op).
+            cached = self._cpu_weight
+            if cached is None or cached[0] is not b["qweight"]:
+                cached = self._cpu_weight = (b["qweight"], self.dequantize(torch.float32))
+            bias = None if self.bias is None else self.bias.to(torch.float32)
+            return torch.nn.functional.linear(x.to(torch.float32), cached[1], bias).to(x.dtype)
         y = dispatch.kbit_tiled_linear_op(x.reshape(-1, k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
                                           self.bits, self.out_features, k, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
@@ -120,7 +133,7 @@ class KbitLinear(nn.Module):
             new = self._buffers[k]
             if new.dtype != old.dtype:
                 self._buffers[k] = old.to(new.device)
-        self._launcher = None
+        self._launcher = self._cpu_weight = None
         return self
 
     def extra_repr(self) -> str:

@@ -1,0 +1,121 @@
+"""Greedy decoding with a static KV cache; on CUDA a whole decode step is one CUDA-graph replay.
+
+A step is: forward one token per sequence through the model (static cache), argmax, feed the
+token back, advance the position -- all on the device, captured once, so a token costs kernel
+time, not Python time. transformers 5.x static cache layers keep their fill level on the device
+and advance it on every update, graph replays included, so replaying the captured step walks
+through the cache by itself; the loop only copies each new token out.
+
+``compile=True`` first compiles the decode step with ``torch.compile(fullgraph=True)`` (inductor
+fuses norms, rope and the other elementwise work) and captures the compiled code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DecodeResult:
+    tokens: torch.Tensor          # [batch, new_tokens] (int64, CPU)
+    prefill_s: float
+    decode_s: float               # for new_tokens - 1 steps (the first token comes from the prefill)
+    mode: str                     # "cuda-graph", "cuda-graph+compile", "eager"
+
+    @property
+    def steps(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def tokens_per_s(self) -> float:
+        return self.tokens.shape[0] * self.steps / self.decode_s if self.decode_s > 0 else float("nan")
+
+    def ms_per_step(self) -> float:
+        return self.decode_s / max(1, self.steps) * 1e3
+
+
+def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
+                  compile: bool = False, eos_token_id: int | None = None, warmup: int = 2) -> DecodeResult:
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
+
+    ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
+    once every row produced ``eos_token_id``; on CUDA it runs all steps (fixed work: timings).
+    """
+    from transformers import StaticCache
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must be [batch, prompt_len >= 1], got {tuple(input_ids.shape)}")
+    device = next(model.parameters()).device
+    graph = device.type == "cuda" if graph is None else graph
+    if graph and device.type != "cuda":
+        raise ValueError("CUDA-graph decoding needs the model on a GPU")
+    batch, prompt = input_ids.shape
+    input_ids = input_ids.to(device)
+    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 2)
+    out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
+    step_fn = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        pos = torch.arange(prompt, device=device).expand(batch, -1)
+        logits = model(input_ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1]
+        tok = logits.argmax(-1, keepdim=True)
+        out[:, 0] = tok[:, 0]
+        sync()
+        prefill_s = time.perf_counter() - t0
+        pos = torch.full((batch, 1), prompt, dtype=torch.long, device=device)
+
+        def step():
+            nxt = step_fn(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            tok.copy_(nxt)
+            pos.add_(1)
+
+        i = 1
+        if graph:
+            # Warm-up steps are real steps (they advance the cache); capture executes nothing.
+            s = torch.cuda.Stream(device)
+            s.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(s):
+                while i < min(1 + warmup, max_new_tokens):
+                    step()
+                    out[:, i] = tok[:, 0]
+                    i += 1
+            torch.cuda.current_stream(device).wait_stream(s)
+            g = None
+            if i < max_new_tokens:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    step()
+            sync()
+            t0 = time.perf_counter()
+            t_start_i = i
+            while i < max_new_tokens:
+                g.replay()
+                out[:, i] = tok[:, 0]
+                i += 1
+            sync()
+            # time the replayed steps only; warm-up (compile) steps are set-up
+            decode_s = (time.perf_counter() - t0) * (max_new_tokens - 1) / max(1, max_new_tokens - t_start_i) \
+                if max_new_tokens > t_start_i else 0.0
+            mode = "cuda-graph+compile" if compile else "cuda-graph"
+        else:
+            t0 = time.perf_counter()
+            while i < max_new_tokens:
+                step()
+                out[:, i] = tok[:, 0]
+                i += 1
+                if eos_token_id is not None and device.type == "cpu" and bool((out[:, :i] == eos_token_id).any(1).all()):
+                    break
+            sync()
+            decode_s = time.perf_counter() - t0
+            mode = "eager+compile" if compile else "eager"
+    return DecodeResult(out[:, :i].cpu(), prefill_s, decode_s, mode)

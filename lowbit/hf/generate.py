@@ -1,0 +1,171 @@
+"""``lowbit generate``: load a model, quantize it (or load a saved quantized one), decode, report.
+
+    lowbit generate                                  # SmolLM2-135M-Instruct, kbit4, on the GPU if any
+    lowbit generate --bits 3 --compare --prompt "What is the capital of Germany?"
+    lowbit generate --model random:llama-3-8b --compile --max-new-tokens 128   # speed only
+
+With ``--compare`` the unquantized model decodes first; both outputs are printed with their
+tokens/s, and the quantized model is scored teacher-forced on the unquantized model's own
+sequence (mean KL, top-1 agreement, perplexity; see ``lowbit.hf.quality``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+DEFAULT_PROMPT = "What is the capital of Germany?"
+
+
+def _input_ids(tok, prompt: str, batch: int, vocab: int, chat: bool) -> torch.Tensor:
+    if tok is None:  # random-init model: a fixed pseudo-prompt
+        g = torch.Generator().manual_seed(0)
+        return torch.randint(0, vocab, (batch, 16), generator=g)
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    else:
+        ids = tok(prompt, return_tensors="pt")["input_ids"]
+    return ids.expand(batch, -1).contiguous()
+
+
+def _text(tok, tokens: torch.Tensor) -> str:
+    if tok is None:
+        return " ".join(map(str, tokens.tolist()[:24])) + (" ..." if tokens.numel() > 24 else "")
+    ids = tokens.tolist()
+    if tok.eos_token_id is not None and tok.eos_token_id in ids:
+        ids = ids[: ids.index(tok.eos_token_id)]
+    return tok.decode(ids, skip_special_tokens=True).strip()
+
+
+def _linear_bytes(model) -> int:
+    from ..nn import KbitLinear, KbitMoeExperts
+
+    total = 0
+    for m in model.modules():
+        if isinstance(m, (KbitLinear, KbitMoeExperts)):
+            total += sum(b.nbytes for b in m.buffers(recurse=False))
+        elif isinstance(m, torch.nn.Linear):
+            total += m.weight.nbytes
+    return total
+
+
+def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 48,
+             batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
+             compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
+             layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False) -> dict:
+    """The main job as a function; returns every number it prints (see the module docstring)."""
+    import lowbit
+
+    from . import decode, quality, sources
+
+    if batch < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    say = (lambda *a: None) if quiet else print
+    t0 = time.perf_counter()
+    net, tok, desc = sources.load(model, dtype=dtype, device=device, layers=layers)
+    load_s = time.perf_counter() - t0
+    say(f"model: {desc} on {device} ({str(dtype).removeprefix('torch.')}), loaded in {load_s:.1f} s")
+    ids = _input_ids(tok, prompt, batch, net.config.vocab_size, chat)
+    eos = tok.eos_token_id if tok is not None else None
+    result = {"model": desc, "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bits": bits,
+              "batch": batch, "prompt": prompt, "load_s": load_s}
+    rows = []
+
+    def run(label):
+        r = decode.greedy_decode(net, ids, max_new_tokens, graph=graph, compile=compile, eos_token_id=eos)
+        text = _text(tok, r.tokens[0])
+        say(f"\n[{label}] {text}")
+        rows.append((label, r, _linear_bytes(net)))
+        return r, text
+
+    if compare:
+        ref_r, ref_text = run("unquantized")
+        seq = torch.cat([ids[0], ref_r.tokens[0]])
+        ref_logits = quality.logits_over(net, seq)
+        result["unquantized"] = {"text": ref_text, "tokens_per_s": ref_r.tokens_per_s(), "ms_per_step": ref_r.ms_per_step(),
+                                 "mode": ref_r.mode}
+    t0 = time.perf_counter()
+    if load:
+        lowbit.load_quantized(net, load, device=device)
+        result["quantize_s"] = None
+        label = f"kbit (loaded from {load})"
+    else:
+        report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet)
+        result["quantize_s"] = report.seconds
+        label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "")
+        say(str(report))
+    if save:
+        lowbit.save_quantized(net, save)
+        say(f"saved to {save}")
+    q_r, q_text = run(label)
+    result["quantized"] = {"text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
+                           "mode": q_r.mode, "prefill_s": q_r.prefill_s}
+    if compare:
+        n_prompt = ids.shape[1]
+        q_logits = quality.logits_over(net, seq)
+        m = quality.compare(ref_logits[n_prompt - 1:], q_logits[n_prompt - 1:], seq[n_prompt:])
+        m["same_text"] = q_text == ref_text
+        result["quality"] = m
+    _table(rows, result, quiet)
+    return result
+
+
+def _table(rows, result, quiet):
+    if quiet:
+        return
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # rich is optional: plain lines
+        for label, r, nbytes in rows:
+            print(f"{label}: {r.tokens_per_s():.1f} tok/s ({r.ms_per_step():.2f} ms/step, {r.mode}), linears {nbytes / 2**20:.1f} MiB")
+        return
+    t = Table(title=f"lowbit generate: {result['model']}, batch {result['batch']}, {result['device']}")
+    for col in ("variant", "tokens/s", "ms / step", "prefill ms", "linear weights", "mode"):
+        t.add_column(col, justify="right" if col != "variant" else "left")
+    base = rows[0][1].tokens_per_s() if len(rows) > 1 else None
+    for label, r, nbytes in rows:
+        tps = r.tokens_per_s()
+        speed = f"{tps:.1f}" + (f" ({tps / base:.2f}x)" if base and r is not rows[0][1] else "")
+        t.add_row(label, speed, f"{r.ms_per_step():.2f}", f"{r.prefill_s * 1e3:.1f}", f"{nbytes / 2**20:.1f} MiB", r.mode)
+    Console().print(t)
+    if "quality" in result:
+        q = result["quality"]
+        print(f"quality vs unquantized over its {q['tokens']} generated tokens (teacher-forced): "
+              f"KL {q['kl']:.4f} nats, top-1 agreement {q['top1']:.1%}, perplexity {q['ppl_ref']:.2f} -> {q['ppl']:.2f}, "
+              f"same text: {q['same_text']}")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("generate", help="quantize a model and decode with it (speed + quality)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="smollm2 (default), a .gguf file, a hub name/dir, or random:<name>")
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5))
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--compare", action="store_true", help="run the unquantized model too; print both and the quality")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (then CUDA graph)")
+    p.add_argument("--no-graph", action="store_true", help="eager decode loop on CUDA too")
+    p.add_argument("--codebook", choices=("default", "fit"), default="default", help="fit: Lloyd-Max codebook per tensor")
+    p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
+    p.add_argument("--save", default=None, help="save the quantized model to this directory")
+    p.add_argument("--layers", type=int, default=None, help="random:<name> models: number of layers")
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
+    p.set_defaults(func=_cmd)
+    return p
+
+
+def _cmd(args) -> int:
+    generate(args.model, bits=args.bits, prompt=args.prompt, max_new_tokens=args.max_new_tokens, batch=args.batch,
+             compare=args.compare, device=args.device, compile=args.compile,
+             codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,
+             chat=not args.no_chat, graph=False if args.no_graph else None)
+    return 0

