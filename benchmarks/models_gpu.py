@@ -178,6 +178,23 @@ def _memory_row(model, report, before_bytes, base) -> dict:
             "quantized_layer_bytes_before": report.bytes_before, "quantized_layer_bytes_after": report.bytes_after}
 
 
+def _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens):
+    """Quantize in place, then memory, eager generate and CUDA-graph decode of the kbit model."""
+    t0 = time.perf_counter()
+    report = lowbit.quantize_model(model, bits=bits)
+    out["quantize_wall_seconds"] = time.perf_counter() - t0
+    print(report)
+    out.update(_memory_row(model, report, before, base))
+    out[f"kbit{bits}_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size, new_tokens=new_tokens)
+    try:
+        out[f"kbit{bits}_graph_decode_ms"] = _graph_decode_ms(model, cfg)
+    except Exception as e:  # noqa: BLE001
+        out[f"kbit{bits}_graph_decode_ms"] = f"{type(e).__name__}: {e}"
+    for k, v in out.items():
+        print(f"   {k}: {v}")
+    return out
+
+
 @section("llama-3-8b")
 def llama8b(bits=4):
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -194,20 +211,7 @@ def llama8b(bits=4):
         out["bf16_graph_decode_ms"] = _graph_decode_ms(model, cfg)
     except Exception as e:  # noqa: BLE001
         out["bf16_graph_decode_ms"] = f"{type(e).__name__}: {e}"
-    t0 = time.perf_counter()
-    report = lowbit.quantize_model(model, bits=bits)
-    out["quantize_wall_seconds"] = time.perf_counter() - t0
-    print(report)
-    out.update(_memory_row(model, report, before, base))
-    out[f"kbit{bits}_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size)
-    try:
-        out[f"kbit{bits}_graph_decode_ms"] = _graph_decode_ms(model, cfg)
-    except Exception as e:  # noqa: BLE001
-        out[f"kbit{bits}_graph_decode_ms"] = f"{type(e).__name__}: {e}"
-    for k, v in out.items():
-        print(f"   {k}: {v}")
-    del model
-    return out
+    return _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens=32)
 
 
 @section("qwen3-30b-a3b")
@@ -222,20 +226,7 @@ def qwen3_moe(layers: int, bits=4):
     before = _alloc() - base
     out = {"layers": f"{layers} of 48"}
     out["bf16_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size, new_tokens=16)
-    t0 = time.perf_counter()
-    report = lowbit.quantize_model(model, bits=bits)
-    out["quantize_wall_seconds"] = time.perf_counter() - t0
-    print(report)
-    out.update(_memory_row(model, report, before, base))
-    out[f"kbit{bits}_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size, new_tokens=16)
-    try:
-        out[f"kbit{bits}_graph_decode_ms"] = _graph_decode_ms(model, cfg)
-    except Exception as e:  # noqa: BLE001
-        out[f"kbit{bits}_graph_decode_ms"] = f"{type(e).__name__}: {e}"
-    for k, v in out.items():
-        print(f"   {k}: {v}")
-    del model
-    return out
+    return _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens=16)
 
 
 def main():
