@@ -126,6 +126,10 @@ def quantize_model(
             continue
         kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if experts and fused_experts_layout(mod) else None)
         if kind is None:
+            if isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor) and getattr(mod, "gate_up_proj").dim() == 3:
+                why = "expert block with a layout or gate lowbit does not reproduce (left as is)" if experts \
+                    else "expert block (experts=False)"
+                report.skipped.append((name, why))
             continue
         why = _skip_reason(name, mod, patterns, skip_fn, output_embeddings)
         if why is None:

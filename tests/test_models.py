@@ -92,6 +92,25 @@ def test_skip_rules(gen):
     # default skip list, so lm_head was quantized too
 
 
+def test_unsupported_expert_blocks_are_listed(gen):
+    class CustomGate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(4, 64, 32))
+            self.down_proj = nn.Parameter(torch.randn(4, 32, 32))
+            self.act_fn = nn.SiLU()
+
+        def _apply_gate(self, gate_up):  # a model-specific gate (e.g. GPT-OSS clamps): not reproduced
+            return gate_up
+
+    model = nn.Sequential(CustomGate(), nn.Linear(32, 32))
+    report = lowbit.quantize_model(model, bits=4, progress=False)
+    assert isinstance(model[0], CustomGate) and isinstance(model[1], KbitLinear)
+    assert "does not reproduce" in dict(report.skipped)["0"]
+    report = lowbit.quantize_model(build("mixtral", _seed(gen)), bits=4, experts=False, progress=False)
+    assert "experts=False" in dict(report.skipped)["model.layers.0.mlp.experts"]
+
+
 def test_shared_module_quantized_once(gen):
     lin = nn.Linear(64, 32)
     model = nn.Sequential(lin, nn.ReLU(), lin)
