@@ -38,6 +38,9 @@ def make_parser() -> argparse.ArgumentParser:
     from .hf.generate import add_parser as _add_generate  # imports transformers only when run
 
     _add_generate(sub)
+    from .hf.evaluate import add_parser as _add_eval
+
+    _add_eval(sub)
     return p
 
 

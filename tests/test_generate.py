@@ -59,3 +59,20 @@ def test_cli_parses_generate():
     assert args.bits == 3 and args.compare and args.codebook == "fit" and args.batch == 2
     with pytest.raises(SystemExit):
         make_parser().parse_args(["generate", "--bits", "7"])
+
+
+def test_baselines_quantize_to_their_levels(gen):
+    from lowbit.bench.baselines import BASELINES, NF4_LEVELS, int4_rtn, nf4
+
+    w = torch.randn(16, 256, generator=gen)
+    q = nf4(w, 64).reshape(16, 4, 64)
+    absmax = w.reshape(16, 4, 64).abs().amax(-1, keepdim=True)
+    assert torch.allclose(q / absmax, (q / absmax).clone().apply_(lambda v: min(NF4_LEVELS, key=lambda c: abs(c - v))))
+    for g in (32, 128):
+        q = int4_rtn(w, g).reshape(16, -1, g)
+        assert all(t.unique().numel() <= 16 for t in q.reshape(-1, g))
+    for name, (fn, bpw) in BASELINES.items():
+        err = float((fn(w) - w).norm() / w.norm())
+        assert 0 < err < 0.15 and 4 < bpw <= 5, name
+    with pytest.raises(ValueError, match="multiple"):
+        int4_rtn(torch.randn(4, 100), 128)

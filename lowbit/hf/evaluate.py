@@ -1,0 +1,118 @@
+"""``lowbit eval``: what each format costs a real model, teacher-forced over a fixed text.
+
+    lowbit eval                       # SmolLM2-135M-Instruct, kbit2..5 (+ fit codebook), NF4-b64, int4-g128/g32
+    lowbit eval --prompts             # also: greedy answers to FACTUAL_PROMPTS, agreement with the unquantized model
+
+Every variant quantizes the same layers ``quantize_model`` does (all nn.Linear but lm_head); the
+baselines replace those weights by their fake-quantized values (``lowbit.bench.baselines``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+import torch
+
+FACTUAL_PROMPTS = [
+    "What is the capital of Germany?", "What is the capital of Italy?", "What is the capital of Japan?",
+    "What is the capital of Spain?", "What is the capital of Canada?", "What is the capital of Egypt?",
+    "What is the largest planet in the solar system?", "What is the chemical symbol for gold?",
+    "What is the chemical symbol for water?", "How many days are in a week?", "How many legs does a spider have?",
+    "What color is the sky on a clear day?", "Who wrote Romeo and Juliet?", "What is the boiling point of water in Celsius?",
+    "What is the freezing point of water in Celsius?", "What is 2 plus 2?", "What is the opposite of hot?",
+    "Which animal is known as the king of the jungle?", "What language is spoken in Brazil?",
+    "What is the tallest mountain in the world?", "What gas do plants absorb from the air?",
+    "How many continents are there?", "What is the currency of the United States?", "What is the primary color of grass?",
+]
+
+
+def _variants(bits_list, fit: bool, baselines: bool):
+    out = [(f"kbit{b}", ("kbit", b, None)) for b in bits_list]
+    if fit:
+        out += [(f"kbit{b}-fit", ("kbit", b, "fit")) for b in bits_list]
+    if baselines:
+        from ..bench.baselines import BASELINES
+
+        out += [(name, ("fake", name, None)) for name in BASELINES]
+    return out
+
+
+def _apply(model, spec):
+    import lowbit
+    from ..bench.baselines import BASELINES
+
+    kind, a, b = spec
+    if kind == "kbit":
+        return lowbit.quantize_model(model, bits=a, codebook=b, progress=False)
+    fn = BASELINES[a][0]
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head") and mod.in_features % 128 == 0:
+                mod.weight.copy_(fn(mod.weight).to(mod.weight.dtype))
+    return None
+
+
+def _answer(model, tok, prompt, max_new_tokens=16):
+    from . import decode
+    from .generate import _input_ids, _text
+
+    ids = _input_ids(tok, prompt, 1, model.config.vocab_size, True)
+    r = decode.greedy_decode(model, ids, max_new_tokens, graph=False, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        probs = torch.softmax(model(ids.to(next(model.parameters()).device)).logits[0, -1].float(), -1)
+    top = probs.topk(2).values.tolist()
+    return _text(tok, r.tokens[0]), top[0] - top[1]
+
+
+def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 1024, fit: bool = True,
+             baselines: bool = True, prompts: bool = False, device: str | None = None) -> dict:
+    from . import quality, sources
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    base, tok, desc = sources.load(model, dtype=dtype, device=device)
+    ids = tok(quality.stdlib_docstrings(), return_tensors="pt")["input_ids"][0][: tokens + 1]
+    ref_logits = quality.logits_over(base, ids)
+    result = {"model": desc, "text": quality.text_info(), "tokens": int(ids.numel() - 1), "device": str(device), "rows": {}}
+    ref_answers = [_answer(base, tok, p) for p in FACTUAL_PROMPTS] if prompts else None
+    if prompts:
+        result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
+    for name, spec in _variants(bits_list, fit, baselines):
+        m = copy.deepcopy(base)
+        _apply(m, spec)
+        row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
+        if prompts:
+            answers = [_answer(m, tok, p)[0] for p in FACTUAL_PROMPTS]
+            row["same_answer"] = sum(a == r[0] for a, r in zip(answers, ref_answers))
+            row["answers"] = answers
+        result["rows"][name] = row
+        print(f"{name:10s} ppl {row['ppl']:8.3f} (ref {row['ppl_ref']:.3f})  KL {row['kl']:.4f}  top-1 {row['top1']:.1%}"
+              + (f"  same answer {row['same_answer']}/{len(FACTUAL_PROMPTS)}" if prompts else ""), flush=True)
+        del m
+    return result
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("eval", help="quality of kbit and baseline formats on a real model (ppl, KL, top-1)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="smollm2 (default), a .gguf file or a hub name/dir")
+    p.add_argument("--bits", default="2,3,4,5")
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--no-fit", action="store_true")
+    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--prompts", action="store_true", help=f"also the {len(FACTUAL_PROMPTS)} factual prompts")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.set_defaults(func=_cmd)
+    return p
+
+
+def _cmd(args) -> int:
+    r = evaluate(args.model, bits_list=tuple(int(b) for b in args.bits.split(",")), tokens=args.tokens,
+                 fit=not args.no_fit, baselines=not args.no_baselines, prompts=args.prompts, device=args.device)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
