@@ -1,53 +1,122 @@
-"""End-to-end decode speed on the GPU through `lowbit generate` (issue 12, first measurements).
+"""End-to-end decode speed on the GPU, every variant in the same loop (issue 12).
 
-    python3 benchmarks/e2e_gpu.py --out e2e.json
+    python3 benchmarks/e2e_gpu.py --model llama-3-8b --batch 1 --variants bf16,lowbit-dense,torch-int4,kbit2,kbit3,kbit4,kbit5 --out e2e.json
 
-Random-init models from transformers configs (no weights): the unquantized model (bf16,
-cuBLAS) decodes first, then the same model quantized in place; each variant with the same
-static-cache loop captured in a CUDA graph, with and without torch.compile of the step.
+Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
+Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
+cuBLAS in every variant), then decodes with ``lowbit.hf.decode.greedy_decode``: static KV cache,
+a 16-token prompt, the whole step captured in a CUDA graph (``--compile``: torch.compile first).
+``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 """
 
 import argparse
 import json
+import time
 import traceback
 
 import torch
+from torch import nn
 
-from lowbit.hf.generate import generate
+import lowbit
+from lowbit.bench.methods import _int4_prepare
+from lowbit.hf import decode, sources
 
-CASES = [
-    # (model, layers, batch, compile)
-    ("random:llama-3-8b", None, 1, False),
-    ("random:llama-3-8b", None, 1, True),
-    ("random:llama-3-8b", None, 4, True),
-    ("random:qwen3-30b-a3b", 24, 1, False),
-    ("random:qwen3-30b-a3b", 24, 1, True),
-]
+
+class DenseGemvLinear(nn.Module):
+    """bf16 weight through lowbit.dense_linear (tuned GEMV for M <= 4)."""
+
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        self.weight = lin.weight
+        self.bias = lin.bias
+
+    def forward(self, x):
+        y = lowbit.dense_linear(x.contiguous(), self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+class TorchInt4Linear(nn.Module):
+    """torch.ops.aten._weight_int4pack_mm (tinygemm), int4 asymmetric, groups of 128."""
+
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        packed, sz = _int4_prepare(lin.weight.detach().to(torch.bfloat16))
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", sz)
+        self.n = lin.out_features
+
+    def forward(self, x):
+        y = torch.ops.aten._weight_int4pack_mm(x.reshape(-1, x.shape[-1]).contiguous(), self.packed, 128, self.scales_zeros)
+        return y.view(*x.shape[:-1], self.n)
+
+
+def swap(model, cls):
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if isinstance(child, nn.Linear) and not full.endswith("lm_head"):
+                setattr(mod, cname, cls(child))
+
+
+def convert(model, variant):
+    if variant == "bf16":
+        return
+    if variant == "lowbit-dense":
+        return swap(model, DenseGemvLinear)
+    if variant == "torch-int4":
+        return swap(model, TorchInt4Linear)
+    if variant.startswith("kbit"):
+        lowbit.quantize_model(model, bits=int(variant[4]), progress=False)
+        return
+    raise ValueError(variant)
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--out", default="e2e.json")
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--variants", default="bf16,kbit4")
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", default="", help="comma-separated variants to profile")
+    p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
-    results = []
-    for model, layers, batch, comp in CASES:
+    rows = []
+    base = None
+    for variant in args.variants.split(","):
         torch._dynamo.reset()
-        print(f"\n=== {model} layers={layers} batch={batch} compile={comp}", flush=True)
+        torch.cuda.empty_cache()
+        print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {variant}", flush=True)
         try:
-            r = generate(model, bits=4, batch=batch, compare=True, compile=comp, layers=layers,
-                         max_new_tokens=args.tokens, quiet=True)
-            u, q = r["unquantized"], r["quantized"]
-            print(f"    bf16 {u['tokens_per_s']:.1f} tok/s ({u['ms_per_step']:.2f} ms/step, {u['mode']})  "
-                  f"kbit4 {q['tokens_per_s']:.1f} tok/s ({q['ms_per_step']:.2f} ms/step)  "
-                  f"speedup {q['tokens_per_s'] / u['tokens_per_s']:.2f}x  quantize {r['quantize_s']:.2f} s", flush=True)
-            results.append({"model": model, "layers": layers, "batch": batch, "compile": comp, **r})
+            torch.manual_seed(0)
+            model, _, desc = sources.load(f"random:{args.model}", dtype=torch.bfloat16, device="cuda", layers=args.layers)
+            t0 = time.perf_counter()
+            convert(model, variant)
+            torch.cuda.synchronize()
+            conv_s = time.perf_counter() - t0
+            ids = torch.randint(0, model.config.vocab_size, (args.batch, 16), generator=torch.Generator().manual_seed(1))
+            r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
+                                     profile=variant in args.profile.split(","))
+            tps = r.tokens_per_s()
+            base = base or (tps if variant == "bf16" else None)
+            row = {"model": desc, "batch": args.batch, "variant": variant, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+                   "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
+                   "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
+                   "first_tokens": r.tokens[0, :8].tolist()}
+            rows.append(row)
+            print(f"    {tps:8.1f} tok/s  {r.ms_per_step():6.2f} ms/step  {r.mode}  "
+                  + (f"{tps / base:.2f}x bf16" if base else ""), flush=True)
+            if r.breakdown:
+                for cat, ms in sorted(r.breakdown["ms_per_step_by_category"].items(), key=lambda kv: -kv[1]):
+                    print(f"      {cat:48s} {ms:6.3f} ms")
+                print(f"      {'kernel total':48s} {r.breakdown['kernel_ms_per_step']:6.3f} ms")
+            del model
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            results.append({"model": model, "layers": layers, "batch": batch, "compile": comp, "error": repr(e)})
-        torch.cuda.empty_cache()
+            rows.append({"model": args.model, "batch": args.batch, "variant": variant, "error": repr(e)})
     with open(args.out, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+        json.dump(rows, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ class DecodeResult:
     prefill_s: float
     decode_s: float               # for new_tokens - 1 steps (the first token comes from the prefill)
     mode: str                     # "cuda-graph", "cuda-graph+compile", "eager"
+    breakdown: dict | None = None  # profile=True: CUDA kernel ms per step by category
 
     @property
     def steps(self) -> int:
@@ -36,8 +37,48 @@ class DecodeResult:
         return self.decode_s / max(1, self.steps) * 1e3
 
 
+def kernel_category(name: str) -> str:
+    """Group a CUDA kernel name for the decode-step breakdown."""
+    n = name.lower()
+    if "kbit" in n:
+        return "kbit GEMV (lowbit)"
+    if "dense_gemv" in n:
+        return "dense GEMV (lowbit)"
+    if "int4" in n or "tinygemm" in n:
+        return "int4 matmul (torch)"
+    if any(k in n for k in ("flash", "fmha", "attention", "attn", "sdpa")):
+        return "attention"
+    if any(k in n for k in ("gemm", "gemv", "cutlass", "xmma", "cublas", "sm90_", "nvjet")):
+        return "cuBLAS matmul (bf16 linears, lm_head)"
+    return "other (norms, rope, activations, routing, argmax)"
+
+
+def profile_steps(step, steps: int = 3) -> dict:
+    """CUDA kernel time per decode step by category (torch.profiler over eager calls of ``step``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    cats: dict[str, float] = {}
+    kernels: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = getattr(ev, "cuda_time_total", 0.0)
+        if not t or ev.key.startswith(("cudaLaunch", "cudaGraph", "Memcpy", "Memset")) or ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        cats[kernel_category(ev.key)] = cats.get(kernel_category(ev.key), 0.0) + t / steps / 1e3
+        kernels[ev.key] = t / steps / 1e3
+    top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])
+    return {"ms_per_step_by_category": cats, "kernel_ms_per_step": sum(cats.values()), "top_kernels_ms": top}
+
+
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
-                  compile: bool = False, eos_token_id: int | None = None, warmup: int = 2) -> DecodeResult:
+                  compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
+                  profile: bool = False) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
@@ -55,7 +96,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
         raise ValueError("CUDA-graph decoding needs the model on a GPU")
     batch, prompt = input_ids.shape
     input_ids = input_ids.to(device)
-    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 2)
+    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)
     out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
     step_fn = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
 
@@ -107,6 +148,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
             decode_s = (time.perf_counter() - t0) * (max_new_tokens - 1) / max(1, max_new_tokens - t_start_i) \
                 if max_new_tokens > t_start_i else 0.0
             mode = "cuda-graph+compile" if compile else "cuda-graph"
+            breakdown = profile_steps(step) if profile else None  # eager steps: same kernels, no graph
         else:
             t0 = time.perf_counter()
             while i < max_new_tokens:
@@ -118,4 +160,5 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
             sync()
             decode_s = time.perf_counter() - t0
             mode = "eager+compile" if compile else "eager"
-    return DecodeResult(out[:, :i].cpu(), prefill_s, decode_s, mode)
+            breakdown = profile_steps(step) if profile and device.type == "cuda" else None
+    return DecodeResult(out[:, :i].cpu(), prefill_s, decode_s, mode, breakdown)

@@ -54,6 +54,16 @@ def _apply(model, spec):
     return None
 
 
+def first_sentence(text: str) -> str:
+    """The answer up to its first sentence end (an unquantized model that stops at EOS and a
+    quantized one that adds a second sentence give the same answer)."""
+    t = " ".join(text.split()).lower()
+    for i, ch in enumerate(t):
+        if ch in ".!?\n" and (i + 1 == len(t) or t[i + 1] == " "):
+            return t[: i + 1]
+    return t
+
+
 def _answer(model, tok, prompt, max_new_tokens=16):
     from . import decode
     from .generate import _input_ids, _text
@@ -86,10 +96,12 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
         if prompts:
             answers = [_answer(m, tok, p)[0] for p in FACTUAL_PROMPTS]
             row["same_answer"] = sum(a == r[0] for a, r in zip(answers, ref_answers))
+            row["same_first_sentence"] = sum(first_sentence(a) == first_sentence(r[0]) for a, r in zip(answers, ref_answers))
             row["answers"] = answers
         result["rows"][name] = row
         print(f"{name:10s} ppl {row['ppl']:8.3f} (ref {row['ppl_ref']:.3f})  KL {row['kl']:.4f}  top-1 {row['top1']:.1%}"
-              + (f"  same answer {row['same_answer']}/{len(FACTUAL_PROMPTS)}" if prompts else ""), flush=True)
+              + (f"  same first sentence {row['same_first_sentence']}/{len(FACTUAL_PROMPTS)}"
+                 f" (whole answer {row['same_answer']})" if prompts else ""), flush=True)
         del m
     return result
 
