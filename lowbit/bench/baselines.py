@@ -3,6 +3,7 @@
 Each maps a weight [N, K] to its dequantized value in fp32 (round to nearest); none is a kernel.
 * NF4, blocks of 64 (bitsandbytes' format): absmax per block (fp32 here), the 16 NF4 levels.
 * int4 RTN, groups of g (g = 128 or 32): asymmetric min/max per group, 16 levels.
+A K not a multiple of the block/group size ends in one shorter group (e.g. SmolLM2's 576 = 4.5 x 128).
 """
 
 from __future__ import annotations
@@ -17,27 +18,34 @@ NF4_LEVELS = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.394917488098144
 
 
 def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
+    """[N, K] -> [N, ceil(K/g), g] in fp32; a ragged last group is padded with NaN (ignored below)."""
     n, k = w.shape
+    x = w.detach().float()
     if k % g:
-        raise ValueError(f"K={k} is not a multiple of the group size {g}")
-    return w.detach().float().reshape(n, k // g, g)
+        x = torch.nn.functional.pad(x, (0, g - k % g), value=float("nan"))
+    return x.reshape(n, -1, g)
+
+
+def _ungroup(q: torch.Tensor, shape) -> torch.Tensor:
+    return q.reshape(shape[0], -1)[:, : shape[1]]
 
 
 def nf4(w: torch.Tensor, block: int = 64) -> torch.Tensor:
     x = _groups(w, block)
-    absmax = x.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+    absmax = torch.where(x.isnan(), 0.0, x.abs()).amax(-1, keepdim=True).clamp_min(1e-12)
     levels = torch.tensor(NF4_LEVELS, device=w.device)
-    idx = torch.bucketize(x / absmax, (levels[1:] + levels[:-1]) / 2)
-    return (levels[idx] * absmax).reshape(w.shape)
+    idx = torch.bucketize(torch.nan_to_num(x / absmax), (levels[1:] + levels[:-1]) / 2)
+    return _ungroup(levels[idx] * absmax, w.shape)
 
 
 def int4_rtn(w: torch.Tensor, group: int = 128) -> torch.Tensor:
     x = _groups(w, group)
-    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    lo = torch.where(x.isnan(), float("inf"), x).amin(-1, keepdim=True)
+    hi = torch.where(x.isnan(), float("-inf"), x).amax(-1, keepdim=True)
     scale = ((hi - lo) / 15).clamp_min(1e-12)
     zero = torch.round(-lo / scale)
-    q = torch.clamp(torch.round(x / scale) + zero, 0, 15)
-    return ((q - zero) * scale).reshape(w.shape)
+    q = torch.clamp(torch.round(torch.nan_to_num(x) / scale) + zero, 0, 15)
+    return _ungroup((q - zero) * scale, w.shape)
 
 
 #: name -> (fake quantizer, bits per weight incl. scales at fp16 metadata)
