@@ -15,17 +15,30 @@ import json
 
 import torch
 
-FACTUAL_PROMPTS = [
-    "What is the capital of Germany?", "What is the capital of Italy?", "What is the capital of Japan?",
-    "What is the capital of Spain?", "What is the capital of Canada?", "What is the capital of Egypt?",
-    "What is the largest planet in the solar system?", "What is the chemical symbol for gold?",
-    "What is the chemical symbol for water?", "How many days are in a week?", "How many legs does a spider have?",
-    "What color is the sky on a clear day?", "Who wrote Romeo and Juliet?", "What is the boiling point of water in Celsius?",
-    "What is the freezing point of water in Celsius?", "What is 2 plus 2?", "What is the opposite of hot?",
-    "Which animal is known as the king of the jungle?", "What language is spoken in Brazil?",
-    "What is the tallest mountain in the world?", "What gas do plants absorb from the air?",
-    "How many continents are there?", "What is the currency of the United States?", "What is the primary color of grass?",
+#: (question, words any of which marks the correct answer): capitals, science, counting, common facts.
+FACTUAL = [
+    ("What is the capital of Germany?", ("berlin",)), ("What is the capital of Italy?", ("rome",)),
+    ("What is the capital of Japan?", ("tokyo",)), ("What is the capital of Spain?", ("madrid",)),
+    ("What is the capital of Canada?", ("ottawa",)), ("What is the capital of Egypt?", ("cairo",)),
+    ("What is the largest planet in the solar system?", ("jupiter",)), ("What is the chemical symbol for gold?", ("au",)),
+    ("What is the chemical formula for water?", ("h2o", "h₂o")), ("How many days are in a week?", ("seven", "7")),
+    ("How many legs does a spider have?", ("eight", "8")), ("What color is the sky on a clear day?", ("blue",)),
+    ("Who wrote Romeo and Juliet?", ("shakespeare",)), ("What is the boiling point of water in Celsius?", ("100",)),
+    ("What is the freezing point of water in Celsius?", ("0", "zero")), ("What is 2 plus 2?", ("4", "four")),
+    ("What is the opposite of hot?", ("cold",)), ("Which animal is known as the king of the jungle?", ("lion",)),
+    ("What language is spoken in Brazil?", ("portuguese",)), ("What is the tallest mountain in the world?", ("everest",)),
+    ("What gas do plants absorb from the air?", ("carbon dioxide", "co2")), ("How many continents are there?", ("seven", "7")),
+    ("What is the currency of the United States?", ("dollar",)), ("What color is grass?", ("green",)),
 ]
+FACTUAL_PROMPTS = [q for q, _ in FACTUAL]
+
+
+def correct(answer: str, words) -> bool:
+    """The answer's first sentence names the fact (whole words / numbers)."""
+    import re
+
+    toks = set(re.findall(r"[a-z0-9₂]+", first_sentence(answer)))
+    return any((w in toks) if " " not in w else (w in first_sentence(answer)) for w in words)
 
 
 def _variants(bits_list, fit: bool, baselines: bool):
@@ -97,11 +110,17 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
             answers = [_answer(m, tok, p)[0] for p in FACTUAL_PROMPTS]
             row["same_answer"] = sum(a == r[0] for a, r in zip(answers, ref_answers))
             row["same_first_sentence"] = sum(first_sentence(a) == first_sentence(r[0]) for a, r in zip(answers, ref_answers))
+            ok_ref = [correct(r[0], w) for r, (_, w) in zip(ref_answers, FACTUAL)]
+            ok = [correct(a, w) for a, (_, w) in zip(answers, FACTUAL)]
+            row["correct"] = sum(ok)
+            row["correct_where_reference_correct"] = sum(a and b for a, b in zip(ok, ok_ref))
+            result["reference_correct"] = sum(ok_ref)
             row["answers"] = answers
         result["rows"][name] = row
         print(f"{name:10s} ppl {row['ppl']:8.3f} (ref {row['ppl_ref']:.3f})  KL {row['kl']:.4f}  top-1 {row['top1']:.1%}"
-              + (f"  same first sentence {row['same_first_sentence']}/{len(FACTUAL_PROMPTS)}"
-                 f" (whole answer {row['same_answer']})" if prompts else ""), flush=True)
+              + (f"  correct {row['correct']}/{len(FACTUAL)} (ref {result['reference_correct']}; both "
+                 f"{row['correct_where_reference_correct']})  same first sentence {row['same_first_sentence']}"
+                 if prompts else ""), flush=True)
         del m
     return result
 
