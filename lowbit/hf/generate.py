@@ -1,7 +1,7 @@
 """``lowbit generate``: load a model, quantize it (or load a saved quantized one), decode, report.
 
     lowbit generate                                  # SmolLM2-135M-Instruct, kbit4, on the GPU if any
-    lowbit generate --bits 3 --compare --prompt "What is the capital of Germany?"
+    lowbit generate --bits 3 --compare --prompt "What is the capital of Egypt?"
     lowbit generate --model random:llama-3-8b --compile --max-new-tokens 128   # speed only
 
 With ``--compare`` the unquantized model decodes first; both outputs are printed with their
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-DEFAULT_PROMPT = "What is the capital of Germany?"
+DEFAULT_PROMPT = "What is the capital of Japan?"
 
 
 def _input_ids(tok, prompt: str, batch: int, vocab: int, chat: bool) -> torch.Tensor:
