@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import lowbit
+from lowbit.hf import decode, sources
 
 RESULTS: dict = {}
 
@@ -112,15 +113,9 @@ def _alloc() -> int:
     return torch.cuda.memory_allocated()
 
 
-def _build(cls, cfg, dtype=torch.bfloat16):
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("cuda"):
-            model = cls(cfg)
-    finally:
-        torch.set_default_dtype(prev)
-    return model.eval()
+def _build(name: str, layers: int | None = None):
+    """A random-init bf16 model on the GPU from ``lowbit.hf.sources.RANDOM_CONFIGS``."""
+    return sources.load(f"random:{name}", dtype=torch.bfloat16, device="cuda", layers=layers)[0]
 
 
 def _eager_generate_tps(model, vocab, new_tokens=32, batch=1) -> float:
@@ -135,34 +130,10 @@ def _eager_generate_tps(model, vocab, new_tokens=32, batch=1) -> float:
     return batch * new_tokens / (time.perf_counter() - t0)
 
 
-def _graph_decode_ms(model, cfg, context=512, steps=50) -> float:
-    """One decode step (static KV cache at position `context`) captured in a CUDA graph; ms per step."""
-    from transformers import StaticCache
-
-    # transformers 5.x static layers keep their fill level on the device and advance it on every
-    # update (graph replays too), so leave room for warm-up + capture + all timed replays.
-    cache = StaticCache(config=cfg, max_cache_len=context + steps + 16)
-    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
-    tok = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda")
-    pos = torch.tensor([context], device="cuda")
-    with torch.no_grad():
-        model(ids, past_key_values=cache, cache_position=torch.arange(context, device="cuda"), use_cache=True)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                model(tok, past_key_values=cache, cache_position=pos, use_cache=True)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            model(tok, past_key_values=cache, cache_position=pos, use_cache=True)
-        g.replay()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            g.replay()
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps * 1e3
+def _graph_decode_ms(model, context=512, steps=50) -> float:
+    """ms per decode step at `context` tokens: lowbit.hf.decode's loop (static cache, step in a CUDA graph)."""
+    ids = torch.randint(0, model.config.vocab_size, (1, context), device="cuda")
+    return decode.greedy_decode(model, ids, steps + 1, graph=True).ms_per_step()
 
 
 def _memory_row(model, report, before_bytes, base) -> dict:
@@ -187,7 +158,7 @@ def _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens):
     out.update(_memory_row(model, report, before, base))
     out[f"kbit{bits}_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size, new_tokens=new_tokens)
     try:
-        out[f"kbit{bits}_graph_decode_ms"] = _graph_decode_ms(model, cfg)
+        out[f"kbit{bits}_graph_decode_ms"] = _graph_decode_ms(model)
     except Exception as e:  # noqa: BLE001
         out[f"kbit{bits}_graph_decode_ms"] = f"{type(e).__name__}: {e}"
     for k, v in out.items():
@@ -197,18 +168,15 @@ def _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens):
 
 @section("llama-3-8b")
 def llama8b(bits=4):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0)
     base = _alloc()
     t0 = time.perf_counter()
-    model = _build(LlamaForCausalLM, cfg)
+    model = _build("llama-3-8b")
+    cfg = model.config
     out = {"build_seconds": time.perf_counter() - t0}
     before = _alloc() - base
     out["bf16_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size)
     try:
-        out["bf16_graph_decode_ms"] = _graph_decode_ms(model, cfg)
+        out["bf16_graph_decode_ms"] = _graph_decode_ms(model)
     except Exception as e:  # noqa: BLE001
         out["bf16_graph_decode_ms"] = f"{type(e).__name__}: {e}"
     return _quantize_and_measure(model, cfg, out, bits, before, base, new_tokens=32)
@@ -216,13 +184,9 @@ def llama8b(bits=4):
 
 @section("qwen3-30b-a3b")
 def qwen3_moe(layers: int, bits=4):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                         num_experts=128, num_experts_per_tok=8, num_hidden_layers=layers, num_attention_heads=32,
-                         num_key_value_heads=4, head_dim=128, max_position_embeddings=8192)
     base = _alloc()
-    model = _build(Qwen3MoeForCausalLM, cfg)
+    model = _build("qwen3-30b-a3b", layers)
+    cfg = model.config
     before = _alloc() - base
     out = {"layers": f"{layers} of 48"}
     out["bf16_eager_generate_tok_s"] = _eager_generate_tps(model, cfg.vocab_size, new_tokens=16)

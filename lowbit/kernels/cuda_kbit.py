@@ -9,7 +9,7 @@ import torch
 from .. import dispatch, ops
 from ..formats import kbit, kbit_tiled
 from .library import library_or_none as _library_or_none
-from .library import ptr, stream_of  # noqa: F401
+from .library import ptr, stream_of
 
 
 @ops.kbit_dequantize.register_kernel("cuda")
@@ -57,11 +57,6 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 _occupancy: dict[tuple, int] = {}
-
-
-def _aligned16(x: torch.Tensor) -> torch.Tensor:
-    """The kernels read x with 16-byte loads: a view at an odd offset is copied to fresh memory."""
-    return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
 def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:

@@ -96,7 +96,11 @@ class KbitMoeExperts(nn.Module):
 
     @classmethod
     def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitMoeExperts":
-        """Quantize a transformers fused expert block (see :func:`fused_experts_layout`) on its device."""
+        """Quantize a transformers fused expert block (see :func:`fused_experts_layout`) on its device.
+
+        All experts of both projections share one codebook: with ``codebook="fit"`` it is fitted on
+        the first chunk of gate/up experts (``_QUANT_CHUNK_WEIGHTS``) and reused for the rest.
+        """
         layout = fused_experts_layout(module)
         if layout is None:
             raise TypeError(f"{type(module).__name__} is not a fused expert block lowbit knows "
