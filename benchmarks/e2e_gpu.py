@@ -4,9 +4,11 @@
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
 Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS in every variant), then decodes with ``lowbit.hf.decode.greedy_decode``: static KV cache,
-a 16-token prompt, the whole step captured in a CUDA graph (``--compile``: torch.compile first).
+cuBLAS, except in ``kbit<K>+lm_head<B>`` variants: the lm_head at B bits), then decodes with
+``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
+the whole step compiled (torch.compile, unless ``--no-compile``) and captured in a CUDA graph.
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
+``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 """
 
 import argparse
@@ -66,7 +68,8 @@ def convert(model, variant):
     if variant == "torch-int4":
         return swap(model, TorchInt4Linear)
     if variant.startswith("kbit"):
-        lowbit.quantize_model(model, bits=int(variant[4]), progress=False)
+        bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
+        lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, progress=False)
         return
     raise ValueError(variant)
 
@@ -77,11 +80,18 @@ def main():
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--variants", default="bf16,kbit4")
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--context", type=int, default=512, help="prompt tokens before decoding starts")
+    p.add_argument("--sdpa", default="", choices=("", "flash", "efficient", "cudnn", "math"),
+                   help="torch SDPA backend (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--profile", default="", help="comma-separated variants to profile")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
+    if args.sdpa:
+        chosen = {"efficient": "mem_efficient"}.get(args.sdpa, args.sdpa)
+        for b in ("flash", "mem_efficient", "cudnn", "math"):
+            getattr(torch.backends.cuda, f"enable_{b}_sdp")(b == chosen)
     rows = []
     base = None
     for variant in args.variants.split(","):
@@ -95,12 +105,12 @@ def main():
             convert(model, variant)
             torch.cuda.synchronize()
             conv_s = time.perf_counter() - t0
-            ids = torch.randint(0, model.config.vocab_size, (args.batch, 16), generator=torch.Generator().manual_seed(1))
+            ids = torch.randint(0, model.config.vocab_size, (args.batch, args.context), generator=torch.Generator().manual_seed(1))
             r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
                                      profile=variant in args.profile.split(","))
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
-            row = {"model": desc, "batch": args.batch, "variant": variant, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+            row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default", "variant": variant, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
                    "first_tokens": r.tokens[0, :8].tolist()}

@@ -26,6 +26,7 @@ class LayerReport:
     bytes_before: int      # the layer's tensors before (weights + bias)
     bytes_after: int       # the module's tensors after (tiled layout incl. padding, codebook, scales, bias)
     format_bytes: int      # nominal kbit bytes, (bits + 1/4) per weight
+    bits: int = 0          # this layer's bits (``bits_for`` may differ from the report's)
 
 
 @dataclass
@@ -52,6 +53,8 @@ class QuantizeReport:
             f"lowbit.quantize_model: {len(self.layers)} layers to kbit{self.bits} in {self.seconds:.2f} s on {self.device}",
             f"  quantized layers: {self.bytes_before / gib:.3f} GiB -> {self.bytes_after / gib:.3f} GiB "
             f"({self.bytes_before / max(1, self.bytes_after):.2f}x smaller)",
+            *(["  other bits: " + ", ".join(f"{x.name} kbit{x.bits}" for x in self.layers if x.bits != self.bits)]
+              if any(x.bits != self.bits for x in self.layers) else []),
             f"  whole model:      {self.model_bytes_before / gib:.3f} GiB -> {self.model_bytes_after / gib:.3f} GiB",
         ]
         if self.skipped:
@@ -93,6 +96,7 @@ def quantize_model(
     skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = DEFAULT_SKIP,
     *,
     experts: bool = True,
+    bits_for: dict[str, int] | None = None,
     progress: bool = True,
 ) -> QuantizeReport:
     """Quantize ``model`` in place: every ``nn.Linear`` -> :class:`KbitLinear`, every fused MoE expert
@@ -103,9 +107,23 @@ def quantize_model(
       ``()`` to quantize everything. Embeddings are never ``nn.Linear`` and stay as they are.
     * A layer whose input size is not a multiple of 32 stays unquantized, with a warning; the
       report lists it and why.
+    * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
+      (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
+      ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
     """
     kbit.check_bits(bits)
+    bits_for = dict(bits_for or {})
+    for pat, b in bits_for.items():
+        if not isinstance(pat, str):
+            raise TypeError(f"bits_for keys must be fnmatch patterns (str), got {pat!r}")
+        kbit.check_bits(b)
+        if isinstance(codebook, torch.Tensor) and b != bits:
+            raise ValueError(f"a codebook tensor is for kbit{bits}; bits_for asks {pat!r} -> {b} bits (pass codebook=None or 'fit')")
+
+    def layer_bits(name: str) -> int | None:
+        return next((b for pat, b in bits_for.items() if fnmatch.fnmatchcase(name, pat)), None)
+
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if callable(skip):
@@ -131,7 +149,7 @@ def quantize_model(
                     else "expert block (experts=False)"
                 report.skipped.append((name, why))
             continue
-        why = _skip_reason(name, mod, patterns, skip_fn, output_embeddings)
+        why = None if layer_bits(name) is not None else _skip_reason(name, mod, patterns, skip_fn, output_embeddings)
         if why is None:
             dims = (mod.in_features,) if kind == "linear" else fused_experts_layout(mod)[1:]
             bad = [d for d in dims if d % kbit.BLOCK]
@@ -159,20 +177,21 @@ def quantize_model(
     bar = _progress(todo, progress, bits)
     start = time.perf_counter()
     for name, mod, kind in bar:
+        b = layer_bits(name) or bits
         if kind == "linear":
-            new = KbitLinear.from_linear(mod, bits, codebook)
+            new = KbitLinear.from_linear(mod, b, codebook)
             before = _tensor_bytes(mod.weight, mod.bias)
             after = _tensor_bytes(*new.buffers(), new.bias)
             shape = (mod.out_features, mod.in_features)
         else:
-            new = KbitMoeExperts.from_experts(mod, bits, codebook)
+            new = KbitMoeExperts.from_experts(mod, b, codebook)
             before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
             after = _tensor_bytes(*new.buffers(recurse=False))
             shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
         new.train(mod.training)
         for parent, cname in parents.get(id(mod), []):
             setattr(parent, cname, new)
-        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes()))
+        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b))
         del mod
     if sync:
         torch.cuda.synchronize()

@@ -24,7 +24,7 @@ def _seed(gen):
     return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "mixtral", "glm4_moe_lite", "qwen3_next"])
 @pytest.mark.parametrize("bits", [2, 4, 5])
 def test_quantized_model_is_reference_model(name, bits, gen):
     """Logits of the quantized model == logits of the model whose weights are the reference
@@ -279,3 +279,22 @@ def test_save_warns_nothing_for_plain_models(tmp_path):
     skeleton = build("llama", 1)
     lowbit.load_quantized(skeleton, tmp_path)
     assert _state_equal(model, skeleton)
+
+
+def test_bits_for_quantizes_lm_head_at_other_bits(gen):
+    seed = _seed(gen)
+    model = build("llama", seed)
+    report = lowbit.quantize_model(model, bits=4, bits_for={"lm_head": 5, "*.mlp.down_proj": 3}, progress=False)
+    assert isinstance(model.lm_head, KbitLinear) and model.lm_head.bits == 5
+    assert model.model.layers[0].mlp.down_proj.bits == 3 and model.model.layers[0].mlp.up_proj.bits == 4
+    assert not report.skipped and {x.name: x.bits for x in report.layers}["lm_head"] == 5
+    assert "lm_head kbit5" in str(report)
+    ref = reference_copy(model, build("llama", seed))
+    ids = _ids(gen)
+    with torch.no_grad():
+        assert rel_err(model(ids).logits, ref(ids).logits) < 1e-5
+    with pytest.raises(ValueError, match="bits"):
+        lowbit.quantize_model(build("llama", seed), bits=4, bits_for={"lm_head": 7}, progress=False)
+    with pytest.raises(ValueError, match="codebook tensor"):
+        lowbit.quantize_model(build("llama", seed), bits=4, codebook=lowbit.formats.kbit.normal_float_codebook(4),
+                              bits_for={"lm_head": 5}, progress=False)

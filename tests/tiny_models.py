@@ -29,7 +29,28 @@ def mixtral():
     return cfg, transformers.MixtralForCausalLM
 
 
-MODELS = {"llama": llama, "qwen3_moe": qwen3_moe, "mixtral": mixtral}
+def glm4_moe_lite():
+    """GLM-4.7-Flash's architecture: MLA attention (low-rank q and kv), a dense first layer, routed + shared experts."""
+    cfg = transformers.Glm4MoeLiteConfig(vocab_size=320, hidden_size=128, intermediate_size=256, moe_intermediate_size=96,
+                                         num_hidden_layers=2, mlp_layer_types=["dense", "sparse"], n_routed_experts=8,
+                                         num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=4,
+                                         q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                         v_head_dim=32, max_position_embeddings=256)
+    return cfg, transformers.Glm4MoeLiteForCausalLM
+
+
+def qwen3_next():
+    """Qwen3-Next / Qwen3-Coder-Next: gated DeltaNet + full attention layers, routed + gated shared expert."""
+    cfg = transformers.Qwen3NextConfig(vocab_size=320, hidden_size=128, intermediate_size=256, moe_intermediate_size=96,
+                                       shared_expert_intermediate_size=96, num_hidden_layers=4, num_experts=8,
+                                       num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                       linear_value_head_dim=32, max_position_embeddings=256)
+    return cfg, transformers.Qwen3NextForCausalLM
+
+
+MODELS = {"llama": llama, "qwen3_moe": qwen3_moe, "mixtral": mixtral, "glm4_moe_lite": glm4_moe_lite,
+          "qwen3_next": qwen3_next}
 
 
 def build(name: str, seed: int, dtype=torch.float32, device="cpu", **kw):

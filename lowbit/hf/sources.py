@@ -35,6 +35,22 @@ RANDOM_CONFIGS = {
                                              moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                                              num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                                              head_dim=128, max_position_embeddings=8192)),
+    # GLM-4.7-Flash: MLA attention, first layer dense, 64 routed experts (top-4) + 1 shared
+    "glm-4.7-flash": ("Glm4MoeLiteConfig", dict(vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+                                                moe_intermediate_size=1536, num_hidden_layers=47, n_routed_experts=64,
+                                                n_shared_experts=1, num_experts_per_tok=4, num_attention_heads=20,
+                                                num_key_value_heads=20, q_lora_rank=768, kv_lora_rank=512,
+                                                qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+                                                max_position_embeddings=8192)),
+    # Qwen3-Coder-Next (the Qwen3-Next-80B-A3B architecture): 3 gated-DeltaNet layers per full-attention
+    # layer, 512 routed experts of 2048x512 (top-10) + a gated shared expert
+    "qwen3-coder-next": ("Qwen3NextConfig", dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                                                 moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                                                 num_hidden_layers=48, num_experts=512, num_experts_per_tok=10,
+                                                 num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                                 linear_num_key_heads=16, linear_num_value_heads=32,
+                                                 linear_key_head_dim=128, linear_value_head_dim=128,
+                                                 max_position_embeddings=8192)),
     "tiny-llama": ("LlamaConfig", dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
 }

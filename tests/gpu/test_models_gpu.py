@@ -39,7 +39,7 @@ def test_gpu_quantization_equals_cpu(bits, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=ids_)
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "mixtral", "glm4_moe_lite", "qwen3_next"])
 def test_model_on_cuda_matches_cpu_reference(name, dtype, gen):
     seed = _seed(gen)
     model = build(name, seed, dtype=dtype, device="cuda")
