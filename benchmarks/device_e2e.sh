@@ -2,7 +2,7 @@
 # One device call of end-to-end measurements (issue 12). Carry .lowbit_cache (prebuilt library).
 #   E2E="llama-3-8b:1::bf16,kbit4 glm-4.7-flash:1:24:bf16,kbit4"  (model:batch:layers:variants[:extra args])
 #   TESTS=1 runs the GPU model tests first; SMOL=1 runs `lowbit generate --compare` on SmolLM2 (the GGUF
-#   assembled from .smol1/ + .smol2/, two halves carried by two calls: the file is over one call's limit).
+#   assembled from .smol1/ .smol2/ .smol3/, thirds carried by three calls: the file is over one call's limit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache}
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
@@ -22,7 +22,7 @@ for spec in ${E2E:-}; do
 done
 if [[ -n ${SMOL:-} ]]; then
   mkdir -p "$LOWBIT_CACHE_DIR/models"
-  cat .smol1/part.* .smol2/part.* > "$LOWBIT_CACHE_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  cat ${SMOL_PARTS:-.smol1/part.* .smol2/part.* .smol3/part.*} > "$LOWBIT_CACHE_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf"
   sha256sum "$LOWBIT_CACHE_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf" | tee "$OUT/smol.log"
   for args in "--compare" "--compare --compile"; do
     echo "== lowbit generate $args" | tee -a "$OUT/smol.log"

@@ -51,7 +51,18 @@ def decode(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes -> fp32 values (exact)."""
     if codes.dtype != torch.uint8:
         raise TypeError(f"e4m4.decode: codes must be torch.uint8, got {codes.dtype}")
-    return TABLE.to(codes.device)[codes.long()]
+    return _table_on(codes.device)[codes.long()]
+
+
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _table_on(device: torch.device) -> torch.Tensor:
+    """TABLE on ``device``, copied once (a copy per call would be a host->device copy inside CUDA-graph capture)."""
+    t = _TABLES.get(device)
+    if t is None:
+        t = _TABLES[device] = TABLE.to(device)
+    return t
 
 
 def encode(values: torch.Tensor) -> torch.Tensor:

@@ -108,8 +108,10 @@ def unpack_codes(qweight: torch.Tensor, bits: int, n: int, k_in: int) -> torch.T
     lane_words = w.transpose(-3, -2).reshape(*lead, t_count, g_count, 32, 4 * bits)
     word, shift, spill = _stream_positions(bits, w.device)
     field = lane_words[..., word] >> shift
-    field[..., spill] |= lane_words[..., word[spill] + 1] << (32 - shift[spill])
-    field &= (1 << 2 * bits) - 1  # [..., lane, f = 8j + p]
+    # the high part of a field that spills into the next word; no boolean indexing (a host sync,
+    # which CUDA-graph capture forbids)
+    nxt = lane_words[..., (word + 1).clamp(max=4 * bits - 1)] << (32 - shift)
+    field = (field | nxt * spill) & ((1 << 2 * bits) - 1)  # [..., lane, f = 8j + p]
     mask = (1 << bits) - 1
     codes = torch.stack([field & mask, field >> bits], dim=-1).to(torch.uint8)
     # [..., T, G, lane(g,t), j, p(m,q,h), e] -> [..., T, h, g, G, j, t, m, q, e]

@@ -43,6 +43,7 @@ def test_gpu_quantization_equals_cpu(bits, gen):
 def test_model_on_cuda_matches_cpu_reference(name, dtype, gen):
     seed = _seed(gen)
     model = build(name, seed, dtype=dtype, device="cuda")
+    plain, plain_ref = copy.deepcopy(model), build(name, seed)  # the unquantized model in dtype and in fp32
     lowbit.quantize_model(model, bits=4, progress=False)
     ref = reference_copy(model, build(name, seed))  # fp32 on CPU
     for batch, seq in [(1, 1), (3, 1), (1, 11), (2, 6)]:  # GEMV paths (M <= 4) and the large-M path
@@ -50,7 +51,10 @@ def test_model_on_cuda_matches_cpu_reference(name, dtype, gen):
         with torch.no_grad():
             got = model(ids.cuda()).logits
             want = ref(ids).logits
-        assert rel_err(got.float().cpu(), want) < BOUND[dtype], (batch, seq)
+            # the model's own rounding error in dtype (Qwen3-Next's recurrent layers and MoE routing flips
+            # amplify it): lowbit may not add more than as much again
+            floor = rel_err(plain(ids.cuda()).logits.float().cpu(), plain_ref(ids).logits)
+        assert rel_err(got.float().cpu(), want) < max(BOUND[dtype], 2 * floor), (batch, seq, floor)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=ids_)
@@ -88,6 +92,11 @@ def test_eager_fast_path_equals_op_path(dtype, gen):
 
 def test_memory_holds_only_the_kernel_layout(gen):
     """allocated <= 1.05 x (kbit format bytes + unquantized parameters); shapes % 256 == 0 (no tile padding)."""
+    # cuBLAS keeps its workspaces (tens of MB on H100) in torch's allocator from the first matmul on: make them
+    # exist before the baseline, they are not the model's
+    with torch.no_grad():
+        build("llama", 1, dtype=torch.bfloat16, device="cuda", hidden=1024, inter=2816, layers=1, vocab=4096)(
+            torch.zeros((1, 1), dtype=torch.long, device="cuda"))
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -103,7 +112,9 @@ def test_memory_holds_only_the_kernel_layout(gen):
         b.nbytes for m in model.modules() if not isinstance(m, (KbitLinear, KbitMoeExperts))
         for b in m.buffers(recurse=False))
     print(f"allocated {used} B, format {fmt} B + unquantized {rest} B -> {used / (fmt + rest):.4f}x")
-    assert used <= 1.05 * (fmt + rest)
+    # 5% + 4 MiB: process-wide scratch (counters, allocator rounding, a cuDNN or cuBLAS workspace) is not a
+    # leak; a leftover bf16 copy of the weights (77 MB here) is
+    assert used <= 1.05 * (fmt + rest) + 4 * 2**20
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
@@ -172,3 +183,26 @@ def test_graph_decode_matches_eager_decode(compile_step, gen):
         assert torch.equal(graphed.tokens[:, :3], eager.tokens[:, :3])
     else:
         assert torch.equal(graphed.tokens, eager.tokens)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_large_m_path_captures_in_a_cuda_graph(bits, gen):
+    """M > GEMV_MAX_M decodes the tiled weight with torch ops: no host syncs, so a graph captures it
+    (GLM's MLA expands its whole latent cache through kv_b_proj every decode step)."""
+    lin = nn.Linear(512, 200, bias=False).to(torch.bfloat16).cuda()
+    q = KbitLinear.from_linear(lin, bits=bits)
+    x = torch.randn(37, 512, generator=gen).to(torch.bfloat16).cuda()
+    with torch.no_grad():
+        want = q(x)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            q(x)  # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            out = q(x)
+        out.fill_(float("nan"))
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
