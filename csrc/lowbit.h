@@ -28,6 +28,20 @@ LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(3)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(4)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(5)
 
+// kbit dequantize from the tiled GPU layout (lowbit/formats/kbit_tiled.py) to a dense row-major
+// out[n, k_in] (fp16/bf16); k_in % 32 == 0; qweight and qabsmax 16-byte aligned.
+#define LOWBIT_DECLARE_KBIT_TILED_DEQUANT(BITS, NAME)                                                     \
+    int lowbit_kbit_tiled_dequant_b##BITS##_##NAME(const void* qweight, const void* qabsmax,            \
+                                                   const float* codebook, const float* scale, void* out, \
+                                                   int n, int k_in, void* stream);
+#define LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(BITS) \
+    LOWBIT_DECLARE_KBIT_TILED_DEQUANT(BITS, fp16)     \
+    LOWBIT_DECLARE_KBIT_TILED_DEQUANT(BITS, bf16)
+LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(2)
+LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(3)
+LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(4)
+LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(5)
+
 // Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.
 int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, int mode, void* stream);
 // Copy probe: dst = src, n_bytes a multiple of 16, both 16-byte aligned.

@@ -18,10 +18,14 @@ from ._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from .formats import kbit, kbit_tiled
 
 
-def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
-    kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
+def _check_out_dtype(dtype) -> None:
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}")
+
+
+def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
+    kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
+    _check_out_dtype(dtype)
     return planes.shape[0], planes.shape[1] * kbit.BLOCK
 
 
@@ -134,6 +138,22 @@ def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, sca
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return x.new_empty((m, n))
+
+
+@torch.library.custom_op("lowbit::kbit_tiled_dequantize", mutates_args=())
+def kbit_tiled_dequantize(qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
+                          k_in: int, dtype: torch.dtype) -> Tensor:
+    """Dense ``[n, k_in]`` weight in ``dtype`` from the tiled layout (= ``kbit_tiled.dequantize``, bit for bit)."""
+    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    _check_out_dtype(dtype)
+    return kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
+
+
+@kbit_tiled_dequantize.register_fake
+def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
+    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    _check_out_dtype(dtype)
+    return qweight.new_empty((n, k_in), dtype=dtype)
 
 
 def check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:

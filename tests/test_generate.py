@@ -78,3 +78,18 @@ def test_baselines_quantize_to_their_levels(gen):
     q2 = int4_rtn(w2, 128)
     assert q2.shape == w2.shape and torch.isfinite(q2).all() and float((q2 - w2).norm() / w2.norm()) < 0.15
     assert torch.equal(int4_rtn(w2, 128)[:, :512], int4_rtn(w2[:, :512], 128))
+
+
+def test_gqa_sdpa_switch_on_cpu_keeps_logits():
+    """On CPU the function hands every call to transformers' SDPA: the switch changes nothing."""
+    from lowbit.hf import attention
+
+    from .tiny_models import build
+
+    model = build("llama", 3)
+    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        assert attention.use_gqa_sdpa(model)
+        assert torch.equal(model(ids).logits, want)
+        assert not attention.use_gqa_sdpa(model)  # already switched

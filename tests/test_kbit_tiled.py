@@ -116,3 +116,19 @@ def test_split_items_mirror_kernel_rule():
     assert split_items(2048, 512) == 32     # 128 tiles, 2 groups: S=2, 4 tiles per item
     assert split_items(1024, 1024) == 32    # 64 tiles, 4 groups: S=4, 2 tiles per item
     assert split_items(64, 256 * 3) == 1    # 4 tiles, 3 groups: S=2 (slices of 1 and 2 groups), 4 tiles per item
+
+
+def test_tiled_dequantize_op_on_cpu_is_the_reference():
+    from lowbit import ops
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(37, 800, generator=g)
+    codes, absmax, codebook, scale = kbit.quantize_codes(w, 3)
+    qw, qa = kbit_tiled.pack_codes(codes, absmax, 3)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = ops.kbit_tiled_dequantize(qw, qa, codebook, scale, 3, 37, 800, dtype)
+        assert torch.equal(got, kbit_tiled.dequantize(qw, qa, codebook, scale, 3, 37, 800, dtype))
+    with pytest.raises(TypeError, match="dtype"):
+        ops.kbit_tiled_dequantize(qw, qa, codebook, scale, 3, 37, 800, torch.int8)
+    with pytest.raises(ValueError, match="qweight must have shape"):
+        ops.kbit_tiled_dequantize(qw, qa, codebook, scale, 3, 70, 800, torch.float32)

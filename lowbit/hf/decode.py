@@ -78,11 +78,14 @@ def profile_steps(step, steps: int = 3) -> dict:
 
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
-                  profile: bool = False) -> DecodeResult:
+                  profile: bool = False, gqa_sdpa: bool = True) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
     once every row produced ``eos_token_id``; on CUDA it runs all steps (fixed work: timings).
+    ``gqa_sdpa``: on CUDA, switch a model that runs transformers' "sdpa" attention to
+    :func:`lowbit.hf.attention.sdpa_gqa_attention` (K/V heads read in place, not repeated; the
+    model keeps that setting).
     """
     from transformers import StaticCache
 
@@ -94,6 +97,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     graph = device.type == "cuda" if graph is None else graph
     if graph and device.type != "cuda":
         raise ValueError("CUDA-graph decoding needs the model on a GPU")
+    if gqa_sdpa and device.type == "cuda":
+        from .attention import use_gqa_sdpa
+
+        use_gqa_sdpa(model)
     batch, prompt = input_ids.shape
     input_ids = input_ids.to(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)

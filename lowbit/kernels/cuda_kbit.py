@@ -239,10 +239,29 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
     return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
 
 
+def tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype) -> torch.Tensor:
+    """Dense [n, k_in] weight: the CUDA kernel for fp16/bf16 (bit-identical to the reference), else the reference."""
+    lib = _library_or_none(qweight.device)
+    aligned = qweight.data_ptr() % 16 == 0 and qabsmax.data_ptr() % 16 == 0
+    if lib is None or dtype == torch.float32 or not aligned:
+        return kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
+    out = torch.empty((n, k_in), dtype=dtype, device=qweight.device)
+    lib.call("kbit_tiled_dequant", [ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(out), n, k_in,
+                                    stream_of(qweight.device)], bits=bits, dtype=dtype)
+    return out
+
+
+@ops.kbit_tiled_dequantize.register_kernel("cuda")
+def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
+    ops.check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    ops._check_out_dtype(dtype)
+    return tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
+
+
 @ops.kbit_tiled_linear.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    # Large M (prefill) for now: the weight decoded in x's dtype by PyTorch ops, then cuBLAS.
-    # Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
+    # Large M (prefill, MLA cache expansion): the weight decoded to x's dtype by the tiled dequantize
+    # kernel, then cuBLAS. Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
     ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
+    w = tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))

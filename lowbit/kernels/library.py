@@ -16,12 +16,14 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
 SIGNATURES: dict[str, list] = {
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
+    # qweight, qabsmax, codebook, scale, out [n, k_in], n, k_in, stream
+    "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
     "read_bw": [_P, _I64, _P, ctypes.c_int, ctypes.c_int, _P],
     "copy_bw": [_P, _P, _I64, ctypes.c_int, _P],
     # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps, stream

@@ -206,3 +206,18 @@ def test_large_m_path_captures_in_a_cuda_graph(bits, gen):
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_gqa_sdpa_matches_transformers_sdpa(gen):
+    """lowbit.hf.attention (K/V heads read in place) == transformers' SDPA (K/V repeated), masks included."""
+    from lowbit.hf import attention
+
+    model = build("llama", _seed(gen), dtype=torch.bfloat16, device="cuda")
+    ids = torch.randint(0, 320, (2, 9), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding: a real mask
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        assert attention.use_gqa_sdpa(model) and model.config._attn_implementation == attention.NAME
+        got = model(ids, attention_mask=mask).logits
+    assert rel_err(got.float(), want.float()) < 1e-2

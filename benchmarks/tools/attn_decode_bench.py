@@ -1,0 +1,65 @@
+"""Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it.
+
+    python3 benchmarks/tools/attn_decode_bench.py [--cache 590]
+
+CUDA-graph timed (100 replays of 32 calls, one per Llama-3-8B layer), H100 numbers in BENCHMARKS.md (issue 12).
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cache", type=int, default=590)
+    p.add_argument("--batch", type=int, default=1)
+    a = p.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    b, hq, hkv, d, L = a.batch, 32, 8, 128, a.cache
+    layers = 32
+    q = [torch.randn(b, hq, 1, d, device=dev, dtype=dt) for _ in range(layers)]
+    k = [torch.randn(b, hkv, L, d, device=dev, dtype=dt) for _ in range(layers)]
+    v = [torch.randn(b, hkv, L, d, device=dev, dtype=dt) for _ in range(layers)]
+    mask = torch.ones(b, 1, 1, L, device=dev, dtype=torch.bool)
+    mask[..., L - 60:] = False  # the unfilled tail of the static cache
+
+    def rep(t):  # transformers' repeat_kv
+        return t[:, :, None].expand(b, hkv, hq // hkv, L, d).reshape(b, hq, L, d)
+
+    ways = {
+        "repeat_kv + sdpa(mask) [transformers today]": lambda i: F.scaled_dot_product_attention(q[i], rep(k[i]), rep(v[i]), attn_mask=mask),
+        "sdpa(mask, enable_gqa=True)": lambda i: F.scaled_dot_product_attention(q[i], k[i], v[i], attn_mask=mask, enable_gqa=True),
+        "sdpa(no mask, enable_gqa=True), cache sliced": lambda i: F.scaled_dot_product_attention(q[i], k[i][:, :, :L - 60], v[i][:, :, :L - 60], enable_gqa=True),
+    }
+    ref = ways["repeat_kv + sdpa(mask) [transformers today]"](0)
+    for name, fn in ways.items():
+        try:
+            out = fn(0)
+            err = float((out.float() - ref.float()).abs().max())
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for i in range(layers):
+                    fn(i)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(layers):
+                    fn(i)
+            g.replay()
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(100):
+                g.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            us = e0.elapsed_time(e1) / 100 / layers * 1e3
+            print(f"{name:48s} {us:7.2f} us per layer  (max |diff| {err:.2e})", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:48s} failed: {str(e).splitlines()[0][:120]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
