@@ -220,4 +220,6 @@ def test_gqa_sdpa_matches_transformers_sdpa(gen):
         want = model(ids, attention_mask=mask).logits
         assert attention.use_gqa_sdpa(model) and model.config._attn_implementation == attention.NAME
         got = model(ids, attention_mask=mask).logits
-    assert rel_err(got.float(), want.float()) < 1e-2
+    # the padded positions attend to nothing: their outputs are arbitrary in either function
+    assert rel_err(got[0, 3:].float(), want[0, 3:].float()) < 1e-2
+    assert rel_err(got[1].float(), want[1].float()) < 1e-2
