@@ -88,8 +88,11 @@ def test_gqa_sdpa_switch_on_cpu_keeps_logits():
 
     model = build("llama", 3)
     ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # padding: the function must get transformers' SDPA mask, not None
     with torch.no_grad():
-        want = model(ids).logits
+        want, want_pad = model(ids).logits, model(ids, attention_mask=mask).logits
         assert attention.use_gqa_sdpa(model)
         assert torch.equal(model(ids).logits, want)
+        assert torch.equal(model(ids, attention_mask=mask).logits, want_pad)
         assert not attention.use_gqa_sdpa(model)  # already switched

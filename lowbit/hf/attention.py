@@ -35,8 +35,12 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout: float
 def use_gqa_sdpa(model) -> bool:
     """Switch ``model`` (and its sub-configs) from "sdpa" to :func:`sdpa_gqa_attention`; True if it did."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, sdpa_gqa_attention)
+    # the mask must be SDPA's: transformers builds none for an attention name it has no mask function for
+    # (padding and the unfilled static-cache slots would be attended)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa":
         return False

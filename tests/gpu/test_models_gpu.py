@@ -223,3 +223,18 @@ def test_gqa_sdpa_matches_transformers_sdpa(gen):
     # the padded positions attend to nothing: their outputs are arbitrary in either function
     assert rel_err(got[0, 3:].float(), want[0, 3:].float()) < 1e-2
     assert rel_err(got[1].float(), want[1].float()) < 1e-2
+
+
+def test_decode_with_gqa_sdpa_matches_plain_sdpa(gen):
+    """The decode loop's attention switch changes no token (static cache: the unfilled slots stay masked)."""
+    from lowbit.hf import decode
+
+    seed = _seed(gen)
+    ids = torch.randint(0, 320, (2, 6), generator=gen)
+    runs = []
+    for gqa in (False, True):
+        model = build("llama", seed, dtype=torch.float16, device="cuda")
+        lowbit.quantize_model(model, bits=4, progress=False)
+        runs.append(decode.greedy_decode(model, ids, 12, graph=True, gqa_sdpa=gqa).tokens)
+        assert (model.config._attn_implementation == "lowbit_sdpa") == gqa
+    assert torch.equal(runs[0], runs[1])
