@@ -123,7 +123,7 @@ class Runner:
                     continue
                 row.copies = copies
                 cold = [lambda s=s, x=x: method.run(x, s) for s in states]
-                hot = [lambda x=x: method.run(x, state)] * len(states)
+                hot = [lambda x=x, st=state: method.run(x, st)] * len(states)
                 self._finish(row, cold, hot, wb + x.numel() * x.element_size())
             except Exception as e:
                 row.status = f"FAIL: {_short(e)}"

@@ -1,7 +1,6 @@
 """Benchmark harness on a GPU: timing sanity, the correctness gate, the peers' set-up."""
 
 import pytest
-import torch
 
 from lowbit.bench.methods import Method, all_methods
 from lowbit.bench.presets import Linear, Moe
