@@ -35,7 +35,7 @@ def built_library(tmp_path_factory):
 def test_library_builds_and_exports_symbols(built_library):
     lib = ctypes.CDLL(built_library)  # static cudart: loads without a GPU driver
     assert lib.lowbit_abi_version() == ABI_VERSION
-    assert set(SIGNATURES) == {"kbit_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
+    assert set(SIGNATURES) == {"kbit_dequant", "kbit_tiled_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
                                "kbit_split_gemv", "kbit_split_gemv_occupancy", "dense_gemv", "dense_gemv_scalar"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw")
     from lowbit.tuning import ROWS_UNROLL
@@ -51,6 +51,7 @@ def test_library_builds_and_exports_symbols(built_library):
             assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")
         for dt in ("fp16", "bf16"):
             assert hasattr(lib, f"lowbit_kbit_split_gemv_b{bits}_{dt}")
+            assert hasattr(lib, f"lowbit_kbit_tiled_dequant_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_split_gemv_occupancy_b{bits}_{dt}")
             for m in (1, 2, 3, 4):
                 assert hasattr(lib, f"lowbit_kbit_gemv_b{bits}_{dt}_m{m}")
