@@ -13,6 +13,7 @@ from torch import nn
 
 from .formats import kbit
 from .nn import KbitLinear, KbitMoeExperts, fused_experts_layout
+from .nn.fused import DEFAULT_FUSE_GROUPS, FusedKbitLinear, KbitLinearPart, fused_name, install
 
 #: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
 DEFAULT_SKIP = ("lm_head", "*.lm_head")
@@ -21,7 +22,7 @@ DEFAULT_SKIP = ("lm_head", "*.lm_head")
 @dataclass
 class LayerReport:
     name: str
-    kind: str              # "linear" or "experts"
+    kind: str              # "linear", "experts" or "fused" (several linears as one weight)
     shape: tuple           # (N, K_in) or (E, H, I)
     bytes_before: int      # the layer's tensors before (weights + bias)
     bytes_after: int       # the module's tensors after (tiled layout incl. padding, codebook, scales, bias)
@@ -97,6 +98,7 @@ def quantize_model(
     *,
     experts: bool = True,
     bits_for: dict[str, int] | None = None,
+    fuse: bool | Iterable[Iterable[str]] = False,
     progress: bool = True,
 ) -> QuantizeReport:
     """Quantize ``model`` in place: every ``nn.Linear`` -> :class:`KbitLinear`, every fused MoE expert
@@ -110,6 +112,10 @@ def quantize_model(
     * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
       (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
       ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
+    * ``fuse``: quantize sibling linears that read the same input as one weight (one kernel launch;
+      :mod:`lowbit.nn.fused`). ``True`` fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3), or pass
+      the groups of child names. A group is fused where all its members are quantized linears of
+      one parent with the same input size, bias presence, dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
     """
     kbit.check_bits(bits)
@@ -139,7 +145,7 @@ def quantize_model(
     report = QuantizeReport(bits=bits, model_bytes_before=model_bytes(model))
     todo: list[tuple[str, nn.Module, str]] = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (KbitLinear, KbitMoeExperts)):
+        if isinstance(mod, (KbitLinear, KbitMoeExperts, KbitLinearPart)):
             report.skipped.append((name, "already quantized"))
             continue
         kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if experts and fused_experts_layout(mod) else None)
@@ -160,6 +166,11 @@ def quantize_model(
             continue
         todo.append((name, mod, kind))
 
+    groups = DEFAULT_FUSE_GROUPS if fuse is True else tuple(tuple(g) for g in (fuse or ()))
+    for g in groups:
+        if len(g) < 2 or len(set(g)) != len(g) or not all(isinstance(n, str) and n and "." not in n for n in g):
+            raise ValueError(f"fuse groups must be >= 2 distinct child names (no dots), got {g}")
+
     odd = [f"{n} ({w})" for n, w in report.skipped if "multiple of" in w]
     if odd:
         warnings.warn(f"lowbit.quantize_model: {len(odd)} layer(s) left unquantized: " + "; ".join(odd), stacklevel=2)
@@ -171,12 +182,35 @@ def quantize_model(
             if child is not None:
                 parents.setdefault(id(child), []).append((parent, cname))
 
-    devices = {str(m.weight.device if k == "linear" else m.gate_up_proj.device) for _, m, k in todo}
+    fusions = _fusion_groups(model, todo, groups, parents, layer_bits, bits) if groups else []
+    fused_ids = {id(m) for _, _, _, mods in fusions for m in mods}
+    position = {id(m): i for i, (_, m, _) in enumerate(todo)}  # report layers in model order
+    items = [(position[id(t[1])], t) for t in todo if id(t[1]) not in fused_ids]
+    for pname, parent, g, mods in fusions:
+        label = (f"{pname}." if pname else "") + "{" + ",".join(g) + "}"
+        items.append((position[id(mods[0])], (label, (parent, g, mods, layer_bits(f"{pname}.{g[0]}" if pname else g[0])), "fused")))
+    items = [t for _, t in sorted(items, key=lambda it: it[0])]
+
+    devices = {str(m.weight.device if k == "linear" else m.gate_up_proj.device) for _, m, k in items if k != "fused"}
+    devices |= {str(mods[0].weight.device) for _, _, _, mods in fusions}
     report.device = ",".join(sorted(devices)) or "-"
     sync = any(d.startswith("cuda") for d in devices)
-    bar = _progress(todo, progress, bits)
+    del fusions, todo  # `items` holds the only references: each original layer is freed once replaced
+    bar = _progress(items, progress, bits)
     start = time.perf_counter()
-    for name, mod, kind in bar:
+    for i, (name, mod, kind) in enumerate(bar):
+        items[i] = None
+        if kind == "fused":
+            parent, g, mods, b = mod
+            b = b or bits
+            new = FusedKbitLinear.from_linears(mods, b, codebook)
+            new.train(mods[0].training)
+            install(parent, g, new)
+            before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
+            report.layers.append(LayerReport(name, kind, (new.out_features, new.in_features), before,
+                                             _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b))
+            del mods, mod
+            continue
         b = layer_bits(name) or bits
         if kind == "linear":
             new = KbitLinear.from_linear(mod, b, codebook)
@@ -198,6 +232,24 @@ def quantize_model(
     report.seconds = time.perf_counter() - start
     report.model_bytes_after = model_bytes(model)
     return report
+
+
+def _fusion_groups(model, todo, groups, parents, layer_bits, bits) -> list:
+    """(parent name, parent, group, linears) for every group whose members can be one weight."""
+    linears = {name: mod for name, mod, kind in todo if kind == "linear"}
+    out = []
+    for pname, parent in model.named_modules():
+        for g in groups:
+            full = [f"{pname}.{n}" if pname else n for n in g]
+            mods = [linears.get(f) for f in full]
+            if any(m is None for m in mods) or any(len(parents.get(id(m), [])) != 1 for m in mods):
+                continue  # not all quantized here, or a member is shared with another parent
+            w0 = mods[0].weight
+            same = all(m.in_features == mods[0].in_features and (m.bias is None) == (mods[0].bias is None)
+                       and m.weight.dtype == w0.dtype and m.weight.device == w0.device for m in mods)
+            if same and len({layer_bits(f) or bits for f in full}) == 1 and not hasattr(parent, fused_name(g)):
+                out.append((pname, parent, g, mods))
+    return out
 
 
 def _progress(items: list, enabled: bool, bits: int):

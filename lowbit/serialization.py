@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .nn import KbitLinear, KbitMoeExperts, fused_experts_layout
+from .nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, fused_experts_layout
+from .nn.fused import fused_name, install
 
 FORMAT_NAME = "lowbit"
 FORMAT_VERSION = 1
@@ -56,6 +57,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _module_config(mod: nn.Module) -> dict:
+    if isinstance(mod, FusedKbitLinear):
+        if not mod.part_names:
+            raise ValueError("a FusedKbitLinear not installed in a model (no part names) cannot be saved")
+        return {"type": "FusedKbitLinear", "bits": mod.bits, "in_features": mod.in_features,
+                "out_sizes": list(mod.out_sizes), "bias": mod.bias is not None, "parts": list(mod.part_names)}
     if isinstance(mod, KbitLinear):
         return {"type": "KbitLinear", "bits": mod.bits, "in_features": mod.in_features,
                 "out_features": mod.out_features, "bias": mod.bias is not None}
@@ -130,12 +136,25 @@ def _read_index(directory: Path) -> dict:
 
 def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> nn.Module:
     """The empty quantized module (on meta) that replaces ``name`` in the skeleton."""
-    try:
-        old = model.get_submodule(name)
+    try:  # a fused module is new to the skeleton: its parent holds the linears it replaces
+        old = model.get_submodule(name.rpartition(".")[0] if cfg.get("type") == "FusedKbitLinear" else name)
     except AttributeError:
         raise LoadError(f"module {name!r} of the saved model does not exist in this model") from None
     kind, bits = cfg.get("type"), cfg.get("bits")
     try:
+        if kind == "FusedKbitLinear":
+            k, sizes, bias, parts = cfg["in_features"], [int(n) for n in cfg["out_sizes"]], cfg["bias"], cfg["parts"]
+            if name.rpartition(".")[2] != fused_name(parts) or len(parts) != len(sizes):
+                raise LoadError(f"module {name!r}: malformed fused entry {cfg!r}")
+            for part, n in zip(parts, sizes):
+                have = getattr(old, part, None)
+                if not (isinstance(have, (nn.Linear, KbitLinear, KbitLinearPart)) and have.in_features == k
+                        and have.out_features == n and (isinstance(have, KbitLinearPart) or (have.bias is not None) == bias)):
+                    raise LoadError(f"module {name!r}: saved part {part!r} ({k} -> {n}, bias={bias}) does not fit "
+                                    f"this model's {type(have).__name__ if have is not None else 'nothing'}")
+            new = FusedKbitLinear(k, sizes, bias=bias, bits=bits, device="meta")
+            new.part_names = tuple(parts)
+            return new
         if kind == "KbitLinear":
             n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
             if isinstance(old, (nn.Linear, KbitLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
@@ -160,9 +179,19 @@ def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> nn.Module:
     raise LoadError(f"module {name!r}: unknown module type {kind!r}")
 
 
+def _replaced_names(replaced: dict[str, nn.Module]) -> list[str]:
+    """Every module name whose tensors the load replaces: the modules, and the linears a fused one takes over."""
+    names = list(replaced)
+    for name, mod in replaced.items():
+        if isinstance(mod, FusedKbitLinear):
+            parent = name.rpartition(".")[0]
+            names += [f"{parent}.{p}" if parent else p for p in mod.part_names]
+    return names
+
+
 def _expected_state(model: nn.Module, replaced: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
     """The state dict (meta/real tensors, for shape and dtype) the model will have after loading."""
-    prefixes = tuple(n + "." for n in replaced)
+    prefixes = tuple(n + "." for n in _replaced_names(replaced))
     expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.startswith(prefixes)}
     for name, mod in replaced.items():
         for k, v in mod.state_dict(keep_vars=True).items():
@@ -214,7 +243,7 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
             raise LoadError(f"tensor {key!r}: saved {e['dtype']}{list(e['shape'])} does not fit the expected "
                             f"{_dtype_name(want.dtype)}{list(want.shape)}")
     for name, buf in model.named_buffers():
-        if buf.device.type == "meta" and name not in expected and not name.startswith(tuple(n + "." for n in replaced)):
+        if buf.device.type == "meta" and name not in expected and not name.startswith(tuple(n + "." for n in _replaced_names(replaced))):
             raise LoadError(f"buffer {name!r} is on the meta device and not in the saved model (non-persistent); "
                             "build the skeleton on a real device")
 
@@ -263,6 +292,9 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
     for name, new in replaced.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        if isinstance(new, FusedKbitLinear):
+            install(parent, new.part_names, new)
+            continue
         setattr(parent, child, new)
         if isinstance(new, KbitMoeExperts):
             new._buffers["expert_range"] = torch.arange(new.num_experts + 1, device=device)

@@ -1,0 +1,146 @@
+"""Fused projections (lowbit.nn.fused): one kbit weight for linears that read the same input."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import lowbit
+from lowbit.nn import FusedKbitLinear, KbitLinear, KbitLinearPart, fuse_linears
+
+from .tiny_models import build, rel_err
+
+pytest.importorskip("transformers")
+
+
+def _seed(gen):
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+
+
+def _reference(quantized, original):
+    """``original`` with every quantized weight replaced by its reference dequantization (parts: their rows)."""
+    for name, mod in quantized.named_modules():
+        if isinstance(mod, KbitLinearPart):
+            f = mod.fused
+            w = f.dequantize(torch.float32)[f.offsets[mod.index]:f.offsets[mod.index] + mod.out_features]
+            original.get_submodule(name).weight.data = w
+        elif isinstance(mod, KbitLinear) and not isinstance(mod, FusedKbitLinear):
+            original.get_submodule(name).weight.data = mod.dequantize(torch.float32)
+        elif isinstance(mod, lowbit.nn.KbitMoeExperts):
+            ex = original.get_submodule(name)
+            ex.gate_up_proj.data, ex.down_proj.data = mod.dequantize(torch.float32)
+    return original
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "glm4_moe_lite", "qwen3_next"])
+def test_fused_model_is_the_reference_model(name, gen):
+    seed = _seed(gen)
+    model = build(name, seed)
+    report = lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
+    fused = [m for m in model.modules() if isinstance(m, FusedKbitLinear)]
+    assert fused and any(x.kind == "fused" for x in report.layers)
+    assert not any(isinstance(m, nn.Linear) for n, m in model.named_modules() if not n.endswith("lm_head")
+                   and not n.endswith("gate") and "router" not in n)  # every block linear quantized
+    ref = _reference(model, build(name, seed))
+    ids = torch.randint(0, 320, (2, 7), generator=gen)
+    with torch.no_grad():
+        assert rel_err(model(ids).logits, ref(ids).logits) < 1e-5
+
+
+def test_fused_groups_and_report(gen):
+    model = build("llama", _seed(gen))
+    report = lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
+    att, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(att.q_proj, KbitLinearPart) and att.q_proj.fused is att.lowbit_fused_q_proj_k_proj_v_proj
+    assert att.lowbit_fused_q_proj_k_proj_v_proj.out_sizes == (128, 64, 64)
+    assert mlp.lowbit_fused_gate_proj_up_proj.out_sizes == (224, 224) and isinstance(mlp.down_proj, KbitLinear)
+    names = [x.name for x in report.layers]
+    assert names[:4] == ["model.layers.0.self_attn.{q_proj,k_proj,v_proj}", "model.layers.0.self_attn.o_proj",
+                         "model.layers.0.mlp.{gate_proj,up_proj}", "model.layers.0.mlp.down_proj"]
+    # the parts own no tensors: the state dict holds each weight once
+    assert not any(k.startswith("model.layers.0.self_attn.q_proj.") for k in model.state_dict())
+    with pytest.raises(ValueError, match="fuse groups"):
+        lowbit.quantize_model(build("llama", 1), fuse=[("q_proj",)], progress=False)
+
+
+def test_fuse_needs_matching_members(gen):
+    """A group with a skipped member, or members of different bits, stays unfused."""
+    model = build("llama", _seed(gen))
+    lowbit.quantize_model(model, bits=4, fuse=True, skip=("lm_head", "*.k_proj"), bits_for={"*.up_proj": 5},
+                          progress=False)
+    att, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(att.k_proj, nn.Linear) and isinstance(att.q_proj, KbitLinear)
+    assert isinstance(mlp.up_proj, KbitLinear) and mlp.up_proj.bits == 5 and isinstance(mlp.gate_proj, KbitLinear)
+
+
+def test_round_semantics(gen):
+    """Each part gets its own rows; a new input, a repeated part or an in-place change recomputes."""
+    lins = [nn.Linear(64, n, bias=True) for n in (48, 16, 16)]
+    parent = nn.Module()
+    for i, lin in enumerate(lins):
+        setattr(parent, f"p{i}", lin)
+    fused = fuse_linears(parent, ["p0", "p1", "p2"], bits=5)
+    assert fused.part_names == ("p0", "p1", "p2") and parent.lowbit_fused_p0_p1_p2 is fused
+    calls = []
+    compute = fused.forward
+    fused.forward = lambda x: (calls.append(1), compute(x))[1]  # count the fused computations
+    x, x2 = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    full = fused(x)
+    calls.clear()
+    a, b, c = parent.p0(x), parent.p1(x), parent.p2(x)
+    assert len(calls) == 1 and torch.equal(torch.cat([a, b, c], -1), full)
+    assert fused._round_input is None  # round over: nothing kept
+    parent.p0(x)
+    assert torch.equal(parent.p1(x2), fused(x2)[:, 48:64])  # another input mid-round
+    calls.clear()
+    parent.p2(x)
+    parent.p2(x)
+    assert len(calls) == 2  # the same part twice: computed twice
+    parent.p0(x)
+    x.add_(1.0)  # modified in place mid-round: recomputed
+    assert torch.equal(parent.p1(x), fused(x)[:, 48:64])
+    with pytest.raises(TypeError, match="not torch.nn.Linear"):
+        fuse_linears(parent, ["p0", "p1"])  # already parts
+    with pytest.raises(ValueError, match="in_features"):
+        FusedKbitLinear.from_linears([nn.Linear(64, 8), nn.Linear(96, 8)])
+    with pytest.raises(ValueError, match="bias"):
+        FusedKbitLinear.from_linears([nn.Linear(64, 8), nn.Linear(64, 8, bias=False)])
+
+
+def test_fused_model_compiles(gen):
+    model = build("llama", _seed(gen))
+    lowbit.quantize_model(model, bits=3, fuse=True, progress=False)
+    ids = torch.randint(0, 320, (1, 5), generator=gen)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(n for n in gm.graph.nodes if n.op == "call_function" and "kbit_tiled_linear" in str(n.target))
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(ids).logits
+        got = torch.compile(model, fullgraph=True, backend=backend)(ids).logits
+    assert torch.equal(got, want)
+    assert len(seen) == 2 * 4  # per layer: q|k|v, o, gate|up, down
+
+
+def test_fused_save_load_round_trip(tmp_path, gen):
+    seed = _seed(gen)
+    model = build("qwen3_next", seed, dtype=torch.bfloat16)
+    lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
+    lowbit.save_quantized(model, tmp_path, max_shard_bytes=50_000)
+    skeleton = lowbit.load_quantized(build("qwen3_next", seed + 1, dtype=torch.bfloat16), tmp_path)
+    sa, sb = model.state_dict(), skeleton.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(isinstance(m, KbitLinearPart) for m in skeleton.modules())
+    ids = torch.randint(0, 320, (1, 6), generator=gen)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, skeleton(ids).logits)
+    # a skeleton whose linears do not fit the saved parts is refused, unchanged
+    other = build("llama", seed)
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(lowbit.serialization.LoadError):
+        lowbit.load_quantized(other, tmp_path)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
