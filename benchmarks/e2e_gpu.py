@@ -4,8 +4,9 @@
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
 Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS, except in ``kbit<K>+lm_head<B>`` variants: the lm_head at B bits; ``kbit<K>-keep-<name>`` leaves
-the modules named <name> unquantized), then decodes with
+cuBLAS, except in ``kbit<K>+lm_head<B>`` variants: the lm_head at B bits; ``+fuse``: projections of one
+input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the modules named <name>
+unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
 the whole step compiled (torch.compile, unless ``--no-compile``) and captured in a CUDA graph.
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
@@ -68,11 +69,13 @@ def convert(model, variant):
         return swap(model, DenseGemvLinear)
     if variant == "torch-int4":
         return swap(model, TorchInt4Linear)
-    if variant.startswith("kbit"):  # kbit<K>[+lm_head<B>][-keep-<module name>]
+    if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][-keep-<module name>]
         variant, _, keep = variant.partition("-keep-")
+        fuse = "+fuse" in variant
+        variant = variant.replace("+fuse", "")
         bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
         skip = lowbit.convert.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
-        lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, progress=False)
+        lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
         return
     raise ValueError(variant)
 

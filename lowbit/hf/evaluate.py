@@ -41,12 +41,14 @@ def correct(answer: str, words) -> bool:
     return any((w in toks) if " " not in w else (w in first_sentence(answer)) for w in words)
 
 
-def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None):
+def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None, fuse: bool = False):
     out = [(f"kbit{b}", ("kbit", b, None)) for b in bits_list]
     if fit:
         out += [(f"kbit{b}-fit", ("kbit", b, "fit")) for b in bits_list]
     if lm_head:
         out += [(f"kbit{b}+lm_head{lm_head}", ("kbit-lm_head", b, lm_head)) for b in bits_list]
+    if fuse:
+        out += [(f"kbit{b}+fuse", ("kbit-fuse", b, None)) for b in bits_list]
     if baselines:
         from ..bench.baselines import BASELINES
 
@@ -63,6 +65,8 @@ def _apply(model, spec):
         return lowbit.quantize_model(model, bits=a, codebook=b, progress=False)
     if kind == "kbit-lm_head":  # b: the lm_head's bits
         return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, progress=False)
+    if kind == "kbit-fuse":
+        return lowbit.quantize_model(model, bits=a, fuse=True, progress=False)
     fn = BASELINES[a][0]
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -94,7 +98,7 @@ def _answer(model, tok, prompt, max_new_tokens=16):
 
 
 def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 1024, fit: bool = True,
-             baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None) -> dict:
+             baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None, fuse: bool = False) -> dict:
     from . import quality, sources
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -106,7 +110,7 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     ref_answers = [_answer(base, tok, p) for p in FACTUAL_PROMPTS] if prompts else None
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
-    for name, spec in _variants(bits_list, fit, baselines, lm_head):
+    for name, spec in _variants(bits_list, fit, baselines, lm_head, fuse):
         m = copy.deepcopy(base)
         _apply(m, spec)
         row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
@@ -173,6 +177,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
+    p.add_argument("--fuse", action="store_true", help="also kbit<b>+fuse rows (quantize_model(fuse=True))")
     p.add_argument("--encoder", action="store_true", help="also all-MiniLM-L6-v2: embedding cosine vs unquantized")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=_cmd)
@@ -182,7 +187,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _cmd(args) -> int:
     bits = tuple(int(b) for b in args.bits.split(","))
     r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
-                 prompts=args.prompts, device=args.device, lm_head=args.lm_head)
+                 prompts=args.prompts, device=args.device, lm_head=args.lm_head,
+                 fuse=args.fuse)
     if args.encoder:
         r["encoder"] = encoder_cosine(bits)
     if args.out:

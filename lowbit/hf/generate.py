@@ -57,7 +57,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None) -> dict:
+             lm_head_bits: int | None = None, fuse: bool = False) -> dict:
     """The main job as a function; returns every number it prints (see the module docstring)."""
     import lowbit
 
@@ -97,7 +97,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         result["quantize_s"] = None
         label = f"kbit (loaded from {load})"
     else:
-        report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet,
+        report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
                                        bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
         result["quantize_s"] = report.seconds
         label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
@@ -160,6 +160,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
     p.add_argument("--layers", type=int, default=None, help="random:<name> models: number of layers")
+    p.add_argument("--fuse", action="store_true", help="one kbit weight (one launch) for q|k|v, gate|up, ...")
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
@@ -171,5 +172,6 @@ def _cmd(args) -> int:
     generate(args.model, bits=args.bits, prompt=args.prompt, max_new_tokens=args.max_new_tokens, batch=args.batch,
              compare=args.compare, device=args.device, compile=args.compile,
              codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,
-             chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits)
+             chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits,
+             fuse=args.fuse)
     return 0
