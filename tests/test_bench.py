@@ -27,6 +27,10 @@ def test_presets_load_and_validate():
     big = {(lin.k_in, lin.n) for lin in presets["llama-3-70b"].linears}
     assert (8192, 28672) in big and (28672, 8192) in big
     assert PRESETS_FILE.suffix == ".json"  # shapes are data, not code
+    # shapes read off transformers' modules (benchmarks/tools/presets_from_configs.py)
+    real = {(lin.k_in, lin.n) for lin in presets["real-shapes"].linears}
+    assert len(real) >= 12 and (576, 192) in real and (2048, 12288) in real
+    assert presets["qwen3-coder-next-hf"].moe.top_k == 10 and presets["glm-4.7-flash-hf"].moe.experts == 64
 
 
 @pytest.mark.parametrize(
@@ -85,7 +89,7 @@ def test_cli_parsing():
 def test_cli_default_presets_and_quick():
     p = make_parser()
     names = [pr.name for pr in bench_cli._presets(p.parse_args(["bench"]))]
-    assert "quick" not in names and "qwen3-coder-next" in names
+    assert names == ["qwen3-coder-next", "glm-4.7-flash", "llama-3-8b", "llama-3-70b"]  # the file's "default"
     assert [pr.name for pr in bench_cli._presets(p.parse_args(["bench", "--quick"]))] == ["quick"]
 
 

@@ -55,11 +55,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _presets(args):
-    from .presets import Preset, load_presets, parse_shape
+    from .presets import Preset, default_preset_names, load_presets, parse_shape
 
     table = load_presets()
     chosen = []
-    names = args.preset or ([] if (args.shape or args.quick) else [n for n in table if n != "quick"])
+    names = args.preset or ([] if (args.shape or args.quick) else default_preset_names())
     if args.quick and not args.preset:
         names = ["quick"]
     for n in names:

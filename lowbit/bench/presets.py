@@ -75,6 +75,16 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, Preset]:
     return {name: parse_preset(name, d) for name, d in data["presets"].items()}
 
 
+def default_preset_names(path: Path = PRESETS_FILE) -> list[str]:
+    """The presets ``lowbit bench`` runs when none is named (the file's "default" list)."""
+    data = json.loads(Path(path).read_text())
+    names = list(data.get("default", [n for n in data["presets"] if n != "quick"]))
+    unknown = [n for n in names if n not in data["presets"]]
+    if unknown:
+        raise ValueError(f"{path}: default presets {unknown} are not defined")
+    return names
+
+
 _SHAPE = re.compile(r"^(\d+)\s*[xX]\s*(\d+)$")
 
 
