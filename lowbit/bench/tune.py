@@ -38,10 +38,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def shapes_for(presets: list[str] | None, extra: list[str] | None) -> list[tuple[int, int]]:
     """Unique (N, K) of the presets' dense linears (MoE experts included) and the extra shapes."""
-    from .presets import load_presets, parse_shape
+    from .presets import default_preset_names, load_presets, parse_shape
 
     table = load_presets()
-    names = presets if presets is not None else ([] if extra else list(table))
+    names = presets if presets is not None else ([] if extra else default_preset_names() + ["quick"])
     out: list[tuple[int, int]] = []
     for name in names:
         if name not in table:
