@@ -78,11 +78,13 @@ def profile_steps(step, steps: int = 3) -> dict:
 
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
-                  profile: bool = False, gqa_sdpa: bool = True) -> DecodeResult:
+                  profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
     once every row produced ``eos_token_id``; on CUDA it runs all steps (fixed work: timings).
+    ``profile``: CUDA kernel time per step by category, from eager calls of the (compiled) step, or
+    with ``profile_graph`` from replays of the captured graph (the kernels as the timed loop runs them).
     ``gqa_sdpa``: on CUDA, switch a model that runs transformers' "sdpa" attention to
     :func:`lowbit.hf.attention.sdpa_gqa_attention` (K/V heads read in place, not repeated; the
     model keeps that setting).
@@ -155,7 +157,11 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
             decode_s = (time.perf_counter() - t0) * (max_new_tokens - 1) / max(1, max_new_tokens - t_start_i) \
                 if max_new_tokens > t_start_i else 0.0
             mode = "cuda-graph+compile" if compile else "cuda-graph"
-            breakdown = profile_steps(step) if profile else None  # eager steps: same kernels, no graph
+            if profile:  # eager steps: same kernels, no graph; or the graph's replays
+                breakdown = profile_steps(g.replay if profile_graph and g is not None else step)
+                breakdown["source"] = "graph replays" if profile_graph and g is not None else "eager steps"
+            else:
+                breakdown = None
         else:
             t0 = time.perf_counter()
             while i < max_new_tokens:

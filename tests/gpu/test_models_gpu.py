@@ -263,3 +263,17 @@ def test_fused_model_on_cuda_matches_unfused(name, dtype, gen):
             assert rel_err(got.float().cpu(), ref(ids).logits) < max(BOUND[dtype], 2 * floor), (batch, seq)
     r = decode.greedy_decode(model, torch.randint(0, 320, (2, 5), generator=gen), 8, graph=True)
     assert r.tokens.shape == (2, 8)
+
+
+@pytest.mark.parametrize("profile_graph", [False, True])
+def test_decode_profile_breakdown(profile_graph, gen):
+    """The step breakdown finds the kbit GEMVs, from eager steps and from graph replays."""
+    from lowbit.hf import decode
+
+    model = build("llama", _seed(gen), dtype=torch.bfloat16, device="cuda")
+    lowbit.quantize_model(model, bits=4, progress=False)
+    r = decode.greedy_decode(model, torch.randint(0, 320, (1, 4), generator=gen), 6, profile=True,
+                             profile_graph=profile_graph)
+    cats = r.breakdown["ms_per_step_by_category"]
+    assert cats.get("kbit GEMV (lowbit)", 0) > 0, cats
+    assert r.breakdown["source"] == ("graph replays" if profile_graph else "eager steps")
