@@ -34,8 +34,11 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout: float
 
 def use_gqa_sdpa(model) -> bool:
     """Switch ``model`` (and its sub-configs) from "sdpa" to :func:`sdpa_gqa_attention`; True if it did."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # a transformers without attention/mask registries: keep its own attention
+        return False
 
     AttentionInterface.register(NAME, sdpa_gqa_attention)
     # the mask must be SDPA's: transformers builds none for an attention name it has no mask function for
