@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Nsight Compute over the kbit GEMVs of a few decode shapes (issue 14: what costs the fixed time).
+# One device call; reports and a CSV summary under $OUT. Carry .lowbit_cache.
+#   SHAPES="4096x1024,4096x4096,4096x14336,14336x4096,576x576" BITS=4 bash benchmarks/tools/gemv_ncu.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
+SHAPES=${SHAPES:-4096x1024,4096x4096,4096x6144,4096x14336,4096x28672,14336x4096,576x576,2048x512}
+BITS=${BITS:-4}
+python3 -m lowbit build --arch sm_90a | tail -1
+# every shape through both dense schedules (split-in-CTA, stream-K), one launch each after a warm-up
+ncu --target-processes all --kernel-name regex:kbit_ --launch-skip 0 \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --csv --page details \
+    python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" > "$OUT/ncu_details.csv" 2> "$OUT/ncu.log"
+tail -3 "$OUT/ncu.log"
+python3 - "$OUT/ncu_details.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"')))
+want = ("Duration", "Memory Throughput", "DRAM Throughput", "Achieved Occupancy", "Registers Per Thread",
+        "Grid Size", "Dynamic Shared Memory Per Block")
+seen = {}
+for r in rows:
+    key = (r["ID"], r["Kernel Name"][:60])
+    if r["Metric Name"] in want:
+        seen.setdefault(key, {})[r["Metric Name"]] = f'{r["Metric Value"]} {r["Metric Unit"]}'.strip()
+for (i, name), m in seen.items():
+    print(i, name, "|", ", ".join(f"{k}: {v}" for k, v in m.items()))
+PY
