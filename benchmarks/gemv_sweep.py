@@ -53,7 +53,7 @@ def main() -> None:
 
             def split_call(c):
                 a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
-                     k_in, max_ctas, stream_of(dev)]
+                     k_in, max_ctas, 0, stream_of(dev)]
                 lib.call("kbit_split_gemv", a, bits=bits, dtype=torch.float16)
 
             t = graph_time([lambda c=c: split_call(c) for c in copies], replays=10)
@@ -65,7 +65,7 @@ def main() -> None:
 
                 def call(c):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(ws), ptr(cnt),
-                         args.m, n, k_in, warps, stream_of(dev)]
+                         args.m, n, k_in, warps, 0, stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 
                 t = graph_time([lambda c=c: call(c) for c in copies], replays=10)

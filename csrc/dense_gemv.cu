@@ -21,33 +21,6 @@ namespace dense {
 
 constexpr int kMaxWarps = 16;  // threads per CTA <= 512
 
-// Programmatic dependent launch (sm_90+, used when the op is asked for it): the kernel lets the
-// next one in the stream start as soon as all its CTAs are resident, and waits for the previous
-// one's completion (and memory) only before it touches x or y -- weights are constant, so their
-// first loads overlap the predecessor's tail. Without the launch attribute both are no-ops.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// Under PDL x may be the output of a predecessor still running when this kernel starts: read it
-// through the coherent path (ld.global.nc assumes data fixed for the kernel's lifetime) and in
-// asm volatile, so the compiler can't hoist it above pdl_wait(). (Reading x with __ldg there
-// failed the chained-graph test.) PDL is a template flag: the default kernels keep __ldg and
-// their tuned code -- switching them to this load cost up to 20% on some tuned shapes.
-__device__ __forceinline__ uint4 ld_x(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
 template <typename T> __device__ __forceinline__ float2 to_float2(uint32_t v);
 template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
     return __half22float2(*reinterpret_cast<__half2*>(&v));

@@ -174,28 +174,34 @@ struct LaneCtx {
     int k_blocks;        // k_in / 32
 };
 
+// x[k..k+7] of one block; under PDL through the coherent path after pdl_wait (common.cuh: ld_x).
+template <bool PDL, typename T>
+__device__ __forceinline__ uint4 x_chunk(const T* p) {
+    if constexpr (PDL) return ld_x(reinterpret_cast<const uint4*>(p));
+    else return *reinterpret_cast<const uint4*>(p);
+}
+
 // Load x for the 8 blocks of group grp (zero past k_in in a partial last group).
-template <typename T>
+template <bool PDL, typename T>
 __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<T>& ctx, int grp) {
     const int valid_blocks = ctx.k_blocks - grp * kGroupBlocks;
     const T* xg = ctx.x + grp * 256;
     if (valid_blocks >= kGroupBlocks) {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = *reinterpret_cast<const uint4*>(xg + 32 * j);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_chunk<PDL>(xg + 32 * j);
     } else {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j)
-            xv[j] = j < valid_blocks ? *reinterpret_cast<const uint4*>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? x_chunk<PDL>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
     }
 }
 
 // One group: x for its 8 blocks, then decode + MMAs. Padded columns past k_in have zero absmax;
 // their x is zero too, so they add exactly 0 (never 0 * Inf).
-template <int BITS, typename T>
+template <int BITS, typename T, bool PDL>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
-    load_x<T>(xv, ctx, grp);
+    load_x<PDL>(xv, ctx, grp);
     uint32_t w[4 * BITS];
 #pragma unroll
     for (int c = 0; c < BITS; ++c) {
@@ -239,7 +245,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // pipeline, accumulating into acc; at the end of every tile (or of the range) call
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them.
-template <int BITS, typename T, int S, typename Flush>
+template <int BITS, typename T, int S, bool PDL, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int n_groups, Flush&& flush) {
@@ -251,7 +257,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
         for (int i = 0; i < S; ++i) {  // unrolled: buf[] indices are compile-time (registers)
             if (u < u_end) {
                 if (u + S - 1 < u_end) load_group<BITS>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, T>(acc, buf[i], ctx, grp);
+                compute_group<BITS, T, PDL>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -286,7 +292,10 @@ __device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row) {
     return bias == nullptr ? 0.f : to_float(bias[row]);
 }
 
-template <int BITS, typename T, int MAXM>
+// PDL (template flag; launched with the programmatic-serialization attribute): trigger the next
+// kernel at entry; weights, scale and table (constants) are read before griddepcontrol.wait;
+// x, y, workspace and counters (stream-ordered data) only after it.
+template <int BITS, typename T, int MAXM, bool PDL>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -298,6 +307,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const int u_begin = sk.begin(w), u_end = sk.begin(w + 1);
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = qabsmax + g;
+    if constexpr (PDL) pdl_launch_dependents();
     // Start the first groups' loads before building the table: their latency hides the build.
     GroupData<BITS> buf[kStages(BITS)];
     if (w < n_warps) prologue<BITS, kStages(BITS)>(buf, qw_lane, qa_lane, u_begin, u_end);
@@ -306,6 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     m = m < MAXM ? m : MAXM;
     __syncthreads();
     if (w >= n_warps) return;
+    if constexpr (PDL) pdl_wait();  // x, y, workspace and counters belong to the stream order
     const LaneCtx<T> ctx = lane_ctx<BITS, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
@@ -344,7 +355,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, T, kStages(BITS)>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, n_groups, flush);
+    run_units<BITS, T, kStages(BITS), PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, n_groups, flush);
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
@@ -391,7 +402,7 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
     return total;
 }
 
-template <int BITS, typename T>
+template <int BITS, typename T, bool PDL>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -411,6 +422,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     auto tile_of = [&](int item) { return (item % items_per_expert) * tiles_per_item + warp / split; };
     auto first_unit = [&](int e, int tile) { return (int64_t(e) * n_tiles + tile) * n_groups + g_begin; };
 
+    if constexpr (PDL) pdl_launch_dependents();
     GroupData<BITS> buf[S_];
     bool prefetched = false;
     if (expert_offsets == nullptr) {
@@ -423,6 +435,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
     build_table<BITS, T>(codebook);
+    if constexpr (PDL) pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
     const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
     __syncthreads();
 
@@ -443,7 +456,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, T, S_>(buf, qw_lane, qa_lane, ctx, u0, u1, n_groups, flush);
+                run_units<BITS, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) {
@@ -481,22 +494,40 @@ int occupancy(K kernel, size_t smem) {
     return blocks;
 }
 
+// Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
+struct Launch {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    Launch(int grid, size_t smem, void* stream, int pdl) {
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(kWarps * 32);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = static_cast<cudaStream_t>(stream);
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = pdl ? 1 : 0;
+    }
+};
+
 template <int BITS, typename T, int MAXM>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
-                void* stream) {
+                int pdl, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = table_bytes<BITS, T>();
-    auto kernel = kbit_gemv_kernel<BITS, T, MAXM>;
+    auto kernel = pdl ? kbit_gemv_kernel<BITS, T, MAXM, true> : kbit_gemv_kernel<BITS, T, MAXM, false>;
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
     const int grid = (n_warps + kWarps - 1) / kWarps;
-    kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
-        scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles, n_groups,
-        n_warps, sk);
+    Launch l(grid, smem, stream, pdl);
+    const cudaError_t err = cudaLaunchKernelEx(
+        &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
+        codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
+        n_groups, n_warps, sk);
+    if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -510,19 +541,21 @@ inline int split_for(int n_groups) {
 template <int BITS, typename T>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
-                 int max_ctas, void* stream) {
+                 int max_ctas, int pdl, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1) return static_cast<int>(cudaErrorInvalidValue);
     const size_t smem = split_smem<BITS>(n_experts);
-    auto kernel = kbit_split_gemv_kernel<BITS, T>;
+    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true> : kbit_split_gemv_kernel<BITS, T, false>;
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
-    kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
+    Launch l(grid, smem, stream, pdl);
+    const cudaError_t err = cudaLaunchKernelEx(
+        &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
         n_experts, n, k_in, n_tiles, n_groups, split);
+    if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -533,24 +566,24 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
         const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
         void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,      \
-        void* stream) {                                                                                       \
+        int pdl, void* stream) {                                                                              \
         return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
-                                                        workspace, counters, m, n, k_in, n_warps, stream);    \
+                                                        workspace, counters, m, n, k_in, n_warps, pdl, stream); \
     }                                                                                                         \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M>,                        \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                 \
                                        lowbit::gemv::table_bytes<BITS, TYPE>());                                    \
     }
 #define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
     extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
         const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
         const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
-        int max_ctas, void* stream) {                                                                          \
+        int max_ctas, int pdl, void* stream) {                                                                 \
         return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
-                                                      y, bias, n_experts, n, k_in, max_ctas, stream);          \
+                                                      y, bias, n_experts, n, k_in, max_ctas, pdl, stream);     \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE>,                     \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,              \
                                        lowbit::gemv::split_smem<BITS>(n_experts));                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \

@@ -16,13 +16,15 @@ _pdl = os.environ.get("LOWBIT_PDL", "0") == "1"
 
 @contextlib.contextmanager
 def programmatic_launch(enabled: bool = True):
-    """Launch lowbit's dense GEMVs with programmatic dependent launch (sm_90+) inside the block.
+    """Launch lowbit's GEMVs (dense fp16/bf16 and kbit, grouped included) with programmatic
+    dependent launch (sm_90+) inside the block.
 
     Each kernel then lets the next kernel in the stream start once all its CTAs are resident,
-    and itself waits for its predecessor only before reading x / writing y: its first weight
-    loads overlap the predecessor's tail. Off by default (``LOWBIT_PDL=1`` turns it on): the
-    gain is real only where the predecessor is a kernel that triggers early (another lowbit
-    GEMV); CUDA graphs captured inside the block keep the setting.
+    and itself waits for its predecessor only before reading x (and expert offsets) / writing y:
+    its first weight loads (and the kbit lookup table) overlap the predecessor's tail. Off by
+    default (``LOWBIT_PDL=1`` turns it on): the gain is real only where the predecessor is a
+    kernel that triggers early (another lowbit GEMV); CUDA graphs captured inside the block keep
+    the setting. The kbit kernels' PDL path is not measured yet (issue 14).
     """
     global _pdl
     prev, _pdl = _pdl, bool(enabled)

@@ -8,8 +8,16 @@ import torch
 
 from .. import dispatch, ops
 from ..formats import kbit, kbit_tiled
+from . import cuda_dense
 from .library import library_or_none as _library_or_none
 from .library import ptr, stream_of
+
+_PDL_ARG = (ctypes.c_int(0), ctypes.c_int(1))
+
+
+def _pdl_arg(supported: bool) -> ctypes.c_int:
+    """Programmatic dependent launch for this call: ``lowbit.programmatic_launch()`` / LOWBIT_PDL, sm_90+."""
+    return _PDL_ARG[int(cuda_dense._pdl and supported)]
 
 
 @ops.kbit_dequantize.register_kernel("cuda")
@@ -140,6 +148,7 @@ class GemvLauncher:
         self.tensors = (qweight, qabsmax, codebook, scale)  # kept alive: the plans hold their addresses
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
+        self.pdl_ok = cuda_dense.pdl_supported(self.device)
         self._plans: dict = {}
 
     def _plan(self, dtype, m):
@@ -170,13 +179,14 @@ class GemvLauncher:
         b = None if bias is None else vp(bias.data_ptr())
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
-            err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas, stream)
+            err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
+                          _pdl_arg(self.pdl_ok), stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
-                          warps, stream)
+                          warps, _pdl_arg(self.pdl_ok), stream)
         if err:
             self.lib.raise_error("kbit_gemv", err)
         return y
@@ -193,6 +203,7 @@ class GroupedLauncher:
         self.experts = qweight.shape[0]
         self.tensors = (qweight, qabsmax, codebook, scales)
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
+        self.pdl_ok = cuda_dense.pdl_supported(self.device)
         self._plans: dict = {}
 
     def _plan(self, dtype):
@@ -212,7 +223,7 @@ class GroupedLauncher:
             return y
         vp = ctypes.c_void_p
         err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
-                 n, k, ctas, vp(_current_stream(self.index)))
+                 n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error("kbit_grouped_gemv", err)
         return y

@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -26,12 +26,13 @@ SIGNATURES: dict[str, list] = {
     "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
     "read_bw": [_P, _I64, _P, ctypes.c_int, ctypes.c_int, _P],
     "copy_bw": [_P, _P, _I64, ctypes.c_int, _P],
-    # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps, stream
-    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps,
+    # pdl (0/1), stream
+    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "kbit_gemv_occupancy": [],
     # x, expert_offsets (null: dense), m_dense, qweight, qabsmax, codebook, scales, y, bias ([n_experts, n]
-    # or null), n_experts, n, k_in, max_ctas, stream
-    "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
+    "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "kbit_split_gemv_occupancy": [_I],
     # x, w, y, n, k, tpr, threads, pdl (0/1), stream
     "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],

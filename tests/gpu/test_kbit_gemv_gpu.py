@@ -62,9 +62,10 @@ def test_gemv_matches_reference(bits, m, dtype, dense_path, gen):
         assert err <= BOUND[dtype], f"N={n} K_in={k_in}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("pdl", [0, 1])
 @pytest.mark.parametrize("bits", [2, 5])
 @pytest.mark.parametrize("m", [1, 4])
-def test_gemv_poisoned_output_and_guard(bits, m, gen):
+def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
     """Direct C call on a NaN-filled buffer with a guard tail: every output written, nothing past it."""
     for n, k_in in ((37, 96), (1000, 4096), (64, 8192)):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
@@ -77,7 +78,7 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
         ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                 ptr(counters(x.device, tiles)),
-                m, n, k_in, warps, stream_of(x.device)]
+                m, n, k_in, warps, pdl, stream_of(x.device)]
         lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
         torch.cuda.synchronize()
         y = buf[: m * n].view(m, n)
@@ -85,9 +86,10 @@ def test_gemv_poisoned_output_and_guard(bits, m, gen):
         assert buf[m * n :].isnan().all()
 
 
+@pytest.mark.parametrize("pdl", [0, 1])
 @pytest.mark.parametrize("bits", [2, 5])
 @pytest.mark.parametrize("m", [1, 4])
-def test_split_gemv_poisoned_output_and_guard(bits, m, gen):
+def test_split_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
     """Split-K-in-CTA kernel, direct C call, NaN-filled output with a guard tail; also a shape with
     more CTA items than one wave (grid-stride over items)."""
     lib = get_library()
@@ -98,7 +100,7 @@ def test_split_gemv_poisoned_output_and_guard(bits, m, gen):
         buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
         max_ctas = split_max_ctas(lib, x.device, bits, torch.float16, 1)
         args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n, k_in,
-                max_ctas, stream_of(x.device)]
+                max_ctas, pdl, stream_of(x.device)]
         lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
         torch.cuda.synchronize()
         assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in}"
@@ -214,7 +216,7 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
     tokens = x.shape[0]
     buf = torch.full((tokens * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
     args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), ptr(None), e_count, n, k_in,
-            split_max_ctas(lib, x.device, bits, torch.float16, e_count), stream_of(x.device)]
+            split_max_ctas(lib, x.device, bits, torch.float16, e_count), 0, stream_of(x.device)]
     lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
     torch.cuda.synchronize()
     assert buf[tokens * n :].isnan().all()
@@ -225,3 +227,45 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
         err = _rel(y[lo:hi], _ref(x[lo:hi], ex.expert(e)))
         assert err <= 1e-3, f"expert {e} ({hi - lo} tokens): {err:.2e}"
     assert torch.equal(y, lowbit.kbit_grouped_linear(x, off, ex))
+
+
+@pytest.mark.parametrize("dense_path", ["split", "streamk"])
+def test_pdl_chain_in_graph_equals_serialized_chain(dense_path, gen, monkeypatch):
+    """Programmatic dependent launch: y2 = W2 (W1 x) (kbit GEMVs back to back, the second reading the
+    first's output) and a grouped GEMV whose expert offsets come from the kernel before it, captured
+    in a CUDA graph with PDL, bit-equal to the same chain launched without it."""
+    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", dense_path)
+    w1 = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(2048, 4096, bias=False), bits=4).half().cuda()
+    w2 = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(4096, 1024, bias=False), bits=3).half().cuda()
+    experts, n, k_in = 16, 512, 1024
+    ex = lowbit.quantize_kbit_experts(torch.randn(experts, n, k_in, generator=gen), bits=4).to("cuda")
+    counts = torch.randint(0, 3, (experts,), generator=gen).cuda()
+    x = torch.randn(2, 2048, generator=gen).half().cuda()
+    xg = torch.randn(int(counts.sum()), k_in, generator=gen).half().cuda()
+
+    def chain():
+        y = w2(w1(x))
+        off = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # written by a kernel right before the GEMV
+        return y, lowbit.kbit_grouped_linear(xg, off, ex)
+
+    with torch.no_grad():
+        want = chain()
+        for t in want:
+            assert torch.isfinite(t).all()
+        with lowbit.programmatic_launch():
+            w1._launcher = w2._launcher = None
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                chain()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = chain()
+        for _ in range(3):
+            for t in got:
+                t.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
