@@ -2,6 +2,11 @@
 stream-K kernel at several warp counts.
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
+                                    [--split-ctas 132,264,528] [--pdl]
+
+``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
+lookup table fewer times); ``--pdl``: every call with programmatic dependent launch (back-to-back
+calls of the same GEMV, as in the graph, overlap).
 
 Prints one line per (shape, bits, kernel) with us and % of measured read bandwidth, and which
 kernel the dispatch rule (lowbit.kernels.cuda_kbit.use_split) picks.
@@ -27,6 +32,8 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--shapes", default=None, help="comma-separated K_inxN (default: a fixed list)")
     ap.add_argument("--no-warps", action="store_true", help="stream-K at its default warp count only")
+    ap.add_argument("--split-ctas", default="", help="comma-separated grid caps for the split kernel")
+    ap.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
     args = ap.parse_args()
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     lib = get_library()
@@ -51,21 +58,24 @@ def main() -> None:
             cnt = counters(dev, tiles)
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
-            def split_call(c):
+            pdl = int(args.pdl)
+
+            def split_call(c, ctas):
                 a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
-                     k_in, max_ctas, 0, stream_of(dev)]
+                     k_in, ctas, pdl, stream_of(dev)]
                 lib.call("kbit_split_gemv", a, bits=bits, dtype=torch.float16)
 
-            t = graph_time([lambda c=c: split_call(c) for c in copies], replays=10)
-            pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-            tag = " <- auto" if use_split(lib, dev, bits, torch.float16, n, k_in) else ""
-            print(f"{k_in}x{n} K={bits} split-in-CTA       {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+            for ctas in [max_ctas] + [int(v) for v in args.split_ctas.split(",") if v]:
+                t = graph_time([lambda c=c, k=ctas: split_call(c, k) for c in copies], replays=10)
+                pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+                tag = " <- auto" if ctas == max_ctas and use_split(lib, dev, bits, torch.float16, n, k_in) else ""
+                print(f"{k_in}x{n} K={bits} split-in-CTA ctas<={ctas:5d} {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             for warps in cands:
                 ws = torch.empty(warps, 2, 128, device=dev)
 
                 def call(c):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(ws), ptr(cnt),
-                         args.m, n, k_in, warps, 0, stream_of(dev)]
+                         args.m, n, k_in, warps, pdl, stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 
                 t = graph_time([lambda c=c: call(c) for c in copies], replays=10)
