@@ -82,7 +82,7 @@ def _lowbit_dense(dtype: torch.dtype, pdl: bool = False) -> Method:
     )
 
 
-def _kbit(bits: int, grouped: bool = True) -> Method:
+def _kbit(bits: int, grouped: bool = True, pdl: bool = False) -> Method:
     def prepare(w):
         q = lowbit.quantize_kbit(w, bits=bits)
         q.tiled()
@@ -97,19 +97,28 @@ def _kbit(bits: int, grouped: bool = True) -> Method:
         off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=x.device, dtype=torch.int64)
         return x, off
 
+    def run(x, q):
+        with lowbit.programmatic_launch(pdl):
+            return lowbit.kbit_linear(x, q)
+
+    def run_grouped(inp, ex):
+        with lowbit.programmatic_launch(pdl):
+            return lowbit.kbit_grouped_linear(inp[0], inp[1], ex)
+
     return Method(
-        name=f"lowbit-kbit{bits}" + ("" if grouped else "-loop"),
+        name=f"lowbit-kbit{bits}" + ("" if grouped else "-loop") + ("-pdl" if pdl else ""),
         description=f"lowbit kbit K={bits} ({bits + 0.25} bits/weight), lowbit.kbit_linear"
-        + (" / kbit_grouped_linear for MoE experts" if grouped else "; MoE experts one launch each"),
+        + (" / kbit_grouped_linear for MoE experts" if grouped else "; MoE experts one launch each")
+        + ("; programmatic dependent launch: overlaps each call with the previous one" if pdl else ""),
         act_dtype=torch.float16,
         prepare=prepare,
-        run=lambda x, q: lowbit.kbit_linear(x, q),
+        run=run,
         weight_bytes=lambda q: q.nbytes(),
         reference=lambda x, q: kbit.linear_reference(x, *q.tensors(), q.bits),
         tolerance=2e-3,  # fp16 activations/outputs vs the fp32 reference
         prepare_experts=prepare_experts if grouped else None,
         prepare_input=prepare_input if grouped else None,
-        run_grouped=(lambda inp, ex: lowbit.kbit_grouped_linear(inp[0], inp[1], ex)) if grouped else None,
+        run_grouped=run_grouped if grouped else None,
         experts_only=not grouped,
     )
 
@@ -250,7 +259,7 @@ def all_methods() -> dict[str, Method]:
     methods = [_cublas(torch.float16), _cublas(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16), _lowbit_dense(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
-    methods += [_kbit(b) for b in kbit.SUPPORTED_BITS]
+    methods += [_kbit(b) for b in kbit.SUPPORTED_BITS] + [_kbit(4, pdl=True)]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]
     return {m.name: m for m in methods}
