@@ -93,6 +93,17 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
     return v;
 }
 
+// Grid for a grid-stride kernel: `want` CTAs, capped at one wave of resident CTAs of `kernel`.
+template <typename K>
+inline unsigned one_wave_grid(K kernel, int threads, int64_t want) {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    const int64_t wave = int64_t(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    return static_cast<unsigned>(want < wave ? want : wave);
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 }  // namespace lowbit

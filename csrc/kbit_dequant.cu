@@ -78,12 +78,7 @@ int launch_kbit_dequant(const uint32_t* planes, const uint8_t* absmax, const flo
     // One wave of resident warps, each looping over 32-block steps.
     const int64_t steps = (n_blocks + 31) / 32;
     const int64_t want = (steps + kDequantWarps - 1) / kDequantWarps;
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kbit_dequant_kernel<BITS, T>, kDequantWarps * 32, 0);
-    const int64_t wave = int64_t(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
-    const unsigned grid = static_cast<unsigned>(want < wave ? want : wave);
+    const unsigned grid = one_wave_grid(kbit_dequant_kernel<BITS, T>, kDequantWarps * 32, want);
     kbit_dequant_kernel<BITS, T><<<grid, kDequantWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
         planes, absmax, codebook, scale, static_cast<T*>(out), n_blocks);
     return static_cast<int>(cudaGetLastError());

@@ -74,14 +74,8 @@ int launch_kbit_tiled_dequant(const void* qweight, const void* qabsmax, const fl
     if (n <= 0 || k_in <= 0) return 0;
     const int tiles = (n + 15) / 16, groups = (k_in + 255) / 256;
     const int64_t units = int64_t(tiles) * groups;
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kbit_tiled_dequant_kernel<BITS, T>,
-                                                  kTiledDequantWarps * 32, 0);
-    const int64_t wave = int64_t(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
-    const int64_t want = (units + kTiledDequantWarps - 1) / kTiledDequantWarps;
-    const unsigned grid = static_cast<unsigned>(want < wave ? want : wave);
+    const unsigned grid = one_wave_grid(kbit_tiled_dequant_kernel<BITS, T>, kTiledDequantWarps * 32,
+                                        (units + kTiledDequantWarps - 1) / kTiledDequantWarps);
     kbit_tiled_dequant_kernel<BITS, T><<<grid, kTiledDequantWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(out),
         n, k_in, groups, units);

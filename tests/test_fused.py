@@ -11,28 +11,13 @@ from torch import nn
 import lowbit
 from lowbit.nn import FusedKbitLinear, KbitLinear, KbitLinearPart, fuse_linears
 
-from .tiny_models import build, rel_err
+from .tiny_models import build, reference_copy, rel_err
 
 pytest.importorskip("transformers")
 
 
 def _seed(gen):
     return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-
-
-def _reference(quantized, original):
-    """``original`` with every quantized weight replaced by its reference dequantization (parts: their rows)."""
-    for name, mod in quantized.named_modules():
-        if isinstance(mod, KbitLinearPart):
-            f = mod.fused
-            w = f.dequantize(torch.float32)[f.offsets[mod.index]:f.offsets[mod.index] + mod.out_features]
-            original.get_submodule(name).weight.data = w
-        elif isinstance(mod, KbitLinear) and not isinstance(mod, FusedKbitLinear):
-            original.get_submodule(name).weight.data = mod.dequantize(torch.float32)
-        elif isinstance(mod, lowbit.nn.KbitMoeExperts):
-            ex = original.get_submodule(name)
-            ex.gate_up_proj.data, ex.down_proj.data = mod.dequantize(torch.float32)
-    return original
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe", "glm4_moe_lite", "qwen3_next"])
@@ -44,7 +29,7 @@ def test_fused_model_is_the_reference_model(name, gen):
     assert fused and any(x.kind == "fused" for x in report.layers)
     assert not any(isinstance(m, nn.Linear) for n, m in model.named_modules() if not n.endswith("lm_head")
                    and not n.endswith("gate") and "router" not in n)  # every block linear quantized
-    ref = _reference(model, build(name, seed))
+    ref = reference_copy(model, build(name, seed))
     ids = torch.randint(0, 320, (2, 7), generator=gen)
     with torch.no_grad():
         assert rel_err(model(ids).logits, ref(ids).logits) < 1e-5

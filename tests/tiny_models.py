@@ -65,7 +65,11 @@ def reference_copy(quantized, original):
     import lowbit
 
     for name, mod in quantized.named_modules():
-        if isinstance(mod, lowbit.nn.KbitLinear):
+        if isinstance(mod, lowbit.nn.KbitLinearPart):  # its rows of the fused weight
+            f, lin = mod.fused, original.get_submodule(name)
+            w = f.dequantize(torch.float32)[f.offsets[mod.index]:f.offsets[mod.index] + mod.out_features]
+            lin.weight.data = w.to(lin.weight.device, lin.weight.dtype)
+        elif isinstance(mod, lowbit.nn.KbitLinear) and not isinstance(mod, lowbit.nn.FusedKbitLinear):
             lin = original.get_submodule(name)
             lin.weight.data = mod.dequantize(torch.float32).to(lin.weight.device, lin.weight.dtype)
         elif isinstance(mod, lowbit.nn.KbitMoeExperts):

@@ -247,14 +247,12 @@ def test_fused_model_on_cuda_matches_unfused(name, dtype, gen):
     same fused weights (eager fast path, op path at large M), and greedy graph decoding runs."""
     from lowbit.hf import decode
 
-    from ..test_fused import _reference
-
     seed = _seed(gen)
     model = build(name, seed, dtype=dtype, device="cuda")
     plain, plain_ref = copy.deepcopy(model), build(name, seed)
     lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
     assert any(isinstance(m, lowbit.nn.FusedKbitLinear) for m in model.modules())
-    ref = _reference(model, build(name, seed))
+    ref = reference_copy(model, build(name, seed))
     for batch, seq in [(1, 1), (3, 1), (2, 6)]:
         ids = torch.randint(0, 320, (batch, seq), generator=gen)
         with torch.no_grad():
