@@ -84,3 +84,36 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.detach().double(), b.detach().double()
     assert torch.isfinite(a).all(), "NaN/Inf in the result"
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+class RoutingRecorder:
+    """Records the experts every MoE router picks (transformers' *Router modules return (logits, weights,
+    indices)), so a test can tell a routing flip -- a near-tie decided differently by rounding, legitimate
+    in any precision -- from a wrong result. Use as a context manager around one forward."""
+
+    def __init__(self, model):
+        self.model, self.picks, self._hooks = model, [], []
+
+    def __enter__(self):
+        self.picks.clear()
+        for mod in self.model.modules():
+            if type(mod).__name__.lower().endswith("router"):
+                self._hooks.append(mod.register_forward_hook(
+                    lambda m, i, out: self.picks.append(out[2].detach().sort(-1).values.cpu())))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def flipped_rows(a: RoutingRecorder, b: RoutingRecorder, batch: int) -> set[int]:
+    """Batch rows in which some token was routed to different experts by ``a`` and ``b`` (a flip changes that
+    token and, through attention in later layers, the rest of its sequence)."""
+    assert len(a.picks) == len(b.picks), "the two models ran different numbers of routers"
+    rows = set()
+    for x, y in zip(a.picks, b.picks):
+        tokens = (x != y).any(-1).nonzero().flatten()
+        rows.update((tokens // (x.shape[0] // batch)).tolist())
+    return rows

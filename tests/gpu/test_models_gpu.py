@@ -16,7 +16,7 @@ import lowbit
 from lowbit import ops
 from lowbit.nn import KbitLinear, KbitMoeExperts
 
-from ..tiny_models import build, reference_copy, rel_err
+from ..tiny_models import RoutingRecorder, build, flipped_rows, reference_copy, rel_err
 
 pytestmark = pytest.mark.gpu
 BOUND = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -46,15 +46,22 @@ def test_model_on_cuda_matches_cpu_reference(name, dtype, gen):
     plain, plain_ref = copy.deepcopy(model), build(name, seed)  # the unquantized model in dtype and in fp32
     lowbit.quantize_model(model, bits=4, progress=False)
     ref = reference_copy(model, build(name, seed))  # fp32 on CPU
+    flips = 0
     for batch, seq in [(1, 1), (3, 1), (1, 11), (2, 6)]:  # GEMV paths (M <= 4) and the large-M path
         ids = torch.randint(0, 320, (batch, seq), generator=gen)
-        with torch.no_grad():
-            got = model(ids.cuda()).logits
+        with torch.no_grad(), RoutingRecorder(model) as r_got, RoutingRecorder(ref) as r_want:
+            got = model(ids.cuda()).logits.float().cpu()
             want = ref(ids).logits
-            # the model's own rounding error in dtype (Qwen3-Next's recurrent layers and MoE routing flips
-            # amplify it): lowbit may not add more than as much again
+            # the model's own rounding error in dtype (Qwen3-Next's recurrent layers amplify it): lowbit may not
+            # add more than as much again
             floor = rel_err(plain(ids.cuda()).logits.float().cpu(), plain_ref(ids).logits)
-        assert rel_err(got.float().cpu(), want) < max(BOUND[dtype], 2 * floor), (batch, seq, floor)
+        # a router near-tie (seen: top-2 margin 2e-5) decided the other way changes that sequence by far more
+        # than rounding: check the other rows, and allow such flips only rarely
+        keep = [b for b in range(batch) if b not in flipped_rows(r_got, r_want, batch)]
+        flips += batch - len(keep)
+        if keep:
+            assert rel_err(got[keep], want[keep]) < max(BOUND[dtype], 2 * floor), (batch, seq, floor, keep)
+    assert flips <= 1, f"{flips} sequences routed differently: more than near-ties"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=ids_)
