@@ -71,7 +71,7 @@ def convert(model, variant):
         return swap(model, TorchInt4Linear)
     if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][-keep-<module name>]
         variant, _, keep = variant.partition("-keep-")
-        fuse = "+fuse" in variant
+        fuse = "+fuse" in variant  # quantize_model's default is fused; plain kbit<K> rows stay unfused
         variant = variant.replace("+fuse", "")
         bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
         skip = lowbit.convert.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())

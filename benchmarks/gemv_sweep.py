@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--no-warps", action="store_true", help="stream-K at its default warp count only")
     ap.add_argument("--split-ctas", default="", help="comma-separated grid caps for the split kernel")
     ap.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
+    ap.add_argument("--peers", action="store_true",
+                    help="also time torch int4 (tinygemm, bf16) per shape and, once, a 1-element fill kernel "
+                         "(the graph's per-launch floor)")
     args = ap.parse_args()
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     lib = get_library()
@@ -41,6 +44,10 @@ def main() -> None:
     print(f"read bandwidth {bw / 1e12:.3f} TB/s")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    if args.peers:
+        tiny = torch.empty(1, device=dev)
+        t = graph_time([lambda: tiny.zero_()] * 8, replays=10)
+        print(f"floor: 1-element fill kernel {t.median_us:8.2f} us per launch")
     for k_in, n in shapes:
         for bits in map(int, args.bits.split(",")):
             q = lowbit.quantize_kbit(torch.randn(n, k_in, device=dev, dtype=torch.float16), bits=bits)
@@ -82,6 +89,17 @@ def main() -> None:
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
                 tag = " <- auto" if warps == full and not use_split(lib, dev, bits, torch.float16, n, k_in) else ""
                 print(f"{k_in}x{n} K={bits} stream-K warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+            if args.peers and bits == 4 and k_in % 128 == 0:
+                from lowbit.bench.methods import INT4_GROUP, _int4_prepare
+
+                w = torch.randn(n, k_in, device=dev, dtype=torch.bfloat16)
+                packs = [_int4_prepare(w) for _ in range(len(copies))]
+                xb = x.to(torch.bfloat16)
+                t = graph_time([lambda p=p: torch.ops.aten._weight_int4pack_mm(xb, p[0], INT4_GROUP, p[1]) for p in packs],
+                               replays=10)
+                ib = packs[0][0].numel() * packs[0][0].element_size() + packs[0][1].numel() * 2
+                print(f"{k_in}x{n} torch-int4 (tinygemm, bf16)        {t.median_us:8.2f} us {100 * ib / (t.median_us * 1e-6) / bw:5.1f}%")
+                del packs
             del copies
 
 

@@ -71,16 +71,16 @@ __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
 // conflicts), codebook values straight from global memory (L1/L2): no staging barrier, and the
 // fully unrolled loop issues all its loads at once, which matters for small GEMVs whose whole
 // run time is a few microseconds.
-template <int BITS, typename T>
+template <int BITS, typename T, int THREADS = kWarps * 32>
 __device__ __forceinline__ void build_table(const float* __restrict__ codebook) {
     constexpr int kChunksPerEntry = kReplicas(BITS) / 4;
     constexpr int kChunks = kTableEntries(BITS) * kChunksPerEntry;
     constexpr int kMask = (1 << BITS) - 1;
     uint4* table = reinterpret_cast<uint4*>(g_table);
 #pragma unroll
-    for (int i = 0; i < (kChunks + kWarps * 32 - 1) / (kWarps * 32); ++i) {
-        const int c = i * kWarps * 32 + threadIdx.x;
-        if (kChunks % (kWarps * 32) == 0 || c < kChunks) {
+    for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+        const int c = i * THREADS + threadIdx.x;
+        if (kChunks % THREADS == 0 || c < kChunks) {
             const int e = c / kChunksPerEntry;  // field value = code0 | code1 << K
             const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
             table[c] = make_uint4(v, v, v, v);
@@ -376,12 +376,13 @@ template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_expert
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
+template <int W>
 __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ offsets,
                                const float* __restrict__ scales, int n_experts) {
-    __shared__ int warp_count[kWarps];
+    __shared__ int warp_count[W];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int total = 0;
-    for (int e0 = 0; e0 < n_experts; e0 += kWarps * 32) {
+    for (int e0 = 0; e0 < n_experts; e0 += W * 32) {
         const int e = e0 + threadIdx.x;
         int lo = 0, hi = 0;
         if (e < n_experts) { lo = static_cast<int>(offsets[e]); hi = static_cast<int>(offsets[e + 1]); }
@@ -391,7 +392,7 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
         __syncthreads();
         int before = total, chunk = 0;
 #pragma unroll
-        for (int v = 0; v < kWarps; ++v) {
+        for (int v = 0; v < W; ++v) {
             before += v < warp ? warp_count[v] : 0;
             chunk += warp_count[v];
         }
@@ -402,19 +403,20 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
     return total;
 }
 
-template <int BITS, typename T, bool PDL>
-__global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
+template <int BITS, typename T, bool PDL, int W>
+__global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
     int n_tiles, int n_groups, int split) {
     constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
-    __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
+    __shared__ float partial[W][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int tiles_per_item = kWarps / split;
+    const int tiles_per_item = W / split;
     const int items_per_expert = (n_tiles + tiles_per_item - 1) / tiles_per_item;
+    const bool warp_used = warp < split * tiles_per_item;  // split not dividing W leaves W % split warps idle
     const int slice = warp % split;
     const int g_begin = slice * n_groups / split, g_end = (slice + 1) * n_groups / split;  // >= 1 group
     const uint4* qw_lane = qweight + lane;
@@ -428,22 +430,22 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     if (expert_offsets == nullptr) {
         // Dense: the first item is known before anything is read, so its loads overlap the table build.
         const int tile = tile_of(blockIdx.x);
-        if (blockIdx.x < items_per_expert && tile < n_tiles) {
+        if (warp_used && blockIdx.x < items_per_expert && tile < n_tiles) {
             prologue<BITS, S_>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
             prefetched = true;
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
-    build_table<BITS, T>(codebook);
+    build_table<BITS, T, W * 32>(codebook);
     if constexpr (PDL) pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
-    const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
+    const int n_active = expert_offsets == nullptr ? 1 : compact_experts<W>(list, expert_offsets, scales, n_experts);
     __syncthreads();
 
     const int items = n_active * items_per_expert;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform loop
         const ActiveExpert ae = list[item / items_per_expert];
         const int tile = tile_of(item);
-        const bool has_tile = tile < n_tiles;  // warp-uniform
+        const bool has_tile = warp_used && tile < n_tiles;  // warp-uniform
         const float scale = ae.scale;
         const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
         for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
@@ -487,10 +489,10 @@ int configure(K kernel, size_t smem) {
 
 // CTAs of this kernel that fit on one SM (registers, shared memory): sizes the one-wave grid.
 template <typename K>
-int occupancy(K kernel, size_t smem) {
+int occupancy(K kernel, size_t smem, int threads = kWarps * 32) {
     if (configure(kernel, smem)) return 0;
     int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) return 0;
     return blocks;
 }
 
@@ -498,9 +500,9 @@ int occupancy(K kernel, size_t smem) {
 struct Launch {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    Launch(int grid, size_t smem, void* stream, int pdl) {
+    Launch(int grid, size_t smem, void* stream, int pdl, int threads = kWarps * 32) {
         cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(kWarps * 32);
+        cfg.blockDim = dim3(threads);
         cfg.dynamicSmemBytes = smem;
         cfg.stream = static_cast<cudaStream_t>(stream);
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -531,26 +533,28 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     return static_cast<int>(cudaGetLastError());
 }
 
-// Warps that share a tile in the split kernel: a power of two dividing kWarps, at most n_groups.
-inline int split_for(int n_groups) {
-    int s = 1;
-    while (s * 2 <= kWarps && s * 2 <= n_groups) s *= 2;
-    return s;
-}
+// Warps that share a tile in the split kernel: min(n_groups, kWarps), so that no warp decodes more
+// groups than it must -- a warp's groups are decoded one after another, and each extra one costs
+// ~0.6-0.9 us on a small GEMV (576x576 K=4: 4.59 -> 3.68 us with 3 warps per tile instead of 2).
+// When split does not divide kWarps, the CTA's last kWarps % split warps idle. (16-warp CTAs with up
+// to 16 warps per tile, for rows of more than 8 groups, measured slower: 4096x4096 7.63 -> 9.29 us.)
+// Mirrored by lowbit.kernels.cuda_kbit.split_items.
+inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarps; }
 
 template <int BITS, typename T>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
                  int max_ctas, int pdl, void* stream) {
+    constexpr int W = kWarps;
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    const int split = split_for(n_groups), tiles_per_item = kWarps / split;
+    const int split = split_for(n_groups), tiles_per_item = W / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1) return static_cast<int>(cudaErrorInvalidValue);
     const size_t smem = split_smem<BITS>(n_experts);
-    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true> : kbit_split_gemv_kernel<BITS, T, false>;
+    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true, W> : kbit_split_gemv_kernel<BITS, T, false, W>;
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
-    Launch l(grid, smem, stream, pdl);
+    Launch l(grid, smem, stream, pdl, W * 32);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
@@ -583,7 +587,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                                                       y, bias, n_experts, n, k_in, max_ctas, pdl, stream);     \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,              \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false, 8>,           \
                                        lowbit::gemv::split_smem<BITS>(n_experts));                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \

@@ -106,8 +106,8 @@ def test_opcheck_tiled_ops(gen):
 
 
 def test_split_items_mirror_kernel_rule():
-    """split_items (host) mirrors split_for in csrc/kbit_gemv.cu: S = largest power of two <= min(8, groups)
-    warps per tile, 8 / S tiles per CTA item."""
+    """split_items (host) mirrors split_for in csrc/kbit_gemv.cu: S = min(8, groups) warps per tile,
+    8 // S tiles per CTA item."""
     from lowbit.kernels.cuda_kbit import split_items
 
     assert split_items(16, 256) == 1        # 1 tile, 1 group: S=1, 8 tiles per item
@@ -115,7 +115,11 @@ def test_split_items_mirror_kernel_rule():
     assert split_items(512, 2048) == 32     # 32 tiles, 8 groups: S=8, one tile per item
     assert split_items(2048, 512) == 32     # 128 tiles, 2 groups: S=2, 4 tiles per item
     assert split_items(1024, 1024) == 32    # 64 tiles, 4 groups: S=4, 2 tiles per item
-    assert split_items(64, 256 * 3) == 1    # 4 tiles, 3 groups: S=2 (slices of 1 and 2 groups), 4 tiles per item
+    assert split_items(64, 256 * 3) == 2    # 4 tiles, 3 groups: S=3 (2 warps idle), 2 tiles per item
+    assert split_items(576, 576) == 18      # SmolLM2: 36 tiles, 3 groups (576 pads to 768)
+    assert split_items(2048, 1536) == 128   # 6 groups: S=6, one tile per item
+    assert split_items(2048, 8192) == 128   # 32 groups: S=8, one tile per item
+    assert split_items(64 * 7, 256 * 7 - 32) == 28  # 7 groups (last partial): S=7, 1 warp idle
 
 
 def test_tiled_dequantize_op_on_cpu_is_the_reference():

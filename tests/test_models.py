@@ -51,7 +51,7 @@ def test_report_numbers(gen):
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     before = tiny_models.transformers  # noqa: F841 (import check)
     total_before = lowbit.convert.model_bytes(model)
-    report = lowbit.quantize_model(model, bits=4, progress=False)
+    report = lowbit.quantize_model(model, bits=4, fuse=False, progress=False)  # per-linear accounting
     names = {x.name for x in report.layers}
     assert "lm_head" not in names and ("lm_head", "output embedding (lm_head), skipped by default") in report.skipped
     assert names == {n for n in linears if n != "lm_head"} | {f"model.layers.{i}.mlp.experts" for i in range(2)}
@@ -74,7 +74,7 @@ def test_skip_rules(gen):
     model = build("llama", _seed(gen))
     model.model.layers[0].mlp.odd = nn.Linear(40, 8)  # K_in % 32 != 0: stays, with a warning
     with pytest.warns(UserWarning, match="odd"):
-        report = lowbit.quantize_model(model, bits=4, skip=["*.self_attn.q_proj"], progress=False)
+        report = lowbit.quantize_model(model, bits=4, skip=["*.self_attn.q_proj"], fuse=False, progress=False)
     skipped = dict(report.skipped)
     assert "multiple of 32" in skipped["model.layers.0.mlp.odd"]
     assert isinstance(model.model.layers[0].mlp.odd, nn.Linear)
@@ -83,7 +83,8 @@ def test_skip_rules(gen):
     assert isinstance(model.model.embed_tokens, nn.Embedding)
 
     model = build("llama", _seed(gen))
-    report = lowbit.quantize_model(model, bits=3, skip=lambda n, m: n.endswith("down_proj"), progress=False)
+    # each linear alone here (fused groups: tests/test_fused.py)
+    report = lowbit.quantize_model(model, bits=3, skip=lambda n, m: n.endswith("down_proj"), fuse=False, progress=False)
     assert isinstance(model.model.layers[0].mlp.down_proj, nn.Linear)
     assert isinstance(model.model.layers[0].mlp.up_proj, KbitLinear)
     again = lowbit.quantize_model(model, bits=3, progress=False)  # a second call takes only what is left
@@ -179,7 +180,7 @@ def test_load_onto_meta_skeleton(tmp_path, gen):
 def saved(tmp_path, gen):
     seed = _seed(gen)
     model = build("qwen3_moe", seed)
-    lowbit.quantize_model(model, bits=4, progress=False)
+    lowbit.quantize_model(model, bits=4, fuse=False, progress=False)  # names below are per linear
     lowbit.save_quantized(model, tmp_path, max_shard_bytes=200_000)
     return tmp_path, seed
 

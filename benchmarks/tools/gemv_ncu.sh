@@ -7,9 +7,9 @@ export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cach
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 SHAPES=${SHAPES:-4096x1024,4096x4096,4096x6144,4096x14336,4096x28672,14336x4096,576x576,2048x512}
 BITS=${BITS:-4}
-python3 -m lowbit build --arch sm_90a | tail -1
+[[ -n ${LOWBIT_LIBRARY:-} ]] || python3 -m lowbit build --arch sm_90a | tail -1
 # every shape through both dense schedules (split-in-CTA, stream-K), one launch each after a warm-up
-ncu --target-processes all --kernel-name regex:kbit_ --launch-skip 0 \
+ncu --target-processes all --kernel-name regex:kbit_ --launch-skip 0 --clock-control none \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --csv --page details \
     python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" > "$OUT/ncu_details.csv" 2> "$OUT/ncu.log"

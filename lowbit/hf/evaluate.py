@@ -61,10 +61,10 @@ def _apply(model, spec):
     from ..bench.baselines import BASELINES
 
     kind, a, b = spec
-    if kind == "kbit":
-        return lowbit.quantize_model(model, bits=a, codebook=b, progress=False)
+    if kind == "kbit":  # each linear alone: the format's own numbers (fused rows are separate)
+        return lowbit.quantize_model(model, bits=a, codebook=b, fuse=False, progress=False)
     if kind == "kbit-lm_head":  # b: the lm_head's bits
-        return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, progress=False)
+        return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, fuse=False, progress=False)
     if kind == "kbit-fuse":
         return lowbit.quantize_model(model, bits=a, fuse=True, progress=False)
     fn = BASELINES[a][0]

@@ -57,7 +57,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None, fuse: bool = False) -> dict:
+             lm_head_bits: int | None = None, fuse: bool = True) -> dict:
     """The main job as a function; returns every number it prints (see the module docstring)."""
     import lowbit
 
@@ -160,7 +160,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
     p.add_argument("--layers", type=int, default=None, help="random:<name> models: number of layers")
-    p.add_argument("--fuse", action="store_true", help="one kbit weight (one launch) for q|k|v, gate|up, ...")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="one kbit weight (one launch) for q|k|v, gate|up, ... (default; --no-fuse: each linear alone)")
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")

@@ -95,12 +95,10 @@ def split_max_ctas(lib, device: torch.device, bits: int, dtype: torch.dtype, n_e
 
 
 def split_items(n: int, k_in: int) -> int:
-    """CTA items of the split-K kernel for one expert (mirrors split_for in csrc/kbit_gemv.cu)."""
+    """CTA items of the split-K kernel for one expert (mirrors split_for in csrc/kbit_gemv.cu:
+    min(groups, warps per CTA) warps per tile)."""
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    split = 1
-    while split * 2 <= WARPS_PER_CTA and split * 2 <= groups:
-        split *= 2
-    per_item = WARPS_PER_CTA // split
+    per_item = WARPS_PER_CTA // min(groups, WARPS_PER_CTA)
     return -(-tiles // per_item)
 
 

@@ -109,6 +109,29 @@ def test_split_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
             assert cuda_kbit.split_items(n, k_in) > max_ctas
 
 
+@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("m", [1, 3])
+def test_split_every_group_count(bits, m, gen):
+    """1..9 groups per row: split = min(groups, 8) warps per tile, so 3, 5, 6 and 7 leave warps of the CTA
+    idle (they must not write, and must still reach every barrier). Random odd N; poisoned output + guard."""
+    lib = get_library()
+    for groups in range(1, 10):
+        k_in = 256 * groups - 32 * int(torch.randint(0, 8, (1,), generator=gen))
+        n = 2 * int(torch.randint(1, 400, (1,), generator=gen)) + 1
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).half().cuda()
+        qw, qa = q.tiled()
+        buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+        for max_ctas in (split_max_ctas(lib, x.device, bits, torch.float16, 1), 3):  # one wave; grid-stride
+            buf[: m * n].fill_(float("nan"))
+            args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n,
+                    k_in, max_ctas, 0, stream_of(x.device)]
+            lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
+            torch.cuda.synchronize()
+            assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in} ctas={max_ctas}"
+            assert buf[m * n :].isnan().all()
+
+
 @pytest.mark.parametrize("bits", [2, 5])
 @pytest.mark.parametrize("m", [1, 4])
 def test_gemv_long_k(bits, m, dense_path, gen):
