@@ -244,13 +244,13 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // Stream units [u_begin, u_end) (prologue already issued) through a kStages-deep register
 // pipeline, accumulating into acc; at the end of every tile (or of the range) call
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
-// the pipeline: loads run ahead across them.
+// the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
+// them; dividing here put a 64-bit division on every warp's critical path).
 template <int BITS, typename T, int S, bool PDL, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
-                                          int64_t u_end, int n_groups, Flush&& flush) {
-    int tile = static_cast<int>(u_begin / n_groups);
-    int grp = static_cast<int>(u_begin - int64_t(tile) * n_groups), g0 = grp;
+                                          int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
+    int g0 = grp;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t u = u_begin; u < u_end;) {
 #pragma unroll
@@ -355,7 +355,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, T, kStages(BITS), PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, n_groups, flush);
+    run_units<BITS, T, kStages(BITS), PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+                                          u_begin - first_tile * n_groups, n_groups, flush);
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
@@ -369,6 +370,31 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 struct ActiveExpert {
     int e, lo, hi;  // expert id and its token range [lo, hi)
     float scale;    // its global scale
+};
+
+// Where each warp of a split-kernel CTA works, computed once on the host: ncu showed the integer
+// divisions that derived it (warp / split, warp % split, slice * n_groups / split, ...) at ~40% of
+// the instructions of a small GEMV, ahead of its first weight load.
+// Per-warp fields are packed in 64-bit words (8-bit fields for 8 warps, 16-bit fields in two
+// words) and picked with shifts: indexing a parameter array by warp would copy it to local memory.
+struct SplitPlan {
+    int items_per_expert;  // CTA items per expert: ceil(n_tiles / tiles_per_item)
+    int tiles_per_item;    // kWarps / split
+    uint64_t tile;         // byte w: warp w's tile within the item; 0xff: idle (split does not divide kWarps)
+    uint64_t slice;        // byte w: warp w's slice of the tile's groups
+    uint64_t g_begin[2];   // 16-bit field w: warp w's groups [g_begin, g_end) of every tile
+    uint64_t g_end[2];
+    __host__ void set(int w, int tile_, int slice_, int g0, int g1) {
+        tile |= uint64_t(tile_ & 0xff) << (8 * w);
+        slice |= uint64_t(slice_) << (8 * w);
+        g_begin[w / 4] |= uint64_t(g0) << (16 * (w % 4));
+        g_end[w / 4] |= uint64_t(g1) << (16 * (w % 4));
+    }
+    __device__ __forceinline__ int tile_of(int w) const { return static_cast<signed char>(tile >> (8 * w)); }
+    __device__ __forceinline__ int slice_of(int w) const { return static_cast<int>((slice >> (8 * w)) & 0xff); }
+    __device__ __forceinline__ int field16(const uint64_t (&v)[2], int w) const {
+        return static_cast<int>(((w < 4 ? v[0] : v[1]) >> (16 * (w & 3))) & 0xffff);
+    }
 };
 
 template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts) {
@@ -408,20 +434,20 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
-    int n_tiles, int n_groups, int split) {
+    int n_tiles, int n_groups, int split, const SplitPlan plan) {
+    static_assert(W == kWarps, "SplitPlan holds kWarps warps");
     constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
     __shared__ float partial[W][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int tiles_per_item = W / split;
-    const int items_per_expert = (n_tiles + tiles_per_item - 1) / tiles_per_item;
-    const bool warp_used = warp < split * tiles_per_item;  // split not dividing W leaves W % split warps idle
-    const int slice = warp % split;
-    const int g_begin = slice * n_groups / split, g_end = (slice + 1) * n_groups / split;  // >= 1 group
+    const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
+    const int tile_in_item = plan.tile_of(warp);
+    const bool warp_used = tile_in_item >= 0;  // split not dividing W leaves W % split warps idle
+    const int slice = plan.slice_of(warp);
+    const int g_begin = plan.field16(plan.g_begin, warp), g_end = plan.field16(plan.g_end, warp);  // >= 1 group
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = qabsmax + g;
-    auto tile_of = [&](int item) { return (item % items_per_expert) * tiles_per_item + warp / split; };
     auto first_unit = [&](int e, int tile) { return (int64_t(e) * n_tiles + tile) * n_groups + g_begin; };
 
     if constexpr (PDL) pdl_launch_dependents();
@@ -429,7 +455,7 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
     bool prefetched = false;
     if (expert_offsets == nullptr) {
         // Dense: the first item is known before anything is read, so its loads overlap the table build.
-        const int tile = tile_of(blockIdx.x);
+        const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         if (warp_used && blockIdx.x < items_per_expert && tile < n_tiles) {
             prologue<BITS, S_>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
             prefetched = true;
@@ -443,8 +469,9 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
 
     const int items = n_active * items_per_expert;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform loop
-        const ActiveExpert ae = list[item / items_per_expert];
-        const int tile = tile_of(item);
+        const int ei = expert_offsets == nullptr ? 0 : item / items_per_expert;  // dense: no division
+        const ActiveExpert ae = list[ei];
+        const int tile = (item - ei * items_per_expert) * tiles_per_item + tile_in_item;
         const bool has_tile = warp_used && tile < n_tiles;  // warp-uniform
         const float scale = ae.scale;
         const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
@@ -458,7 +485,7 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, n_groups, flush);
+                run_units<BITS, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) {
@@ -549,7 +576,16 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     const int split = split_for(n_groups), tiles_per_item = W / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
-    if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1) return static_cast<int>(cudaErrorInvalidValue);
+    if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
+        return static_cast<int>(cudaErrorInvalidValue);
+    SplitPlan plan = {};
+    plan.tiles_per_item = tiles_per_item;
+    plan.items_per_expert = (n_tiles + tiles_per_item - 1) / tiles_per_item;
+    for (int w = 0; w < W; ++w) {
+        const int slice = w % split;
+        plan.set(w, w < split * tiles_per_item ? w / split : -1, slice, slice * n_groups / split,
+                 (slice + 1) * n_groups / split);
+    }
     const size_t smem = split_smem<BITS>(n_experts);
     auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true, W> : kbit_split_gemv_kernel<BITS, T, false, W>;
     if (int err = configure(kernel, smem)) return err;
@@ -558,7 +594,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
-        n_experts, n, k_in, n_tiles, n_groups, split);
+        n_experts, n, k_in, n_tiles, n_groups, split, plan);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
