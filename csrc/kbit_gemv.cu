@@ -71,16 +71,16 @@ __device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
 // conflicts), codebook values straight from global memory (L1/L2): no staging barrier, and the
 // fully unrolled loop issues all its loads at once, which matters for small GEMVs whose whole
 // run time is a few microseconds.
-template <int BITS, typename T, int THREADS = kWarps * 32>
+template <int BITS, typename T>
 __device__ __forceinline__ void build_table(const float* __restrict__ codebook) {
     constexpr int kChunksPerEntry = kReplicas(BITS) / 4;
     constexpr int kChunks = kTableEntries(BITS) * kChunksPerEntry;
     constexpr int kMask = (1 << BITS) - 1;
     uint4* table = reinterpret_cast<uint4*>(g_table);
 #pragma unroll
-    for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
-        const int c = i * THREADS + threadIdx.x;
-        if (kChunks % THREADS == 0 || c < kChunks) {
+    for (int i = 0; i < (kChunks + kWarps * 32 - 1) / (kWarps * 32); ++i) {
+        const int c = i * kWarps * 32 + threadIdx.x;
+        if (kChunks % (kWarps * 32) == 0 || c < kChunks) {
             const int e = c / kChunksPerEntry;  // field value = code0 | code1 << K
             const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
             table[c] = make_uint4(v, v, v, v);
@@ -408,13 +408,12 @@ template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_expert
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
-template <int W>
 __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ offsets,
                                const float* __restrict__ scales, int n_experts) {
-    __shared__ int warp_count[W];
+    __shared__ int warp_count[kWarps];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int total = 0;
-    for (int e0 = 0; e0 < n_experts; e0 += W * 32) {
+    for (int e0 = 0; e0 < n_experts; e0 += kWarps * 32) {
         const int e = e0 + threadIdx.x;
         int lo = 0, hi = 0;
         if (e < n_experts) { lo = static_cast<int>(offsets[e]); hi = static_cast<int>(offsets[e + 1]); }
@@ -424,7 +423,7 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
         __syncthreads();
         int before = total, chunk = 0;
 #pragma unroll
-        for (int v = 0; v < W; ++v) {
+        for (int v = 0; v < kWarps; ++v) {
             before += v < warp ? warp_count[v] : 0;
             chunk += warp_count[v];
         }
@@ -438,22 +437,21 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
 // ONE: the small dense GEMV (host-checked: no experts, every warp's slice is one group, one item per
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
-// 2048x512 K=4 3.50 -> 3.14 us). A separate instance, so the general kernel keeps its registers.
-template <int BITS, typename T, bool PDL, int W, bool ONE = false>
-__global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
+// 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
+template <int BITS, typename T, bool PDL, bool ONE = false>
+__global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
     int n_tiles, int n_groups, int split, const SplitPlan plan) {
-    static_assert(W == kWarps, "SplitPlan holds kWarps warps");
     constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
-    __shared__ float partial[W][4][32];  // [warp][acc register][lane]: conflict-free
+    __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
     const int tile_in_item = plan.tile_of(warp);
-    const bool warp_used = tile_in_item >= 0;  // split not dividing W leaves W % split warps idle
+    const bool warp_used = tile_in_item >= 0;  // split not dividing kWarps leaves kWarps % split warps idle
     const int slice = plan.slice_of(warp);
     const int g_begin = plan.field16(plan.g_begin, warp), g_end = plan.field16(plan.g_end, warp);  // >= 1 group
     const uint4* qw_lane = qweight + lane;
@@ -487,7 +485,7 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
             load_x<false>(xv, ctx, g_begin);
         }
         const float scale = *scales;
-        build_table<BITS, T, W * 32>(codebook);
+        build_table<BITS, T>(codebook);
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -512,9 +510,9 @@ __global__ void __launch_bounds__(W * 32) kbit_split_gemv_kernel(
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
-    build_table<BITS, T, W * 32>(codebook);
+    build_table<BITS, T>(codebook);
     if constexpr (PDL) pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
-    const int n_active = expert_offsets == nullptr ? 1 : compact_experts<W>(list, expert_offsets, scales, n_experts);
+    const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
     __syncthreads();
 
     const int items = n_active * items_per_expert;
@@ -552,10 +550,10 @@ int configure(K kernel, size_t smem) {
 
 // CTAs of this kernel that fit on one SM (registers, shared memory): sizes the one-wave grid.
 template <typename K>
-int occupancy(K kernel, size_t smem, int threads = kWarps * 32) {
+int occupancy(K kernel, size_t smem) {
     if (configure(kernel, smem)) return 0;
     int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) != cudaSuccess) return 0;
     return blocks;
 }
 
@@ -563,9 +561,9 @@ int occupancy(K kernel, size_t smem, int threads = kWarps * 32) {
 struct Launch {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    Launch(int grid, size_t smem, void* stream, int pdl, int threads = kWarps * 32) {
+    Launch(int grid, size_t smem, void* stream, int pdl) {
         cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(threads);
+        cfg.blockDim = dim3(kWarps * 32);
         cfg.dynamicSmemBytes = smem;
         cfg.stream = static_cast<cudaStream_t>(stream);
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -608,16 +606,15 @@ template <int BITS, typename T>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
                  int max_ctas, int pdl, void* stream) {
-    constexpr int W = kWarps;
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    const int split = split_for(n_groups), tiles_per_item = W / split;
+    const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
         return static_cast<int>(cudaErrorInvalidValue);
     SplitPlan plan = {};
     plan.tiles_per_item = tiles_per_item;
     plan.items_per_expert = (n_tiles + tiles_per_item - 1) / tiles_per_item;
-    for (int w = 0; w < W; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
         const int slice = w % split;
         plan.set(w, w < split * tiles_per_item ? w / split : -1, slice, slice * n_groups / split,
                  (slice + 1) * n_groups / split);
@@ -625,11 +622,11 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const size_t smem = split_smem<BITS>(n_experts);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true, W>
-                      : (one ? kbit_split_gemv_kernel<BITS, T, false, W, true> : kbit_split_gemv_kernel<BITS, T, false, W>);
+    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true>
+                      : (one ? kbit_split_gemv_kernel<BITS, T, false, true> : kbit_split_gemv_kernel<BITS, T, false>);
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
-    Launch l(grid, smem, stream, pdl, W * 32);
+    Launch l(grid, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
@@ -662,7 +659,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                                                       y, bias, n_experts, n, k_in, max_ctas, pdl, stream);     \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false, 8>,           \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,           \
                                        lowbit::gemv::split_smem<BITS>(n_experts));                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \
