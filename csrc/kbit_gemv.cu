@@ -27,22 +27,18 @@ namespace lowbit {
 namespace gemv {
 
 constexpr int kWarps = 8;         // warps per CTA
-
-// The pair-lookup table (dynamic shared memory). Lookups address it with 32-bit shared-window
-// offsets (ld.shared), computed as (field << stride_shift) | lane_word: no generic-address math.
-extern __shared__ __align__(16) char g_table[];
 constexpr int kGroupBlocks = 8;   // 32-element blocks per group (one load round)
-__host__ __device__ constexpr int kTableEntries(int bits) { return 1 << (2 * bits); }
-// Replicas per entry: one per lane makes every lookup conflict-free. K=5 (1024 entries) keeps
-// 16 so its table is 64 KB, not 128 KB (3 CTAs/SM instead of 1); lanes l and l+16 then share
-// a bank, at most a 2-way conflict, affordable at K=5's lower weights-per-byte rate.
-__host__ __device__ constexpr int kReplicas(int bits) { return bits == 5 ? 16 : 32; }
-__host__ __device__ constexpr int kStrideShift(int bits) { return bits == 5 ? 6 : 7; }  // log2(bytes/entry)
+
+// The lookup tables live in dynamic shared memory (before the stream-K kernel's weight ring).
+extern __shared__ __align__(16) char g_table[];
 
 __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
     uint32_t v;  // volatile: must not be hoisted above the __syncthreads that publishes the table
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
+}
+__device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.shared.v2.b32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(addr));
 }
 
 template <typename T> struct Pack2;
@@ -59,34 +55,13 @@ template <> struct Pack2<__nv_bfloat16> {
     }
 };
 
-// E4M4 byte (in bits 19..26 of `shifted`) -> float: the byte placed in an fp32's exponent and
-// top mantissa bits is e4m4 * 2^-112 (exact, subnormals included), so one multiply finishes it.
-__device__ __forceinline__ float e4m4_from_shifted(uint32_t shifted) {
-    return __uint_as_float(shifted & 0x07F80000u) * 5.192296858534828e33f;  // 2^112
+// E4M4 byte (in bits 19..26 of `shifted`) -> float * 2^-112: the byte placed in an fp32's
+// exponent and top mantissa bits is exactly e4m4 * 2^-112 (subnormals included). The 2^112 is
+// applied once per output (kScaleFix), not once per block.
+__device__ __forceinline__ float e4m4_scaled_down(uint32_t shifted) {
+    return __uint_as_float(shifted & 0x07F80000u);
 }
-
-// Pair-lookup table: entry i, replica r at word i*R + r (R = kReplicas), read by lane l from
-// replica l % R, so (for R = 32) every lane of a warp reads its own bank whatever the indices.
-// Built with 16-byte stores of 4 replicas, consecutive lanes on consecutive chunks (no bank
-// conflicts), codebook values straight from global memory (L1/L2): no staging barrier, and the
-// fully unrolled loop issues all its loads at once, which matters for small GEMVs whose whole
-// run time is a few microseconds.
-template <int BITS, typename T>
-__device__ __forceinline__ void build_table(const float* __restrict__ codebook) {
-    constexpr int kChunksPerEntry = kReplicas(BITS) / 4;
-    constexpr int kChunks = kTableEntries(BITS) * kChunksPerEntry;
-    constexpr int kMask = (1 << BITS) - 1;
-    uint4* table = reinterpret_cast<uint4*>(g_table);
-#pragma unroll
-    for (int i = 0; i < (kChunks + kWarps * 32 - 1) / (kWarps * 32); ++i) {
-        const int c = i * kWarps * 32 + threadIdx.x;
-        if (kChunks % (kWarps * 32) == 0 || c < kChunks) {
-            const int e = c / kChunksPerEntry;  // field value = code0 | code1 << K
-            const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
-            table[c] = make_uint4(v, v, v, v);
-        }
-    }
-}
+constexpr float kScaleFix = 5.192296858534828e33f;  // 2^112
 
 // Shift `word` left by S (right if S < 0); constant-folded to one SHF.
 template <int S>
@@ -104,20 +79,82 @@ __device__ __forceinline__ uint32_t mask_shift_add(uint32_t word, uint32_t base)
     return shift<S>(masked) + base;
 }
 
-// Shared address of pair p's table entry for this lane: base + (field << D), D = log2(bytes
-// per entry). Field f = 8J + P is 2K bits at bit 2K*f of the lane's word stream; the few that
-// straddle two words (odd K) are joined by one funnel shift first.
-template <int BITS, int J, int P>
-__device__ __forceinline__ uint32_t pair_addr(const uint32_t (&w)[4 * BITS], uint32_t base) {
-    constexpr int F = 2 * BITS, D = kStrideShift(BITS);
-    constexpr int bit = F * (8 * J + P), wi = bit / 32, s = bit % 32;
-    constexpr uint32_t kFieldMask = (1u << F) - 1;
-    if constexpr (s + F <= 32) {
-        return mask_shift_add<kFieldMask << s, D - s>(w[wi], base);
-    } else {
-        return mask_shift_add<kFieldMask, D>(__funnelshift_r(w[wi], w[wi + 1], s), base);
+// The lookup table: one entry per value of a lookup field of the lane's code stream, holding
+// the field's decoded fp16/bf16 values, replicated so that a warp's 32 lookups never conflict
+// whatever the indices (lane l reads replica l % R).
+//   pair fields (2K bits: code0 | code1 << K): 4-byte entries (one A-fragment register);
+//   QUAD (K=2 only, the stream-K kernel): 8-bit fields = two consecutive pairs, 8-byte entries
+//     = two consecutive A-fragment registers: one 64-bit load decodes 4 codes. (A warp's 64-bit
+//     loads are served a half-warp at a time; 32 replicas fill both halves' banks.)
+// Byte-wide fields (K=4 pairs, K=2 quads) get 256-byte entry rows, so a lookup's offset is
+// (field << 8) | (lane * entry bytes): one byte permute (PRMT) of the code word, plus the table
+// base as a uniform register in the load. Other fields: mask + shift-add (LEA), 2 instructions.
+// K=5 (1024 entries) keeps 16 replicas so its table is 64 KB, not 128 KB: lanes l and l+16 share
+// a bank, at most a 2-way conflict, affordable at K=5's lower weights-per-byte rate.
+template <int BITS, bool QUAD>
+struct Lut {
+    static_assert(!QUAD || BITS == 2, "quad lookups are for K=2");
+    static constexpr int kFieldBits = QUAD ? 8 : 2 * BITS;
+    static constexpr int kEntries = 1 << kFieldBits;
+    static constexpr int kEntryBytes = QUAD ? 8 : 4;
+    static constexpr int kReplicas = BITS == 5 ? 16 : 32;
+    static constexpr bool kBytePerm = kFieldBits == 8;
+    static constexpr int kRowShift = kBytePerm ? 8 : BITS == 5 ? 6 : 7;  // log2(bytes per entry row)
+    static constexpr size_t kBytes = size_t(kEntries) << kRowShift;
+    static_assert(kReplicas * kEntryBytes <= (1 << kRowShift), "entry row");
+
+    // The per-lane operand of addr(): lane * entry bytes (byte-perm) or table + replica offset.
+    static __device__ __forceinline__ uint32_t lane_operand(uint32_t table, int lane) {
+        if constexpr (kBytePerm) return uint32_t(lane * kEntryBytes);
+        else return table + uint32_t(lane % kReplicas) * kEntryBytes;
     }
-}
+
+    // Shared address of the entry for field F of the lane's stream (bits [F * kFieldBits, ...)).
+    // Odd-K fields that straddle two words are joined by one funnel shift first.
+    template <int F>
+    static __device__ __forceinline__ uint32_t addr(const uint32_t (&w)[4 * BITS], uint32_t lane_op, uint32_t table) {
+        constexpr int bit = kFieldBits * F, wi = bit / 32, s = bit % 32;
+        if constexpr (kBytePerm) {
+            // byte s/8 of the word to bits 8..15, the lane offset (byte 0 of lane_op) to bits 0..7,
+            // zeros (byte 1 of lane_op) above
+            return table + __byte_perm(w[wi], lane_op, 0x5504u | ((s / 8) << 4));
+        } else {
+            constexpr uint32_t kFieldMask = (1u << kFieldBits) - 1;
+            if constexpr (s + kFieldBits <= 32) {
+                return mask_shift_add<kFieldMask << s, kRowShift - s>(w[wi], lane_op);
+            } else {
+                return mask_shift_add<kFieldMask, kRowShift>(__funnelshift_r(w[wi], w[wi + 1], s), lane_op);
+            }
+        }
+    }
+
+    // Build it with THREADS threads: 16-byte stores (4 replicas of a 4-byte entry, or 2 of an
+    // 8-byte one), consecutive threads on consecutive chunks (no bank conflicts), codebook values
+    // straight from global memory (L1/L2): no staging barrier, and the fully unrolled loop issues
+    // all its loads at once, which matters for small GEMVs whose whole run time is a few us.
+    template <int THREADS, typename T>
+    static __device__ __forceinline__ void build(const float* __restrict__ codebook) {
+        constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
+        constexpr int kChunks = kEntries * kChunksPerEntry;
+        constexpr int kMask = (1 << BITS) - 1;
+#pragma unroll
+        for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+            const int c = i * THREADS + threadIdx.x;
+            if (kChunks % THREADS == 0 || c < kChunks) {
+                const int e = c / kChunksPerEntry, part = c % kChunksPerEntry;
+                uint4* dst = reinterpret_cast<uint4*>(g_table + (size_t(e) << kRowShift)) + part;
+                if constexpr (QUAD) {  // e = pair0 | pair1 << 4, each pair = code0 | code1 << 2
+                    const uint32_t v0 = Pack2<T>::pack(__ldg(codebook + (e & 3)), __ldg(codebook + ((e >> 2) & 3)));
+                    const uint32_t v1 = Pack2<T>::pack(__ldg(codebook + ((e >> 4) & 3)), __ldg(codebook + (e >> 6)));
+                    *dst = make_uint4(v0, v1, v0, v1);
+                } else {  // e = code0 | code1 << K
+                    const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
+                    *dst = make_uint4(v, v, v, v);
+                }
+            }
+        }
+    }
+};
 
 template <int BITS> struct GroupData {
     uint4 w[BITS];  // this lane's code words for 8 blocks
@@ -133,46 +170,55 @@ __device__ __forceinline__ void load_group(GroupData<BITS>& d, const uint4* qw_l
     d.a = ld_stream(qa_lane + u * 8);
 }
 
+// Per-lane constants of the unit loop.
+template <typename T>
+struct LaneCtx {
+    const T* x;        // this lane's token row (rows >= m read token m-1: their outputs are dropped), + 8t
+    uint32_t lane_op;  // Lut::lane_operand
+    uint32_t table;    // the table's shared-window address (uniform)
+    int k_blocks;      // k_in / 32
+};
+
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
-template <int BITS, typename T, int J>
+template <int BITS, bool QUAD, typename T, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                              const uint4& xv, uint32_t lane_addr) {
-    uint32_t frag[2][4];  // register R of MMA m holds pair p = 4m + R
-    frag[0][0] = lds_u32(pair_addr<BITS, J, 0>(w, lane_addr));
-    frag[0][1] = lds_u32(pair_addr<BITS, J, 1>(w, lane_addr));
-    frag[0][2] = lds_u32(pair_addr<BITS, J, 2>(w, lane_addr));
-    frag[0][3] = lds_u32(pair_addr<BITS, J, 3>(w, lane_addr));
-    frag[1][0] = lds_u32(pair_addr<BITS, J, 4>(w, lane_addr));
-    frag[1][1] = lds_u32(pair_addr<BITS, J, 5>(w, lane_addr));
-    frag[1][2] = lds_u32(pair_addr<BITS, J, 6>(w, lane_addr));
-    frag[1][3] = lds_u32(pair_addr<BITS, J, 7>(w, lane_addr));
+                                              const uint4& xv, uint32_t lane_op, uint32_t table) {
+    using L = Lut<BITS, QUAD>;
+    uint32_t frag[2][4];  // register R of MMA m holds pair p = 4m + R (stream pair field 8J + p)
+    if constexpr (QUAD) {  // quad field 4J + i holds pairs 2i, 2i + 1
+        lds_u32x2(L::template addr<4 * J + 0>(w, lane_op, table), frag[0][0], frag[0][1]);
+        lds_u32x2(L::template addr<4 * J + 1>(w, lane_op, table), frag[0][2], frag[0][3]);
+        lds_u32x2(L::template addr<4 * J + 2>(w, lane_op, table), frag[1][0], frag[1][1]);
+        lds_u32x2(L::template addr<4 * J + 3>(w, lane_op, table), frag[1][2], frag[1][3]);
+    } else {
+        frag[0][0] = lds_u32(L::template addr<8 * J + 0>(w, lane_op, table));
+        frag[0][1] = lds_u32(L::template addr<8 * J + 1>(w, lane_op, table));
+        frag[0][2] = lds_u32(L::template addr<8 * J + 2>(w, lane_op, table));
+        frag[0][3] = lds_u32(L::template addr<8 * J + 3>(w, lane_op, table));
+        frag[1][0] = lds_u32(L::template addr<8 * J + 4>(w, lane_op, table));
+        frag[1][1] = lds_u32(L::template addr<8 * J + 5>(w, lane_op, table));
+        frag[1][2] = lds_u32(L::template addr<8 * J + 6>(w, lane_op, table));
+        frag[1][3] = lds_u32(L::template addr<8 * J + 7>(w, lane_op, table));
+    }
     float part[4] = {0.f, 0.f, 0.f, 0.f};
     mma16816<T>(part, frag[0], xv.x, xv.y);
     mma16816<T>(part, frag[1], xv.z, xv.w);
     // absmax bytes: row g at byte J, row g+8 at byte 8 + J of this lane's 16 bytes
     constexpr int q = 8 * (J % 4);
-    const float s_lo = e4m4_from_shifted(shift<19 - q>(a[J / 4]));
-    const float s_hi = e4m4_from_shifted(shift<19 - q>(a[2 + J / 4]));
+    const float s_lo = e4m4_scaled_down(shift<19 - q>(a[J / 4]));
+    const float s_hi = e4m4_scaled_down(shift<19 - q>(a[2 + J / 4]));
     acc[0] = fmaf(s_lo, part[0], acc[0]);
     acc[1] = fmaf(s_lo, part[1], acc[1]);
     acc[2] = fmaf(s_hi, part[2], acc[2]);
     acc[3] = fmaf(s_hi, part[3], acc[3]);
 }
 
-template <int BITS, typename T, int... J>
+template <int BITS, bool QUAD, typename T, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane_addr,
+                                               const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
                                                std::integer_sequence<int, J...>) {
-    (process_block<BITS, T, J>(acc, w, a, xv[J], lane_addr), ...);
+    (process_block<BITS, QUAD, T, J>(acc, w, a, xv[J], lane_op, table), ...);
 }
-
-// Per-lane constants of the unit loop.
-template <typename T>
-struct LaneCtx {
-    const T* x;          // this lane's token row (rows >= m read token m-1: their outputs are dropped), + 8t
-    uint32_t lane_addr;  // shared-window address of this lane's replica of table entry 0
-    int k_blocks;        // k_in / 32
-};
 
 // x[k..k+7] of one block; under PDL through the coherent path after pdl_wait (common.cuh: ld_x).
 template <bool PDL, typename T>
@@ -195,50 +241,46 @@ __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<
     }
 }
 
-// One group: x for its 8 blocks, then decode + MMAs. Padded columns past k_in have zero absmax;
-// their x is zero too, so they add exactly 0 (never 0 * Inf).
-template <int BITS, typename T>
+// One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
+// they add exactly 0 (never 0 * Inf).
+template <int BITS, bool QUAD, typename T>
 __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BITS>& d, const uint4 (&xv)[kGroupBlocks],
-                                             uint32_t lane_addr) {
+                                             const LaneCtx<T>& ctx) {
     uint32_t w[4 * BITS];
 #pragma unroll
     for (int c = 0; c < BITS; ++c) {
         w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
     }
     const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
-    process_blocks<BITS, T>(acc, w, a, xv, lane_addr, std::make_integer_sequence<int, kGroupBlocks>{});
+    process_blocks<BITS, QUAD, T>(acc, w, a, xv, ctx.lane_op, ctx.table, std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, typename T, bool PDL>
+template <int BITS, bool QUAD, typename T, bool PDL>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
     load_x<PDL>(xv, ctx, grp);
-    decode_group<BITS, T>(acc, d, xv, ctx.lane_addr);
+    decode_group<BITS, QUAD, T>(acc, d, xv, ctx);
 }
 
-// Groups in flight per warp (register buffers): one being decoded, kStages - 1 loading. Low K
-// moves few bytes per group, so it needs a deeper pipeline to keep enough bytes in flight.
-__host__ __device__ constexpr int kStages(int bits) { return bits <= 3 ? 3 : 2; }
-// (3 stages measured slower for K=4: 54.3 vs 51.5 us on 8192x28672; K=5 would exceed 128 registers.)
-
-template <int BITS, typename T>
-__host__ __device__ constexpr size_t table_bytes() { return size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4; }
-
-template <int BITS, typename T>
+template <int BITS, bool QUAD, typename T>
 __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int m, int k_in) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int row = g < m ? g : m - 1;
-    const uint32_t table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
     LaneCtx<T> c;
     c.x = x + row * x_stride + 8 * t;
-    c.lane_addr = table + (lane % kReplicas(BITS)) * 4u;
+    c.table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
+    c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
     return c;
 }
 
-// Issue the loads of units [u0, u0 + kStages - 1) (the pipeline prologue) into buf[0..].
+// ---- The unit loop: an S-deep register pipeline (the split kernel: 2, its warps' slices are a
+// few groups, often one; the stream-K kernel: kStreamStages).
+constexpr int kSplitStages = 2;
+
+// Issue the loads of units [u0, u0 + S - 1) (the pipeline prologue) into buf[0..].
 template <int BITS, int S>
 __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                          const uint4* qa_lane, int64_t u0, int64_t u_end) {
@@ -247,12 +289,12 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
         if (u0 + s < u_end) load_group<BITS>(buf[s], qw_lane, qa_lane, u0 + s);
 }
 
-// Stream units [u_begin, u_end) (prologue already issued) through a kStages-deep register
-// pipeline, accumulating into acc; at the end of every tile (or of the range) call
+// Stream units [u_begin, u_end) (prologue already issued) through an S-deep register pipeline,
+// accumulating into acc; at the end of every tile (or of the range) call
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, typename T, int S, bool PDL, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, bool PDL, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -263,7 +305,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
         for (int i = 0; i < S; ++i) {  // unrolled: buf[] indices are compile-time (registers)
             if (u < u_end) {
                 if (u + S - 1 < u_end) load_group<BITS>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, T, PDL>(acc, buf[i], ctx, grp);
+                compute_group<BITS, QUAD, T, PDL>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -277,6 +319,14 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
     }
 }
 
+// The stream-K kernel's pipeline depth (groups in flight per warp: one being decoded, S - 1
+// loading). Low K moves few bytes per group, so it needs a deeper pipeline to keep enough bytes in
+// flight; deeper K=4/5 pipelines do not fit 128 registers (3 stages for K=4: 54.3 vs 51.5 us on
+// 8192x28672). A shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM
+// sharing one table) measured no faster at K=4 and slower at K=2 (BENCHMARKS.md, issue 14 round 3).
+__host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 3 ? 3 : 2; }
+template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
+template <int BITS> __host__ __device__ constexpr size_t stream_smem() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
 // into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w
@@ -307,6 +357,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk) {
+    constexpr bool QUAD = kStreamQuad<BITS>();
     const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -315,15 +366,16 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const uint4* qa_lane = qabsmax + g;
     if constexpr (PDL) pdl_launch_dependents();
     // Start the first groups' loads before building the table: their latency hides the build.
-    GroupData<BITS> buf[kStages(BITS)];
-    if (w < n_warps) prologue<BITS, kStages(BITS)>(buf, qw_lane, qa_lane, u_begin, u_end);
+    constexpr int S = kStreamStages(BITS);
+    GroupData<BITS> buf[S];
+    if (w < n_warps) prologue<BITS, S>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr;  // issued early: its latency overlaps the table build
-    build_table<BITS, T>(codebook);
+    Lut<BITS, QUAD>::template build<kWarps * 32, T>(codebook);
     m = m < MAXM ? m : MAXM;
     __syncthreads();
     if (w >= n_warps) return;
     if constexpr (PDL) pdl_wait();  // x, y, workspace and counters belong to the stream order
-    const LaneCtx<T> ctx = lane_ctx<BITS, T>(x, k_in, m, k_in);
+    const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
         const int row0 = tile * 16 + g;
@@ -331,7 +383,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * scale + bias_of(bias, row));
+                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * kScaleFix * scale + bias_of(bias, row));
             }
             return;
         }
@@ -357,12 +409,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * scale + bias_of(bias, row));
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * kScaleFix * scale + bias_of(bias, row));
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, T, kStages(BITS), PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
-                                          u_begin - first_tile * n_groups, n_groups, flush);
+    run_units<BITS, QUAD, T, S, PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+                                     u_begin - first_tile * n_groups, n_groups, flush);
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
@@ -404,7 +456,7 @@ struct SplitPlan {
 };
 
 template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts) {
-    return size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4 + size_t(n_experts) * sizeof(ActiveExpert);
+    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert);
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
@@ -444,9 +496,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
     int n_tiles, int n_groups, int split, const SplitPlan plan) {
-    constexpr int S_ = 2;  // a warp's slice is a few groups (often one): no deep pipeline needed
+    constexpr int S_ = kSplitStages;
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
-    ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + size_t(kTableEntries(BITS)) * kReplicas(BITS) * 4);
+    ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
@@ -469,7 +521,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * scale + bias_of(ebias, row));
+            if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * kScaleFix * scale + bias_of(ebias, row));
         }
     };
 
@@ -477,7 +529,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         static_assert(!PDL, "the one-group path reads x before any wait");
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         const bool has_tile = warp_used && tile < n_tiles;
-        const LaneCtx<T> ctx = lane_ctx<BITS, T>(x, k_in, m_dense, k_in);
+        const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x, k_in, m_dense, k_in);
         GroupData<BITS> d;
         uint4 xv[kGroupBlocks];
         if (has_tile) {
@@ -485,11 +537,11 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             load_x<false>(xv, ctx, g_begin);
         }
         const float scale = *scales;
-        build_table<BITS, T>(codebook);
+        Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            decode_group<BITS, T>(acc, d, xv, ctx.lane_addr);
+            decode_group<BITS, false, T>(acc, d, xv, ctx);
 #pragma unroll
             for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
         }
@@ -510,7 +562,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
-    build_table<BITS, T>(codebook);
+    Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
     if constexpr (PDL) pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
     const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
     __syncthreads();
@@ -528,12 +580,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             if (has_tile) {
                 if (!prefetched) prologue<BITS, S_>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
-                const LaneCtx<T> ctx = lane_ctx<BITS, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
+                const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -548,12 +600,13 @@ int configure(K kernel, size_t smem) {
     return static_cast<int>(err);
 }
 
-// CTAs of this kernel that fit on one SM (registers, shared memory): sizes the one-wave grid.
+// CTAs of this kernel (of `warps` warps) that fit on one SM (registers, shared memory): sizes
+// the one-wave grid.
 template <typename K>
-int occupancy(K kernel, size_t smem) {
+int occupancy(K kernel, size_t smem, int warps) {
     if (configure(kernel, smem)) return 0;
     int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) return 0;
     return blocks;
 }
 
@@ -561,9 +614,9 @@ int occupancy(K kernel, size_t smem) {
 struct Launch {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    Launch(int grid, size_t smem, void* stream, int pdl) {
+    Launch(int grid, int warps, size_t smem, void* stream, int pdl) {
         cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(kWarps * 32);
+        cfg.blockDim = dim3(warps * 32);
         cfg.dynamicSmemBytes = smem;
         cfg.stream = static_cast<cudaStream_t>(stream);
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -578,14 +631,14 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
                 int pdl, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    constexpr size_t smem = table_bytes<BITS, T>();
+    constexpr size_t smem = stream_smem<BITS>();
     auto kernel = pdl ? kbit_gemv_kernel<BITS, T, MAXM, true> : kbit_gemv_kernel<BITS, T, MAXM, false>;
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
     const int grid = (n_warps + kWarps - 1) / kWarps;
-    Launch l(grid, smem, stream, pdl);
+    Launch l(grid, kWarps, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
         codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
@@ -626,7 +679,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                       : (one ? kbit_split_gemv_kernel<BITS, T, false, true> : kbit_split_gemv_kernel<BITS, T, false>);
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
-    Launch l(grid, smem, stream, pdl);
+    Launch l(grid, kWarps, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
@@ -646,9 +699,11 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
         return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
                                                         workspace, counters, m, n, k_in, n_warps, pdl, stream); \
     }                                                                                                         \
+    /* resident warps per SM (one-wave grid of the stream-K kernel) */                                       \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                 \
-                                       lowbit::gemv::table_bytes<BITS, TYPE>());                                    \
+        return lowbit::gemv::kWarps *                                                                         \
+               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                  \
+                                       lowbit::gemv::stream_smem<BITS>(), lowbit::gemv::kWarps);             \
     }
 #define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
     extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
@@ -660,7 +715,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,           \
-                                       lowbit::gemv::split_smem<BITS>(n_experts));                            \
+                                       lowbit::gemv::split_smem<BITS>(n_experts), lowbit::gemv::kWarps);                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 1)        \

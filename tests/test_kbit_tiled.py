@@ -122,6 +122,38 @@ def test_split_items_mirror_kernel_rule():
     assert split_items(64 * 7, 256 * 7 - 32) == 28  # 7 groups (last partial): S=7, 1 warp idle
 
 
+@settings(max_examples=300, deadline=None)
+@given(tiles=st.integers(1, 20000), groups=st.integers(1, 400), resident=st.integers(1, 5000))
+def test_stream_k_warps_rule(tiles, groups, resident):
+    """The stream-K warp count never exceeds a wave or the units, and when it is not the whole wave
+    it cuts the units into equal tile-aligned ranges (whole tiles, or an equal share of each tile)."""
+    from lowbit.kernels.cuda_kbit import ALIGNED_MIN_FILL, prefer_stream_k, stream_k_warps
+
+    units = tiles * groups
+    w = stream_k_warps(tiles, groups, resident)
+    assert 1 <= w <= max(1, min(units, resident))
+    if w not in (units, resident):
+        assert units % w == 0 and w >= ALIGNED_MIN_FILL * resident
+        per = units // w
+        assert groups % per == 0 or per % groups == 0
+    if prefer_stream_k(tiles, groups, w):
+        assert units % w == 0 and units // w >= 16
+
+
+def test_stream_k_warps_examples():
+    from lowbit.kernels.cuda_kbit import prefer_stream_k, stream_k_warps
+
+    # H100, 2,112 resident warps (16 per SM): the shapes the rule was measured on
+    assert stream_k_warps(1792, 32, 2112) == 1792           # 8192x28672: one tile per warp
+    assert stream_k_warps(512, 112, 2112) == 2048            # 28672x8192: a quarter tile per warp
+    assert prefer_stream_k(512, 112, 2048)                   # ... 28 units each: stream-K over split
+    assert not prefer_stream_k(512, 32, stream_k_warps(512, 32, 2112))  # 8192x8192: 8 each, split
+    assert stream_k_warps(896, 16, 2112) == 1792             # 4096x14336: half a tile per warp
+    assert stream_k_warps(640, 8, 2112) == 2112              # 2048x10240: 1,280 aligned is < 75%
+    assert stream_k_warps(8016, 16, 2112) == 2004            # lm_head 4096x128256: 4 tiles per warp
+    assert stream_k_warps(3, 2, 2112) == 6                   # fewer units than warps: one each
+
+
 def test_tiled_dequantize_op_on_cpu_is_the_reference():
     from lowbit import ops
 

@@ -68,14 +68,41 @@ _occupancy: dict[tuple, int] = {}
 
 
 def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
-    """Warps for the stream-K GEMV: every resident warp of one full wave, but no more than units."""
+    """Warps for the stream-K GEMV: at most one full wave of resident warps (stream_k_warps)."""
     key = (device.index, bits, dtype, m)
     if key not in _occupancy:
         fn = lib.symbol("kbit_gemv_occupancy", bits=bits, dtype=dtype, m=m)
-        _occupancy[key] = max(1, fn())
+        _occupancy[key] = max(1, fn())  # resident warps per SM
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    return max(1, min(tiles * groups, _occupancy[key] * sms * WARPS_PER_CTA))
+    return stream_k_warps(tiles, groups, _occupancy[key] * sms)
+
+
+#: A tile-aligned warp count is used when it keeps at least this share of the resident warps busy.
+ALIGNED_MIN_FILL = 0.75
+
+
+def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
+    """How many warps share the ``tiles x groups`` units of a stream-K GEMV.
+
+    Stream-K cuts the units into equal contiguous ranges, one per warp; a range that starts or
+    ends inside a tile leaves a partial sum for a fix-up through global memory. A warp count that
+    makes every range whole tiles (``tiles / j`` warps, j tiles each) or an equal share of one tile
+    (``tiles * s`` warps, s dividing ``groups``) has no or fewer such fix-ups, and measured faster
+    even with fewer warps resident: H100, K=4, 8192x28672 48.1 us with 1,792 warps (one tile each)
+    vs 54.4 us with all 2,112; 4096x14336 19.1 vs 20.5 us with 1,792 (two warps per tile; at 896,
+    one per tile, 23.3). Such a count is used when it keeps >= ALIGNED_MIN_FILL of the resident
+    warps; otherwise every resident warp (plain stream-K)."""
+    units = tiles * groups
+    if units <= resident:
+        return max(1, units)
+    if tiles <= resident:
+        s = max(d for d in range(1, groups + 1) if groups % d == 0 and tiles * d <= resident)
+        aligned = tiles * s
+    else:
+        j = -(-tiles // resident)
+        aligned = tiles // j if tiles % j == 0 else 0
+    return aligned if aligned >= ALIGNED_MIN_FILL * resident else resident
 
 
 #: Dense GEMV kernel choice: "auto" (below), "streamk" or "split" (tuning / benchmarks).
@@ -106,6 +133,11 @@ def split_items(n: int, k_in: int) -> int:
 #: M=1, benchmarks/gemv_sweep.py): split wins at 2.4 waves (2048x10240: 10.3 vs 11.5 us at K=4),
 #: stream-K wins at 3.4 (4096x14336: 18.0 vs 19.8 us) and beyond (8192x28672: 52.1 vs 58.3 us).
 SPLIT_MAX_WAVES = 3
+#: ... unless stream-K gets a tile-aligned warp count (stream_k_warps) with at least this many
+#: units per warp: long rows, where the split kernel's 8 warps per tile each walk many groups one
+#: after another (28672x8192, K=4: stream-K on 2,048 aligned warps 49.9 us vs split 53.3; with 8
+#: units per warp split still wins: 8192x8192 17.4 vs 18.2).
+STREAM_K_MIN_UNITS = 16
 
 
 def use_split(lib, device, bits, dtype, n, k_in) -> bool:
@@ -113,7 +145,19 @@ def use_split(lib, device, bits, dtype, n, k_in) -> bool:
     latency. Large shapes use stream-K, which balances any number of units over one wave of warps."""
     if DENSE_PATH != "auto":
         return DENSE_PATH == "split"
-    return split_items(n, k_in) <= SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1)
+    if split_items(n, k_in) > SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1):
+        return False
+    tiles, groups = kbit_tiled.tiled_shape(n, k_in)
+    resident = gemv_warps(lib, device, bits, dtype, 1, n, k_in)
+    return not prefer_stream_k(tiles, groups, resident)
+
+
+def prefer_stream_k(tiles: int, groups: int, warps: int) -> bool:
+    """Whether stream-K on ``warps`` (from stream_k_warps) beats the split kernel for a shape the
+    split kernel could also take: tile-aligned ranges of STREAM_K_MIN_UNITS units or more."""
+    units = tiles * groups
+    aligned = units % warps == 0 and (groups % (units // warps) == 0 or (units // warps) % groups == 0)
+    return aligned and units // warps >= STREAM_K_MIN_UNITS
 
 
 def _raw_stream_getter():

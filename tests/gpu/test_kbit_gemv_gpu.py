@@ -86,6 +86,30 @@ def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         assert buf[m * n :].isnan().all()
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_streamk_every_warp_count(bits, gen):
+    """Stream-K at tile-aligned warp counts (whole tiles, 2 or 4 warps per tile, one unit each) and
+    unaligned ones (ranges starting and ending inside tiles, partial sums fixed up), on a
+    NaN-filled output with a guard tail; the last group of each row is partial (K_in % 256)."""
+    n, k_in = 16 * 24 - 5, 256 * 8 - 96  # 24 tiles x 8 groups = 192 units
+    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+    qw, qa = q.tiled()
+    lib = get_library()
+    for m in (1, 3):
+        x = torch.randn(m, k_in, generator=gen).half().cuda()
+        ref = _ref(x, q)
+        for warps in (24, 48, 96, 192, 37, 5, 1):
+            buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+            ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
+            args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
+                    ptr(counters(x.device, 24)), m, n, k_in, warps, 0, stream_of(x.device)]
+            lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
+            torch.cuda.synchronize()
+            err = _rel(buf[: m * n].view(m, n), ref)
+            assert err <= 1e-3, f"warps={warps} m={m}: rel err {err:.2e}"
+            assert buf[m * n :].isnan().all()
+
+
 @pytest.mark.parametrize("pdl", [0, 1])
 @pytest.mark.parametrize("bits", [2, 5])
 @pytest.mark.parametrize("m", [1, 4])
