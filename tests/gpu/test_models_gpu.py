@@ -261,12 +261,19 @@ def test_fused_model_on_cuda_matches_unfused(name, dtype, gen):
     lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
     assert any(isinstance(m, lowbit.nn.FusedKbitLinear) for m in model.modules())
     ref = reference_copy(model, build(name, seed))
+    flips = 0
     for batch, seq in [(1, 1), (3, 1), (2, 6)]:
         ids = torch.randint(0, 320, (batch, seq), generator=gen)
-        with torch.no_grad():
-            got = model(ids.cuda()).logits
+        with torch.no_grad(), RoutingRecorder(model) as r_got, RoutingRecorder(ref) as r_want:
+            got = model(ids.cuda()).logits.float().cpu()
+            want = ref(ids).logits
             floor = rel_err(plain(ids.cuda()).logits.float().cpu(), plain_ref(ids).logits)
-            assert rel_err(got.float().cpu(), ref(ids).logits) < max(BOUND[dtype], 2 * floor), (batch, seq)
+        # router near-ties decided the other way (MoE models): as in test_model_on_cuda_matches_cpu_reference
+        keep = [b for b in range(batch) if b not in flipped_rows(r_got, r_want, batch)]
+        flips += batch - len(keep)
+        if keep:
+            assert rel_err(got[keep], want[keep]) < max(BOUND[dtype], 2 * floor), (batch, seq, floor, keep)
+    assert flips <= 3, f"{flips} of 6 sequences routed differently: more than near-ties"
     r = decode.greedy_decode(model, torch.randint(0, 320, (2, 5), generator=gen), 8, graph=True)
     assert r.tokens.shape == (2, 8)
 
