@@ -6,10 +6,13 @@
 // A operand of mma.m16n8k16 ("swap AB": rows of W are the MMA's M, tokens its N), so one MMA
 // per thread covers 8 weights for any M <= 8, accumulating in fp32.
 //
-// Per 16 weights a lane does: 8 pair lookups (mask + one shift-and-add LEA + one 4-byte shared
-// load each, plus a funnel shift for the few odd-K fields that straddle two words; each load
-// gives two fp16/bf16 codebook values), 2 MMAs, 2 absmax decodes and 4 FMAs that apply the
-// two rows' block scales to the block's partial sums: ~2.5 instructions per weight.
+// Per 16 weights a lane does: 8 pair lookups (one 4-byte shared load each, giving two fp16/bf16
+// codebook values; its address is one byte permute for K=4, mask + LEA for K=3/5 plus a funnel
+// shift for the few fields that straddle two words) or, for K=2 in stream-K, 4 quad lookups
+// (one 8-byte load each); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block
+// scales to the block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
+// 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
+// not by issue (BENCHMARKS.md, issue 14 round 3).
 // Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
 //
 // Two kernels share the decode: stream-K (large shapes; warps that share a tile write fp32
