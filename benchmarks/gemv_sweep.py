@@ -2,7 +2,7 @@
 stream-K kernel at several warp counts.
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
-                                    [--split-ctas 132,264,528] [--pdl]
+                                    [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers]
 
 ``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
 lookup table fewer times); ``--pdl``: every call with programmatic dependent launch (back-to-back
@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--shapes", default=None, help="comma-separated K_inxN (default: a fixed list)")
     ap.add_argument("--no-warps", action="store_true", help="stream-K at its default warp count only")
+    ap.add_argument("--warps", default="", help="comma-separated stream-K warp counts to time (instead of the list)")
     ap.add_argument("--split-ctas", default="", help="comma-separated grid caps for the split kernel")
     ap.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
     ap.add_argument("--peers", action="store_true",
@@ -62,6 +63,8 @@ def main() -> None:
             cands = sorted({min(units, w) for w in (full, full // 2, full // 4, tiles, 2 * tiles, sms * 8, sms * 16, sms * 32)})
             if args.no_warps:
                 cands = [full]
+            if args.warps:
+                cands = sorted({min(units, int(w)) for w in args.warps.split(",")})
             cnt = counters(dev, tiles)
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
