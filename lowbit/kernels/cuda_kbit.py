@@ -148,8 +148,8 @@ def use_split(lib, device, bits, dtype, n, k_in) -> bool:
     if split_items(n, k_in) > SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1):
         return False
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    resident = gemv_warps(lib, device, bits, dtype, 1, n, k_in)
-    return not prefer_stream_k(tiles, groups, resident)
+    warps = gemv_warps(lib, device, bits, dtype, 1, n, k_in)  # what stream-K would run on
+    return not prefer_stream_k(tiles, groups, warps)
 
 
 def prefer_stream_k(tiles: int, groups: int, warps: int) -> bool:
