@@ -323,10 +323,10 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 }
 
 // The stream-K kernel's pipeline depth (groups in flight per warp: one being decoded, S - 1
-// loading). Low K moves few bytes per group, so it needs a deeper pipeline to keep enough bytes in
-// flight; deeper K=4/5 pipelines do not fit 128 registers (3 stages for K=4: 54.3 vs 51.5 us on
-// 8192x28672). A shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM
-// sharing one table) measured no faster at K=4 and slower at K=2 (BENCHMARKS.md, issue 14 round 3).
+// loading). Low K moves few bytes per group, so it gets one more stage. Deeper measured slower
+// (8192x28672 K=4: 3 stages, still 128 registers, 49.3 vs 48.2 us; 4 stages, 8 warps per SM, 63.1),
+// and so did a shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM sharing
+// one table): the kernel is not short of bytes in flight (BENCHMARKS.md, issue 14 rounds 3 and 4).
 __host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 3 ? 3 : 2; }
 template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
 template <int BITS> __host__ __device__ constexpr size_t stream_smem() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
