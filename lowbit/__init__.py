@@ -63,7 +63,8 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
         raise ValueError(f"x must have at least 1 dimension [..., K_in], got shape {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if dispatch.kbit_path(x2) == "gemv":
+    path = dispatch.kbit_path(x2, w.shape[0])
+    if path == "gemv":
         n, k_in = w.shape
         qweight, qabsmax = w.tiled()
         launch = None
@@ -76,6 +77,10 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
             y = launch(x2, x2.shape[0], (x2.shape[0], n))
         else:
             y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
+    elif path == "gemm":
+        n, k_in = w.shape
+        qweight, qabsmax = w.tiled()
+        y = ops.kbit_gemm(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
     else:  # large M, fp32, or CPU: dequantize + matmul (reference on CPU)
         y = ops.kbit_linear(x2, *w.tensors(), w.bits)
     return y.reshape(*lead, y.shape[-1])

@@ -6,8 +6,16 @@ through here, so a new kernel (the tensor-core GEMM, measured crossovers) change
 Paths today:
 
 * ``"gemv"``: CUDA, fp16/bf16 activations, 1 <= M <= :data:`GEMV_MAX_M` rows -- the decode GEMV.
+* ``"gemm"``: CUDA, fp16/bf16, GEMV_MAX_M < M <= :func:`gemm_max_m` -- the tensor-core kbit GEMM
+  (batched decode, speculative verification, short prefills).
 * ``"dequant_matmul"``: everything else -- the weight decoded from the tiled layout, then a
   matmul (cuBLAS on CUDA; on CPU the fp32 reference, which *is* the definition).
+
+The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` (measured per GPU name and
+weight size class with ``benchmarks/gemm_sweep.py``), :data:`GEMM_MAX_M_DEFAULT` on GPUs it does
+not list. Decisions
+depend only on (device, dtype, M), never on timing in the hot path, so they are the same in eager
+mode, under ``torch.compile`` and inside CUDA graphs.
 * grouped (MoE): CUDA fp16/bf16 -> the grouped GEMV, which takes any number of rows per expert
   (8 at a time); CPU and fp32 -> the reference, expert by expert.
 
@@ -18,18 +26,100 @@ eager fast path). Both run the same kernels with the same decisions.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
+
 import torch
 
 from . import ops
 
-#: largest batch the decode GEMV kernels take; larger M dequantizes and calls cuBLAS.
-GEMV_MAX_M = 4
+#: largest batch the decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
+GEMV_MAX_M = 8
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
+#: largest M for the kbit GEMM on a GPU the crossover file does not list.
+GEMM_MAX_M_DEFAULT = 32
+CROSSOVERS = Path(__file__).parent / "data" / "kbit_dispatch.json"
+PATHS = ("gemv", "gemm", "dequant_matmul")
 
 
 def use_gemv(is_cuda: bool, dtype: torch.dtype, m: int) -> bool:
     """True where the decode GEMV runs: CUDA, fp16/bf16, 1 <= M <= GEMV_MAX_M rows."""
     return is_cuda and 1 <= m <= GEMV_MAX_M and dtype in GEMV_DTYPES
+
+
+def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None, int]]]:
+    """{GPU name: [(max weights, largest M for the kbit GEMM), ...]} from a crossover file, classes in
+    rising size, the last one open-ended (None); raises ValueError naming the bad entry. Format::
+
+        {"version": 1, "gpus": {"NVIDIA H100 80GB HBM3":
+            {"gemm_max_m": [[20000000, 32], [null, 128]]}}}
+    """
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict) or raw.get("version") != 1 or not isinstance(raw.get("gpus"), dict):
+        raise ValueError(f"{path}: expected {{'version': 1, 'gpus': {{...}}}}")
+    out = {}
+    for gpu, entry in raw["gpus"].items():
+        classes = entry.get("gemm_max_m") if isinstance(entry, dict) else None
+        where = f"{path}: gpus[{gpu!r}].gemm_max_m"
+        if not isinstance(classes, list) or not classes:
+            raise ValueError(f"{where} must be a list of [max weights or null, max M], got {classes!r}")
+        parsed = []
+        for i, c in enumerate(classes):
+            ok = isinstance(c, list) and len(c) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in c[1:]) and (c[0] is None or isinstance(c[0], int))
+            if not ok or c[1] < GEMV_MAX_M or (c[0] is None) != (i == len(classes) - 1):
+                raise ValueError(f"{where}[{i}] must be [max weights (null for the last), max M >= {GEMV_MAX_M}], got {c!r}")
+            if i and parsed[-1][0] >= (c[0] if c[0] is not None else float("inf")):
+                raise ValueError(f"{where}: classes must rise in size")
+            parsed.append((c[0], c[1]))
+        out[gpu] = parsed
+    return out
+
+
+_classes: dict[int, list] = {}
+_crossovers: dict | None = None
+
+
+def gemm_max_m(device: torch.device, weights: int | None = None) -> int:
+    """Largest M the kbit GEMM runs on this device for a weight of ``weights`` elements (the measured
+    crossover with dequantize + cuBLAS; None: the largest class)."""
+    global _crossovers
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _classes:
+        if _crossovers is None:
+            _crossovers = load_crossovers()
+        _classes[idx] = _crossovers.get(torch.cuda.get_device_name(idx), [(None, GEMM_MAX_M_DEFAULT)])
+    return class_max_m(_classes[idx], weights)
+
+
+def class_max_m(classes: list[tuple[int | None, int]], weights: int | None) -> int:
+    """The max M of the first class holding ``weights`` elements (None: the last class)."""
+    if weights is not None:
+        for upto, m in classes:
+            if upto is not None and weights <= upto:
+                return m
+    return classes[-1][1]
+
+
+_forced: str | None = None
+
+
+@contextlib.contextmanager
+def forced_path(path: str | None):
+    """Run every dense kbit call in the block on ``path`` ("gemv", "gemm", "dequant_matmul"; None:
+    the rule) -- for benchmarks and tests. A path that cannot take a call (the GEMV above 8 rows, a
+    kernel on CPU or fp32) falls back to the rule."""
+    global _forced
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}")
+    prev, _forced = _forced, path
+    try:
+        yield
+    finally:
+        _forced = prev
 
 
 def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
@@ -38,9 +128,26 @@ def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
     return bias.dtype == x.dtype and bias.is_contiguous()
 
 
-def kbit_path(x2: torch.Tensor) -> str:
-    """The path for a 2-D activation ``x2 [M, K_in]``: ``"gemv"`` or ``"dequant_matmul"``."""
-    return "gemv" if use_gemv(x2.is_cuda, x2.dtype, x2.shape[0]) else "dequant_matmul"
+def kbit_path(x2: torch.Tensor, n: int | None = None) -> str:
+    """The path for a 2-D activation ``x2 [M, K_in]`` against a weight of ``n`` rows (None: the
+    largest size class): ``"gemv"``, ``"gemm"`` or ``"dequant_matmul"``."""
+    m = x2.shape[0]
+    weights = None if n is None else n * x2.shape[1]
+    gemm_max = gemm_max_m(x2.device, weights) if x2.is_cuda and m > GEMV_MAX_M else GEMV_MAX_M
+    return choose_path(x2.is_cuda, x2.dtype, m, gemm_max, _forced)
+
+
+def choose_path(is_cuda: bool, dtype: torch.dtype, m: int, gemm_max: int, forced: str | None = None) -> str:
+    """The rule behind :func:`kbit_path`: the GEMV up to GEMV_MAX_M rows, the GEMM up to ``gemm_max``,
+    dequantize + matmul beyond, and for anything the kernels do not take (CPU, fp32, no rows)."""
+    kernel_ok = is_cuda and dtype in GEMV_DTYPES and m >= 1
+    if forced is not None and kernel_ok and (forced != "gemv" or m <= GEMV_MAX_M):
+        return forced
+    if use_gemv(is_cuda, dtype, m):
+        return "gemv"
+    if kernel_ok and m <= gemm_max:
+        return "gemm"
+    return "dequant_matmul"
 
 
 def grouped_path(x2: torch.Tensor) -> str:
@@ -53,8 +160,11 @@ def grouped_path(x2: torch.Tensor) -> str:
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
                          bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x2 [M, K_in] @ W^T (+ bias)`` for a weight held in the tiled layout, through the custom ops."""
-    if kbit_path(x2) == "gemv":
+    path = kbit_path(x2, n)
+    if path == "gemv":
         return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    if path == "gemm":
+        return ops.kbit_gemm(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 

@@ -118,8 +118,8 @@ def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bi
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
     if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
-    if not 1 <= x.shape[0] <= 4:
-        raise ValueError(f"kbit_gemv takes M = 1..4 rows of x, got {x.shape[0]} (use kbit_linear for larger M)")
+    if not 1 <= x.shape[0] <= 8:
+        raise ValueError(f"kbit_gemv takes M = 1..8 rows of x, got {x.shape[0]} (use kbit_linear for larger M)")
     check_same_device(x=x, qweight=qweight)
     check_bias(bias, n, x)
     return x.shape[0]
@@ -128,7 +128,7 @@ def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bi
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
 def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int,
               bias: Tensor | None = None) -> Tensor:
-    """Decode GEMV ``x[M<=4, K_in] @ W^T (+ bias)`` from the tiled layout; fp16/bf16 in and out, fp32
+    """Decode GEMV ``x[M<=8, K_in] @ W^T (+ bias)`` from the tiled layout; fp16/bf16 in and out, fp32
     accumulation, the bias added in fp32 before the one rounding."""
     check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
@@ -137,6 +137,33 @@ def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, sca
 @kbit_gemv.register_fake
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return x.new_empty((m, n))
+
+
+def check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
+    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
+    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
+    if x.shape[0] >= 2**31 // 2:
+        raise ValueError(f"kbit_gemm takes < 2^30 rows of x, got {x.shape[0]}")
+    check_same_device(x=x, qweight=qweight)
+    check_bias(bias, n, x)
+    return x.shape[0]
+
+
+@torch.library.custom_op("lowbit::kbit_gemm", mutates_args=())
+def kbit_gemm(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int,
+              bias: Tensor | None = None) -> Tensor:
+    """Batched ``x[M, K_in] @ W^T (+ bias)`` from the tiled layout on tensor cores (the path for M > 8
+    up to the measured crossover with dequantize + cuBLAS); fp16/bf16, fp32 accumulation, one rounding."""
+    check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+
+
+@kbit_gemm.register_fake
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    m = check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return x.new_empty((m, n))
 
 

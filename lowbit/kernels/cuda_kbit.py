@@ -67,8 +67,17 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 _occupancy: dict[tuple, int] = {}
 
 
+def gemv_instance(m: int) -> int:
+    """The compiled stream-K GEMV instance for M rows: 1..4 each their own, 5..8 share the M=8 one
+    (the MMA covers 8 tokens either way)."""
+    if not 1 <= m <= 8:
+        raise ValueError(f"the kbit GEMV takes 1..8 rows, got {m}")
+    return m if m <= 4 else 8
+
+
 def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
     """Warps for the stream-K GEMV: at most one full wave of resident warps (stream_k_warps)."""
+    m = gemv_instance(m)
     key = (device.index, bits, dtype, m)
     if key not in _occupancy:
         fn = lib.symbol("kbit_gemv_occupancy", bits=bits, dtype=dtype, m=m)
@@ -179,7 +188,7 @@ class GemvLauncher:
     a decode call at a few microseconds of CPU; the registered op builds one per call. The
     kernel symbols are called without ctypes argtypes, every fixed argument pre-wrapped.
     Call: ``launcher(x, m, out_shape, bias=None)`` with x contiguous, ``m = x.numel() // K_in`` in
-    1..4 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
+    1..8 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
     ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
     """
 
@@ -203,7 +212,7 @@ class GemvLauncher:
             fixed = (c_int(m), qw, qa, cb, sc, c_int(1), c_int(n), c_int(k_in), c_int(max_ctas))
             plan = ("split", fn, fixed)
         else:
-            fn = lib.raw_symbol("kbit_gemv", bits=bits, dtype=dtype, m=m)
+            fn = lib.raw_symbol("kbit_gemv", bits=bits, dtype=dtype, m=gemv_instance(m))
             warps = gemv_warps(lib, self.device, bits, dtype, m, n, k_in)
             cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), warps)
@@ -269,6 +278,98 @@ class GroupedLauncher:
         if err:
             self.lib.raise_error("kbit_grouped_gemv", err)
         return y
+
+
+# ------------------------------------------------------------------ GEMM (tiled layout, M > 8)
+#: token tiles of 8 per CTA compiled into the library (csrc/kbit_gemm.cu, LOWBIT_DEFINE_GEMM_DTYPE)
+GEMM_TOKEN_TILES = (2, 4, 8)
+GEMM_ROWS_PER_CTA = 128
+
+
+def gemm_token_tiles(m: int) -> int:
+    """Token tiles of 8 per CTA for M rows: the smallest compiled one covering M (rows beyond 64 are
+    taken 64 at a time by more CTAs)."""
+    return next((nt for nt in GEMM_TOKEN_TILES if 8 * nt >= m), GEMM_TOKEN_TILES[-1])
+
+
+def gemm_splits(row_blocks: int, chunks: int, groups: int, resident_ctas: int) -> int:
+    """K splits of the GEMM: enough CTAs to fill one wave when the row blocks x token chunks alone
+    cannot, each split keeping at least 2 groups (256 columns each) so partial sums stay cheap."""
+    ctas = row_blocks * chunks
+    if ctas >= resident_ctas:
+        return 1
+    return max(1, min(-(-resident_ctas // ctas), groups // 2))
+
+
+class GemmLauncher:
+    """The kbit GEMM (M > 8 rows) of one weight; plans per (dtype, M) made once (see GemvLauncher).
+    Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``."""
+
+    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
+        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+        self.device = qweight.device
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.tensors = (qweight, qabsmax, codebook, scale)
+        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
+        self.tiles, self.groups = kbit_tiled.tiled_shape(n, k_in)
+        self._plans: dict = {}
+
+    def plan(self, dtype, m: int, splits: int | None = None):
+        """(symbol, token tiles, splits, workspace floats, counters) for M rows; ``splits`` overrides
+        the rule (tests, tuning)."""
+        key = (dtype, m, splits)
+        if key in self._plans:
+            return self._plans[key]
+        nt = gemm_token_tiles(m)
+        occ_key = ("gemm", self.index, self.bits, dtype, nt)
+        if occ_key not in _occupancy:
+            occ = self.lib.symbol("kbit_gemm_occupancy", bits=self.bits, dtype=dtype, nt=nt)()
+            if occ < 1:
+                raise RuntimeError(f"lowbit: the kbit GEMM (K={self.bits}, {8 * nt} tokens per CTA) does not fit an SM")
+            _occupancy[occ_key] = occ
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        row_blocks = -(-self.tiles // 8)
+        chunks = -(-m // (8 * nt))
+        if splits is None:
+            splits = gemm_splits(row_blocks, chunks, self.groups, _occupancy[occ_key] * sms)
+        if not 1 <= splits <= self.groups:
+            raise ValueError(f"splits must be in 1..{self.groups} (K groups), got {splits}")
+        ws = chunks * splits * row_blocks * GEMM_ROWS_PER_CTA * 8 * nt if splits > 1 else 0
+        cnt = counters(self.device, chunks * row_blocks) if splits > 1 else None
+        fn = self.lib.raw_symbol("kbit_gemm", bits=self.bits, dtype=dtype, nt=nt)
+        plan = self._plans[key] = (fn, nt, splits, ws, cnt)
+        return plan
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+        m = x.shape[0]
+        fn, _, splits, ws_floats, cnt = self.plan(x.dtype, m, splits)
+        if x.data_ptr() % 16:
+            x = x.clone()
+        y = torch.empty((m, self.n), dtype=x.dtype, device=self.device)
+        vp = ctypes.c_void_p
+        ws = torch.empty(ws_floats, dtype=torch.float32, device=self.device) if ws_floats else None
+        qw, qa, cb, sc = self.ptrs
+        err = fn(vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), None if bias is None else vp(bias.data_ptr()),
+                 None if ws is None else vp(ws.data_ptr()), None if cnt is None else vp(cnt.data_ptr()),
+                 ctypes.c_int(m), ctypes.c_int(self.n), ctypes.c_int(self.k_in), ctypes.c_int(splits),
+                 vp(_current_stream(self.index)))
+        if err:
+            self.lib.raise_error("kbit_gemm", err)
+        return y
+
+
+@ops.kbit_gemm.register_kernel("cuda")
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    ops.check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    lib = _library_or_none(x.device)
+    if lib is None:
+        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    if x.shape[0] == 0:
+        return x.new_empty((0, n))
+    launch = GemmLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
+    if bias is None or dispatch.fusable_bias(bias, x):
+        return launch(x, bias)
+    return launch(x).add_(bias)
 
 
 @ops.kbit_gemv.register_kernel("cuda")

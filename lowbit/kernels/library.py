@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -30,6 +30,9 @@ SIGNATURES: dict[str, list] = {
     # pdl (0/1), stream
     "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "kbit_gemv_occupancy": [],
+    # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
+    "kbit_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    "kbit_gemm_occupancy": [],
     # x, expert_offsets (null: dense), m_dense, qweight, qabsmax, codebook, scales, y, bias ([n_experts, n]
     # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
@@ -101,6 +104,8 @@ def _fmt(key: str, value) -> str:
         return DTYPE_NAMES[value]
     if key == "m":
         return f"m{value}"
+    if key == "nt":
+        return f"t{value}"
     if key == "rows":
         return f"r{value}"
     if key == "unroll":

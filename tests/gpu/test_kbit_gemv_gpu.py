@@ -48,7 +48,7 @@ def dense_path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_gemv_matches_reference(bits, m, dtype, dense_path, gen):
     for n, k_in in _shapes(gen):
@@ -64,7 +64,7 @@ def test_gemv_matches_reference(bits, m, dtype, dense_path, gen):
 
 @pytest.mark.parametrize("pdl", [0, 1])
 @pytest.mark.parametrize("bits", [2, 5])
-@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("m", [1, 4, 6])
 def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
     """Direct C call on a NaN-filled buffer with a guard tail: every output written, nothing past it."""
     for n, k_in in ((37, 96), (1000, 4096), (64, 8192)):
@@ -79,7 +79,7 @@ def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                 ptr(counters(x.device, tiles)),
                 m, n, k_in, warps, pdl, stream_of(x.device)]
-        lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
+        lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=cuda_kbit.gemv_instance(m))
         torch.cuda.synchronize()
         y = buf[: m * n].view(m, n)
         assert _rel(y, _ref(x, q)) <= 1e-3
@@ -95,7 +95,7 @@ def test_streamk_every_warp_count(bits, gen):
     q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
     qw, qa = q.tiled()
     lib = get_library()
-    for m in (1, 3):
+    for m in (1, 3, 7):
         x = torch.randn(m, k_in, generator=gen).half().cuda()
         ref = _ref(x, q)
         for warps in (24, 48, 96, 192, 37, 5, 1):
@@ -103,7 +103,7 @@ def test_streamk_every_warp_count(bits, gen):
             ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
             args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                     ptr(counters(x.device, 24)), m, n, k_in, warps, 0, stream_of(x.device)]
-            lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=m)
+            lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=cuda_kbit.gemv_instance(m))
             torch.cuda.synchronize()
             err = _rel(buf[: m * n].view(m, n), ref)
             assert err <= 1e-3, f"warps={warps} m={m}: rel err {err:.2e}"

@@ -1,0 +1,196 @@
+// The kbit decode shared by the GEMV (kbit_gemv.cu) and the GEMM (kbit_gemm.cu): lookup tables,
+// the per-lane group loads of the tiled layout (lowbit/formats/kbit_tiled.py) and the per-block
+// decode into mma.m16n8k16 A fragments (weights as A, tokens as B: "swap AB").
+#pragma once
+#include <utility>
+
+#include "common.cuh"
+
+namespace lowbit {
+namespace gemv {
+
+constexpr int kGroupBlocks = 8;   // 32-element blocks per group (one load round)
+
+// The lookup tables live at the start of dynamic shared memory.
+extern __shared__ __align__(16) char g_table[];
+
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+    uint32_t v;  // volatile: must not be hoisted above the __syncthreads that publishes the table
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t& a, uint32_t& b) {
+    asm volatile("ld.shared.v2.b32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(addr));
+}
+
+template <typename T> struct Pack2;
+template <> struct Pack2<__half> {
+    static __device__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+template <> struct Pack2<__nv_bfloat16> {
+    static __device__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+
+// E4M4 byte (in bits 19..26 of `shifted`) -> float * 2^-112: the byte placed in an fp32's
+// exponent and top mantissa bits is exactly e4m4 * 2^-112 (subnormals included). The 2^112 is
+// applied once per output (kScaleFix), not once per block.
+__device__ __forceinline__ float e4m4_scaled_down(uint32_t shifted) {
+    return __uint_as_float(shifted & 0x07F80000u);
+}
+constexpr float kScaleFix = 5.192296858534828e33f;  // 2^112
+
+// Shift `word` left by S (right if S < 0); constant-folded to one SHF.
+template <int S>
+__device__ __forceinline__ uint32_t shift(uint32_t word) {
+    if constexpr (S >= 0) return word << S; else return word >> (-S);
+}
+
+// (word & MASK) shifted by S, plus `base`. The mask is applied first (in PTX, so the compiler
+// cannot turn it back into shift-then-mask), letting ptxas fuse shift + add into one LEA /
+// LEA.HI: two instructions per lookup address instead of three.
+template <uint32_t MASK, int S>
+__device__ __forceinline__ uint32_t mask_shift_add(uint32_t word, uint32_t base) {
+    uint32_t masked;
+    asm("and.b32 %0, %1, %2;\n" : "=r"(masked) : "r"(word), "n"(MASK));
+    return shift<S>(masked) + base;
+}
+
+// The lookup table: one entry per value of a lookup field of the lane's code stream, holding
+// the field's decoded fp16/bf16 values, replicated so that a warp's 32 lookups never conflict
+// whatever the indices (lane l reads replica l % R).
+//   pair fields (2K bits: code0 | code1 << K): 4-byte entries (one A-fragment register);
+//   QUAD (K=2 only, the stream-K kernel): 8-bit fields = two consecutive pairs, 8-byte entries
+//     = two consecutive A-fragment registers: one 64-bit load decodes 4 codes. (A warp's 64-bit
+//     loads are served a half-warp at a time; 32 replicas fill both halves' banks.)
+// Byte-wide fields (K=4 pairs, K=2 quads) get 256-byte entry rows, so a lookup's offset is
+// (field << 8) | (lane * entry bytes): one byte permute (PRMT) of the code word, plus the table
+// base as a uniform register in the load. Other fields: mask + shift-add (LEA), 2 instructions.
+// K=5 (1024 entries) keeps 16 replicas so its table is 64 KB, not 128 KB: lanes l and l+16 share
+// a bank, at most a 2-way conflict, affordable at K=5's lower weights-per-byte rate.
+// COMPACT: no 256-byte rows (K=4 32 KB instead of 64 KB, addresses by mask + LEA) -- for the GEMM,
+// which reuses each lookup for several token tiles and needs the shared memory for x.
+template <int BITS, bool QUAD, bool COMPACT = false>
+struct Lut {
+    static_assert(!QUAD || BITS == 2, "quad lookups are for K=2");
+    static constexpr int kFieldBits = QUAD ? 8 : 2 * BITS;
+    static constexpr int kEntries = 1 << kFieldBits;
+    static constexpr int kEntryBytes = QUAD ? 8 : 4;
+    static constexpr int kReplicas = BITS == 5 ? 16 : 32;
+    static constexpr bool kBytePerm = kFieldBits == 8 && !COMPACT;
+    static constexpr int kRowShift = kBytePerm ? 8 : BITS == 5 ? 6 : 7;  // log2(bytes per entry row)
+    static constexpr size_t kBytes = size_t(kEntries) << kRowShift;
+    static_assert(kReplicas * kEntryBytes <= (1 << kRowShift), "entry row");
+
+    // The per-lane operand of addr(): lane * entry bytes (byte-perm) or table + replica offset.
+    static __device__ __forceinline__ uint32_t lane_operand(uint32_t table, int lane) {
+        if constexpr (kBytePerm) return uint32_t(lane * kEntryBytes);
+        else return table + uint32_t(lane % kReplicas) * kEntryBytes;
+    }
+
+    // Shared address of the entry for field F of the lane's stream (bits [F * kFieldBits, ...)).
+    // Odd-K fields that straddle two words are joined by one funnel shift first.
+    template <int F>
+    static __device__ __forceinline__ uint32_t addr(const uint32_t (&w)[4 * BITS], uint32_t lane_op, uint32_t table) {
+        constexpr int bit = kFieldBits * F, wi = bit / 32, s = bit % 32;
+        if constexpr (kBytePerm) {
+            // byte s/8 of the word to bits 8..15, the lane offset (byte 0 of lane_op) to bits 0..7,
+            // zeros (byte 1 of lane_op) above
+            return table + __byte_perm(w[wi], lane_op, 0x5504u | ((s / 8) << 4));
+        } else {
+            constexpr uint32_t kFieldMask = (1u << kFieldBits) - 1;
+            if constexpr (s + kFieldBits <= 32) {
+                return mask_shift_add<kFieldMask << s, kRowShift - s>(w[wi], lane_op);
+            } else {
+                return mask_shift_add<kFieldMask, kRowShift>(__funnelshift_r(w[wi], w[wi + 1], s), lane_op);
+            }
+        }
+    }
+
+    // Build it with THREADS threads: 16-byte stores (4 replicas of a 4-byte entry, or 2 of an
+    // 8-byte one), consecutive threads on consecutive chunks (no bank conflicts), codebook values
+    // straight from global memory (L1/L2): no staging barrier, and the fully unrolled loop issues
+    // all its loads at once, which matters for small GEMVs whose whole run time is a few us.
+    template <int THREADS, typename T>
+    static __device__ __forceinline__ void build(const float* __restrict__ codebook) {
+        constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
+        constexpr int kChunks = kEntries * kChunksPerEntry;
+        constexpr int kMask = (1 << BITS) - 1;
+#pragma unroll
+        for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+            const int c = i * THREADS + threadIdx.x;
+            if (kChunks % THREADS == 0 || c < kChunks) {
+                const int e = c / kChunksPerEntry, part = c % kChunksPerEntry;
+                uint4* dst = reinterpret_cast<uint4*>(g_table + (size_t(e) << kRowShift)) + part;
+                if constexpr (QUAD) {  // e = pair0 | pair1 << 4, each pair = code0 | code1 << 2
+                    const uint32_t v0 = Pack2<T>::pack(__ldg(codebook + (e & 3)), __ldg(codebook + ((e >> 2) & 3)));
+                    const uint32_t v1 = Pack2<T>::pack(__ldg(codebook + ((e >> 4) & 3)), __ldg(codebook + (e >> 6)));
+                    *dst = make_uint4(v0, v1, v0, v1);
+                } else {  // e = code0 | code1 << K
+                    const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
+                    *dst = make_uint4(v, v, v, v);
+                }
+            }
+        }
+    }
+};
+
+template <int BITS> struct GroupData {
+    uint4 w[BITS];  // this lane's code words for 8 blocks
+    uint4 a;        // absmax bytes of rows g (bytes 0..7) and g+8 (8..15), blocks 0..7
+};
+
+// Unit u = tile * n_groups + group is contiguous in both arrays, so a warp streams its units
+// with one running index whatever tiles they belong to. qw_lane / qa_lane: this lane's offset.
+template <int BITS>
+__device__ __forceinline__ void load_group(GroupData<BITS>& d, const uint4* qw_lane, const uint4* qa_lane, int64_t u) {
+#pragma unroll
+    for (int c = 0; c < BITS; ++c) d.w[c] = ld_stream(qw_lane + (u * BITS + c) * 32);
+    d.a = ld_stream(qa_lane + u * 8);
+}
+
+// Block J of a group: the lane's two A fragments (16 codes; register R of MMA m holds pair
+// p = 4m + R, stream pair field 8J + p).
+template <int BITS, bool QUAD, int J, bool COMPACT = false>
+__device__ __forceinline__ void lookup_block(uint32_t (&frag)[2][4], const uint32_t (&w)[4 * BITS], uint32_t lane_op,
+                                             uint32_t table) {
+    using L = Lut<BITS, QUAD, COMPACT>;
+    if constexpr (QUAD) {  // quad field 4J + i holds pairs 2i, 2i + 1
+        lds_u32x2(L::template addr<4 * J + 0>(w, lane_op, table), frag[0][0], frag[0][1]);
+        lds_u32x2(L::template addr<4 * J + 1>(w, lane_op, table), frag[0][2], frag[0][3]);
+        lds_u32x2(L::template addr<4 * J + 2>(w, lane_op, table), frag[1][0], frag[1][1]);
+        lds_u32x2(L::template addr<4 * J + 3>(w, lane_op, table), frag[1][2], frag[1][3]);
+    } else {
+        frag[0][0] = lds_u32(L::template addr<8 * J + 0>(w, lane_op, table));
+        frag[0][1] = lds_u32(L::template addr<8 * J + 1>(w, lane_op, table));
+        frag[0][2] = lds_u32(L::template addr<8 * J + 2>(w, lane_op, table));
+        frag[0][3] = lds_u32(L::template addr<8 * J + 3>(w, lane_op, table));
+        frag[1][0] = lds_u32(L::template addr<8 * J + 4>(w, lane_op, table));
+        frag[1][1] = lds_u32(L::template addr<8 * J + 5>(w, lane_op, table));
+        frag[1][2] = lds_u32(L::template addr<8 * J + 6>(w, lane_op, table));
+        frag[1][3] = lds_u32(L::template addr<8 * J + 7>(w, lane_op, table));
+    }
+}
+
+// Block J's scales (times 2^-112) of the lane's rows g and g + 8, from its 16 absmax bytes
+// (row g at byte J, row g + 8 at byte 8 + J).
+template <int J>
+__device__ __forceinline__ void block_scales(const uint32_t (&a)[4], float& s_lo, float& s_hi) {
+    constexpr int q = 8 * (J % 4);
+    s_lo = e4m4_scaled_down(shift<19 - q>(a[J / 4]));
+    s_hi = e4m4_scaled_down(shift<19 - q>(a[2 + J / 4]));
+}
+
+// Optional bias, added in fp32 before the one rounding to T (as cuBLAS's epilogue does).
+template <typename T>
+__device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row) {
+    return bias == nullptr ? 0.f : to_float(bias[row]);
+}
+
+}  // namespace gemv
+}  // namespace lowbit

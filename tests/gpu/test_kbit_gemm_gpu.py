@@ -1,0 +1,117 @@
+"""kbit GEMM (tensor cores, M > 8) on CUDA against the format reference.
+
+Error bound as for the GEMV (test_kbit_gemv_gpu.py): relative norm error vs an fp64 product of the
+reference-dequantized weights, fp16 <= 1e-3, bf16 <= 8e-3; NaN never passes.
+"""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import dispatch
+from lowbit.formats import kbit
+from lowbit.kernels import cuda_kbit
+from lowbit.kernels.library import get_library, ptr, stream_of
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.float16, torch.bfloat16]
+BOUND = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+ids = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+
+
+def _ref(x, q):
+    w = kbit.dequantize_reference(*q.to("cpu").tensors(), q.bits).double()
+    return x.cpu().double() @ w.t()
+
+
+def _rel(y, ref):
+    y = y.cpu().double()
+    assert not y.isnan().any(), "NaN in output"
+    return ((y - ref).norm() / ref.norm()).item()
+
+
+def _shapes(gen):
+    yield 2 * int(torch.randint(1, 300, (1,), generator=gen)) + 1, 32 * int(torch.randint(1, 40, (1,), generator=gen))
+    yield 64, 8192  # one row block: deep split-K
+    yield 1000, 2048 + 96  # K_in not a multiple of 256 (padded group), N not a multiple of 128
+
+
+def _gemm_raw(q, x, splits):
+    """Direct C call: NaN-filled output with a guard tail, NaN-filled workspace."""
+    lib = get_library()
+    n, k_in = q.shape
+    m = x.shape[0]
+    qw, qa = q.tiled()
+    launch = cuda_kbit.GemmLauncher(lib, qw, qa, q.codebook, q.scale, q.bits, n, k_in)
+    _, nt, splits, ws_floats, cnt = launch.plan(x.dtype, m, splits)
+    buf = torch.full((m * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
+    ws = torch.full((max(ws_floats, 1),), float("nan"), dtype=torch.float32, device="cuda")
+    args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws) if ws_floats else ptr(None),
+            ptr(cnt), m, n, k_in, splits, stream_of(x.device)]
+    lib.call("kbit_gemm", args, bits=q.bits, dtype=x.dtype, nt=nt)
+    torch.cuda.synchronize()
+    assert buf[m * n:].isnan().all(), "wrote past the output"
+    return buf[: m * n].view(m, n)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [9, 16, 17, 33, 64, 65, 130])
+def test_gemm_matches_reference(bits, dtype, m, gen):
+    """Every token-tile instance (M up to 16 / 32 / 64, and M > 64 in chunks), M not a multiple of the
+    tile, odd N, partial last group; K split one way, by the rule, and as far as it goes."""
+    for n, k_in in _shapes(gen):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
+        ref = _ref(x, q)
+        groups = -(-k_in // 256)
+        for splits in sorted({1, None, groups}, key=lambda s: -1 if s is None else s):
+            err = _rel(_gemm_raw(q, x, splits), ref)
+            assert err <= BOUND[dtype], f"N={n} K_in={k_in} M={m} splits={splits}: rel err {err:.2e}"
+
+
+def test_gemm_rejects_bad_splits(gen):
+    q = lowbit.quantize_kbit(torch.randn(48, 512, generator=gen), bits=4).to("cuda")
+    qw, qa = q.tiled()
+    launch = cuda_kbit.GemmLauncher(get_library(), qw, qa, q.codebook, q.scale, 4, 48, 512)
+    with pytest.raises(ValueError, match="splits"):
+        launch.plan(torch.float16, 16, splits=3)  # 2 groups
+
+
+def test_gemm_through_dispatch_and_bias(gen):
+    """lowbit.kbit_linear and KbitLinear (bias fused) pick the GEMM for 8 < M <= gemm_max_m."""
+    lin = torch.nn.Linear(768, 300, bias=True, dtype=torch.bfloat16)
+    mod = lowbit.nn.KbitLinear.from_linear(lin, 4).cuda()
+    x = torch.randn(3, 7, 768, generator=gen).bfloat16().cuda()  # M = 21
+    assert dispatch.kbit_path(x.reshape(-1, 768), 300) == "gemm"
+    with torch.no_grad():
+        y = mod(x)
+    w = mod.dequantize(torch.float64).cpu()
+    ref = x.cpu().double().reshape(-1, 768) @ w.t() + lin.bias.double()
+    assert y.shape == (3, 7, 300)
+    assert _rel(y.reshape(-1, 300), ref) <= BOUND[torch.bfloat16]
+
+
+def test_gemm_deterministic_and_in_cuda_graph(gen):
+    q = lowbit.quantize_kbit(torch.randn(256, 8192, generator=gen), bits=4).to("cuda")  # 2 row blocks: split-K
+    x = torch.randn(40, 8192, generator=gen).half().cuda()
+    with dispatch.forced_path("gemm"):
+        ys = [lowbit.kbit_linear(x, q) for _ in range(4)]
+        assert all(torch.equal(ys[0], y) for y in ys[1:])
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.cuda.graph(g):
+            y = lowbit.kbit_linear(x, q)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ys[0])
+
+
+def test_gemm_empty_batch(gen):
+    q = lowbit.quantize_kbit(torch.randn(48, 256, generator=gen), bits=3).to("cuda")
+    qw, qa = q.tiled()
+    x = torch.empty(0, 256, dtype=torch.float16, device="cuda")
+    y = lowbit.ops.kbit_gemm(x, qw, qa, q.codebook, q.scale, 3, 48, 256)
+    assert y.shape == (0, 48)
