@@ -60,7 +60,7 @@ def main() -> None:
             x = torch.randn(m, k_in, device=dev, dtype=torch.float16)
             res = {"k_in": k_in, "n": n, "m": m}
 
-            def run(path, qq):
+            def run(path, qq, x=x):
                 with dispatch.forced_path(path):
                     return lowbit.kbit_linear(x, qq)
 
@@ -71,11 +71,11 @@ def main() -> None:
                 res[path] = cold_time([lambda c=c, p=p: run(p, c) for c in qs])
             res["auto_path"] = dispatch.kbit_path(x, n)
             if not args.no_peers:
-                res["cublas-fp16"] = cold_time([lambda v=v: torch.nn.functional.linear(x, v) for v in ws])
+                res["cublas-fp16"] = cold_time([lambda v=v, x=x: torch.nn.functional.linear(x, v) for v in ws])
                 if int4:
                     xb = x.to(torch.bfloat16)
                     res["torch-int4"] = cold_time(
-                        [lambda p=p: torch.ops.aten._weight_int4pack_mm(xb, p[0], INT4_GROUP, p[1]) for p in int4])
+                        [lambda p=p, xb=xb: torch.ops.aten._weight_int4pack_mm(xb, p[0], INT4_GROUP, p[1]) for p in int4])
             rows.append(res)
             cols = " ".join(f"{k}={v:9.1f}" for k, v in res.items() if isinstance(v, float))
             print(f"{k_in}x{n} M={m:5d} {cols}  auto->{res['auto_path']}", flush=True)

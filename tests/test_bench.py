@@ -126,6 +126,7 @@ def test_methods_table():
         assert name in table
     assert all(f"lowbit-kbit{b}" in table for b in (2, 3, 4, 5))
     assert all(table[f"lowbit-kbit{b}"].is_lowbit for b in (2, 3, 4, 5))
+    assert all(f"lowbit-kbit{b}-{p}" in table for b in (2, 3, 4, 5) for p in ("gemv", "gemm", "dequant"))
     assert not table["cublas-fp16"].is_lowbit
     with pytest.raises(ValueError, match="unknown method"):
         select(["cublas-fp16", "bogus"])

@@ -42,9 +42,8 @@ def test_forced_path():
             assert dispatch._forced is None
         assert dispatch._forced == "gemm"
     assert dispatch._forced is None
-    with pytest.raises(ValueError, match="path must be"):
-        with dispatch.forced_path("cublas"):
-            pass
+    with pytest.raises(ValueError, match="path must be"), dispatch.forced_path("cublas"):
+        pass
 
 
 def test_cpu_calls_take_the_reference_path(gen):

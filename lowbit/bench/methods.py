@@ -39,6 +39,7 @@ class Method:
     prepare_input: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
     run_grouped: Callable[[Any, Any], torch.Tensor] | None = None
     experts_only: bool = False  # a MoE-block variant: no dense rows
+    by_default: bool = True  # in the default column set (path-pinned variants are asked for by name)
 
     @property
     def is_lowbit(self) -> bool:
@@ -82,7 +83,12 @@ def _lowbit_dense(dtype: torch.dtype, pdl: bool = False) -> Method:
     )
 
 
-def _kbit(bits: int, grouped: bool = True, pdl: bool = False) -> Method:
+#: dense kbit paths a column can pin (lowbit.dispatch.forced_path); None: the dispatcher's choice.
+KBIT_PATHS = {"gemv": "the decode GEMV (M <= 8)", "gemm": "the tensor-core kbit GEMM",
+              "dequant": "the tiled dequantize kernel + cuBLAS"}
+
+
+def _kbit(bits: int, grouped: bool = True, pdl: bool = False, path: str | None = None) -> Method:
     def prepare(w):
         q = lowbit.quantize_kbit(w, bits=bits)
         q.tiled()
@@ -97,8 +103,10 @@ def _kbit(bits: int, grouped: bool = True, pdl: bool = False) -> Method:
         off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=x.device, dtype=torch.int64)
         return x, off
 
+    forced = {"dequant": "dequant_matmul"}.get(path, path)
+
     def run(x, q):
-        with lowbit.programmatic_launch(pdl):
+        with lowbit.programmatic_launch(pdl), lowbit.dispatch.forced_path(forced):
             return lowbit.kbit_linear(x, q)
 
     def run_grouped(inp, ex):
@@ -106,8 +114,9 @@ def _kbit(bits: int, grouped: bool = True, pdl: bool = False) -> Method:
             return lowbit.kbit_grouped_linear(inp[0], inp[1], ex)
 
     return Method(
-        name=f"lowbit-kbit{bits}" + ("" if grouped else "-loop") + ("-pdl" if pdl else ""),
+        name=f"lowbit-kbit{bits}" + ("" if grouped else "-loop") + ("-pdl" if pdl else "") + (f"-{path}" if path else ""),
         description=f"lowbit kbit K={bits} ({bits + 0.25} bits/weight), lowbit.kbit_linear"
+        + (f" pinned to {KBIT_PATHS[path]} (where it can run)" if path else "")
         + (" / kbit_grouped_linear for MoE experts" if grouped else "; MoE experts one launch each")
         + ("; programmatic dependent launch: overlaps each call with the previous one" if pdl else ""),
         act_dtype=torch.float16,
@@ -120,6 +129,7 @@ def _kbit(bits: int, grouped: bool = True, pdl: bool = False) -> Method:
         prepare_input=prepare_input if grouped else None,
         run_grouped=run_grouped if grouped else None,
         experts_only=not grouped,
+        by_default=path is None,
     )
 
 
@@ -260,16 +270,18 @@ def all_methods() -> dict[str, Method]:
     methods += [_lowbit_dense(torch.float16), _lowbit_dense(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS] + [_kbit(4, pdl=True)]
+    methods += [_kbit(b, path=p) for b in kbit.SUPPORTED_BITS for p in KBIT_PATHS]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]
     return {m.name: m for m in methods}
 
 
 def select(names: list[str] | None) -> list[Method]:
-    """Methods by name (None: all but the MoE-only variants); unknown names raise ValueError."""
+    """Methods by name (None: the default columns -- all but the MoE-only and path-pinned variants);
+    unknown names raise ValueError."""
     table = all_methods()
     if not names:
-        return [m for m in table.values() if not m.experts_only]
+        return [m for m in table.values() if not m.experts_only and m.by_default]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(table)}")
