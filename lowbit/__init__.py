@@ -23,7 +23,7 @@ import torch
 
 from . import dispatch, ops
 from ._checks import check_tensor
-from .dispatch import GEMV_MAX_M
+from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
 from .formats import e4m4, kbit
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
@@ -98,7 +98,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x must have shape [..., K={weight.shape[1]}], got {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if 1 <= x2.shape[0] <= GEMV_MAX_M:
+    if 1 <= x2.shape[0] <= DENSE_GEMV_MAX_M:
         y = ops.dense_gemv(x2, weight)
     elif x2.is_cuda:
         y = torch.nn.functional.linear(x2, weight)

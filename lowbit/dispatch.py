@@ -34,8 +34,10 @@ import torch
 
 from . import ops
 
-#: largest batch the decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
+#: largest batch the kbit decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
 GEMV_MAX_M = 8
+#: largest batch lowbit's tuned fp16/bf16 GEMV (``dense_linear``) takes; cuBLAS above.
+DENSE_GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 #: largest M for the kbit GEMM on a GPU the crossover file does not list.
 GEMM_MAX_M_DEFAULT = 32
