@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -42,6 +43,12 @@ GEMV_DTYPES = (torch.float16, torch.bfloat16)
 #: largest M for the kbit GEMM on a GPU the crossover file does not list.
 GEMM_MAX_M_DEFAULT = 32
 CROSSOVERS = Path(__file__).parent / "data" / "kbit_dispatch.json"
+
+
+def user_crossover_file() -> Path:
+    """Crossovers measured here (``lowbit tune --kbit-crossover``), overriding the shipped ones per GPU."""
+    env = os.environ.get("LOWBIT_DISPATCH_FILE")
+    return Path(env) if env else Path.home() / ".cache" / "lowbit" / "kbit_dispatch.json"
 PATHS = ("gemv", "gemm", "dequant_matmul")
 
 
@@ -92,9 +99,21 @@ def gemm_max_m(device: torch.device, weights: int | None = None) -> int:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _classes:
         if _crossovers is None:
-            _crossovers = load_crossovers()
+            _crossovers = crossover_table()
         _classes[idx] = _crossovers.get(torch.cuda.get_device_name(idx), [(None, GEMM_MAX_M_DEFAULT)])
     return class_max_m(_classes[idx], weights)
+
+
+def crossover_table() -> dict[str, list[tuple[int | None, int]]]:
+    """The shipped crossovers, with the user file's GPUs replacing theirs."""
+    return {**load_crossovers(), **load_crossovers(user_crossover_file())}
+
+
+def reload_crossovers() -> None:
+    """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` wrote one)."""
+    global _crossovers
+    _crossovers = None
+    _classes.clear()
 
 
 def class_max_m(classes: list[tuple[int | None, int]], weights: int | None) -> int:

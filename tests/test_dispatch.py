@@ -114,3 +114,41 @@ def test_gemv_op_takes_up_to_8_rows(gen):
         assert ops.kbit_gemv(x, qw, qa, q.codebook, q.scale, 4, 24, 96).shape == (m, 24)
     with pytest.raises(ValueError, match="1..8"):
         ops.kbit_gemv(torch.randn(9, 96, generator=gen).half(), qw, qa, q.codebook, q.scale, 4, 24, 96)
+
+
+def test_crossover_from_measurements():
+    from lowbit.bench import crossover
+
+    assert crossover.crossover_m({16: (1, 2), 32: (2, 2), 64: (3, 2), 128: (1, 2)}) == 32  # first loss ends it
+    assert crossover.crossover_m({16: (3, 2)}) == dispatch.GEMV_MAX_M
+    assert crossover.derive_classes({16_000_000: 32, 60_000_000: 128, 235_000_000: 128}) == [(16_000_000, 32), (None, 128)]
+    assert crossover.derive_classes({4_000_000: 16}) == [(None, 16)]
+    with pytest.raises(ValueError):
+        crossover.derive_classes({})
+
+
+def test_crossover_file_written_and_user_file_overrides(tmp_path, monkeypatch):
+    from lowbit.bench import crossover
+
+    user = tmp_path / "d.json"
+    monkeypatch.setenv("LOWBIT_DISPATCH_FILE", str(user))
+    assert dispatch.user_crossover_file() == user
+    crossover.save(user, "GPU X", [(1000, 16), (None, 64)])
+    crossover.save(user, "NVIDIA H100 80GB HBM3", [(None, 48)])
+    table = dispatch.crossover_table()
+    assert table["GPU X"] == [(1000, 16), (None, 64)]
+    assert table["NVIDIA H100 80GB HBM3"] == [(None, 48)]  # the user's measurement wins over the shipped one
+    user.write_text('{"version": 1, "gpus": {"G": {"gemm_max_m": 7}}}')
+    with pytest.raises(ValueError):
+        crossover.save(user, "GPU Y", [(None, 64)])  # never extends a broken file
+
+
+def test_tune_cli_has_crossover_flag():
+    import argparse
+
+    from lowbit.bench import tune
+
+    p = argparse.ArgumentParser()
+    tune.add_parser(p.add_subparsers())
+    args = p.parse_args(["tune", "--kbit-crossover", "--shape", "2048x5120"])
+    assert args.kbit_crossover and args.shape == ["2048x5120"]

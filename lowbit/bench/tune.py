@@ -31,7 +31,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp16,bf16", help="fp16, bf16 or both (default)")
     p.add_argument("--replays", type=int, default=5, help="graph replays per configuration (default 5)")
     p.add_argument("--out", type=Path, default=None, help="tuning file to update (default: $LOWBIT_TUNING_FILE or "
-                   "~/.cache/lowbit/tuning.json; pass lowbit/data/tuning.json to refresh the shipped defaults)")
+                   "~/.cache/lowbit/tuning.json; pass lowbit/data/tuning.json to refresh the shipped defaults); "
+                   "with --kbit-crossover the crossover file (default $LOWBIT_DISPATCH_FILE or "
+                   "~/.cache/lowbit/kbit_dispatch.json; lowbit/data/kbit_dispatch.json is the shipped one)")
+    p.add_argument("--kbit-crossover", action="store_true",
+                   help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "
+                        "size (--shape adds shapes to the default set) and write it for lowbit.dispatch")
     p.set_defaults(func=run)
     return p
 
@@ -88,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: lowbit tune needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.kbit_crossover:
+        return run_crossover(args)
     if any(not 1 <= m <= 4 for m in args.m):
         print(f"error: --m values must be in 1..4, got {args.m}", file=sys.stderr)
         return 2
@@ -124,5 +131,29 @@ def run(args: argparse.Namespace) -> int:
                       f"{mma_us:.2f}, heuristic {heur_us:.2f} us)", flush=True)
         tuning.save(out, table)  # after each dtype: a long run keeps what it measured
     tuning.reload()
+    print(f"wrote {out} ({time.time() - start:.0f} s)")
+    return 0
+
+
+def run_crossover(args: argparse.Namespace) -> int:
+    from .. import dispatch
+    from ..kernels.cuda_dense import gpu_name
+    from . import crossover
+    from .presets import parse_shape
+
+    try:
+        extra = [parse_shape(v) for v in args.shape or []]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shapes = list(dict.fromkeys(list(crossover.DEFAULT_SHAPES) + [(lin.k_in, lin.n) for lin in extra]))
+    out = args.out or dispatch.user_crossover_file()
+    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    print(f"kbit GEMM crossover on {gpu}: {len(shapes)} shapes x M={list(crossover.SWEEP_MS)}")
+    start = time.time()
+    classes = crossover.derive_classes(crossover.measure(shapes, replays=args.replays))
+    crossover.save(out, gpu, classes)
+    dispatch.reload_crossovers()
+    print(f"classes (max weights, max M): {classes}")
     print(f"wrote {out} ({time.time() - start:.0f} s)")
     return 0

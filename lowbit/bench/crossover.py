@@ -1,0 +1,100 @@
+"""``lowbit tune --kbit-crossover``: measure where the kbit GEMM stops beating dequantize + cuBLAS.
+
+For each shape and each M above the GEMV's 8 rows, both paths are timed the way the benchmarks time
+(cold L2: one CUDA graph over rotating weight copies >= 4x L2, median of replays), K=4, fp16. Per
+shape, the crossover is the largest M of the sweep up to which the GEMM is never slower; shapes
+become size classes (by weight elements) in the crossover file that :mod:`lowbit.dispatch` reads::
+
+    {"version": 1, "gpus": {"<GPU name>": {"gemm_max_m": [[20000000, 32], [null, 128]]}}}
+
+The user file (``$LOWBIT_DISPATCH_FILE``, else ``~/.cache/lowbit/kbit_dispatch.json``) overrides
+the shipped ``lowbit/data/kbit_dispatch.json`` per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import dispatch
+
+#: M values swept (each > the GEMV's rows); the crossover is one of them.
+SWEEP_MS = (16, 32, 64, 128, 256, 512)
+#: Shapes (K_in, N) spanning the weight sizes of the presets: 4M .. 235M elements.
+DEFAULT_SHAPES = ((2048, 2048), (4096, 4096), (4096, 14336), (8192, 28672))
+
+
+def crossover_m(times: dict[int, tuple[float, float]]) -> int:
+    """Largest M (of ``times``: M -> (gemm us, dequant us)) up to which the GEMM is never slower
+    than dequantize + cuBLAS; GEMV_MAX_M when it loses at the first M."""
+    best = dispatch.GEMV_MAX_M
+    for m in sorted(times):
+        gemm, deq = times[m]
+        if gemm > deq:
+            break
+        best = m
+    return best
+
+
+def derive_classes(per_shape: dict[int, int]) -> list[tuple[int | None, int]]:
+    """Size classes from {weight elements of a measured shape: its crossover M}: one class per shape
+    in rising size (the largest open-ended), neighbours with the same M merged."""
+    if not per_shape:
+        raise ValueError("no measured shapes")
+    sizes = sorted(per_shape)
+    classes: list[tuple[int | None, int]] = []
+    for i, w in enumerate(sizes):
+        m = per_shape[w]
+        upto = None if i == len(sizes) - 1 else w
+        if classes and classes[-1][1] == m:
+            classes[-1] = (upto, m)
+        else:
+            classes.append((upto, m))
+    return classes
+
+
+def save(path: Path, gpu: str, classes: list[tuple[int | None, int]]) -> None:
+    """Write (atomically) ``classes`` for ``gpu`` into the crossover file, keeping other GPUs."""
+    data = {"version": 1, "gpus": {}}
+    if path.exists():
+        data = json.loads(path.read_text())
+        dispatch.load_crossovers(path)  # refuse to extend a broken file
+    data["gpus"][gpu] = {"gemm_max_m": [[u, m] for u, m in classes]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    dispatch.load_crossovers(path)  # what was written must load
+
+
+def measure(shapes, ms=SWEEP_MS, bits: int = 4, replays: int = 5, log=print) -> dict[int, int]:
+    """GPU: {weight elements: crossover M} for each (K_in, N) in ``shapes``."""
+    import torch
+
+    import lowbit
+
+    from .timing import copies_for_cold, graph_time, l2_bytes
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    out = {}
+    for k_in, n in shapes:
+        w = torch.randn(n, k_in, device=dev, dtype=torch.float16)
+        q = lowbit.quantize_kbit(w, bits=bits)
+        copies = [q] + [lowbit.quantize_kbit(w, bits=bits) for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
+        for c in copies:
+            c.tiled()
+        times = {}
+        for m in ms:
+            x = torch.randn(m, k_in, device=dev, dtype=torch.float16)
+            t = []
+            for path in ("gemm", "dequant_matmul"):
+                def call(c, path=path, x=x):
+                    with dispatch.forced_path(path):
+                        return lowbit.kbit_linear(x, c)
+                t.append(graph_time([lambda c=c: call(c) for c in copies], replays=replays, warmup=2).median_us)
+            times[m] = (t[0], t[1])
+            log(f"  {k_in}x{n} M={m:4d}: gemm {t[0]:9.1f} us  dequant+cuBLAS {t[1]:9.1f} us")
+        out[n * k_in] = crossover_m(times)
+        log(f"  {k_in}x{n}: GEMM up to M={out[n * k_in]}")
+        del copies
+    return out
