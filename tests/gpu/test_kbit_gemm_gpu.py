@@ -78,14 +78,26 @@ def test_gemm_rejects_bad_splits(gen):
         launch.plan(torch.float16, 16, splits=3)  # 2 groups
 
 
-def test_gemm_through_dispatch_and_bias(gen):
-    """lowbit.kbit_linear and KbitLinear (bias fused) pick the GEMM for 8 < M <= gemm_max_m."""
+def test_gemm_through_dispatch_and_bias(gen, tmp_path, monkeypatch):
+    """KbitLinear (bias fused) runs the GEMM where this GPU's crossover file says so (a user file
+    written by the tuner here: M <= 32 for every size)."""
+    from lowbit.bench import crossover
+
+    user = tmp_path / "kbit_dispatch.json"
+    crossover.save(user, torch.cuda.get_device_name(), [(None, 32)])
+    monkeypatch.setenv("LOWBIT_DISPATCH_FILE", str(user))
+    dispatch.reload_crossovers()
     lin = torch.nn.Linear(768, 300, bias=True, dtype=torch.bfloat16)
     mod = lowbit.nn.KbitLinear.from_linear(lin, 4).cuda()
     x = torch.randn(3, 7, 768, generator=gen).bfloat16().cuda()  # M = 21
-    assert dispatch.kbit_path(x.reshape(-1, 768), 300) == "gemm"
-    with torch.no_grad():
-        y = mod(x)
+    try:
+        assert dispatch.kbit_path(x.reshape(-1, 768), 300) == "gemm"
+        assert dispatch.kbit_path(x.reshape(-1, 768)[:1].expand(40, 768), 300) == "dequant_matmul"
+        with torch.no_grad():
+            y = mod(x)
+    finally:
+        monkeypatch.undo()
+        dispatch.reload_crossovers()
     w = mod.dequantize(torch.float64).cpu()
     ref = x.cpu().double().reshape(-1, 768) @ w.t() + lin.bias.double()
     assert y.shape == (3, 7, 300)
