@@ -192,5 +192,21 @@ __device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row) {
     return bias == nullptr ? 0.f : to_float(bias[row]);
 }
 
+// Allow `smem` bytes of dynamic shared memory (needed above 48 KB); a cudaError_t as int.
+template <typename K>
+int configure(K kernel, size_t smem) {
+    return static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+}
+
+// CTAs of this kernel (of `warps` warps) that fit on one SM (registers, shared memory): sizes
+// one-wave grids; 0 when it cannot be configured.
+template <typename K>
+int occupancy(K kernel, size_t smem, int warps) {
+    if (configure(kernel, smem)) return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) return 0;
+    return blocks;
+}
+
 }  // namespace gemv
 }  // namespace lowbit

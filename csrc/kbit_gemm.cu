@@ -232,11 +232,6 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT>()) kbi
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays too)
 }
 
-template <typename K>
-int configure(K kernel, size_t smem) {
-    return static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-}
-
 template <int BITS, typename T, int NT>
 int launch(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale, void* y,
            const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits, void* stream) {
@@ -254,16 +249,6 @@ int launch(const void* x, const void* qweight, const void* qabsmax, const float*
     return static_cast<int>(cudaGetLastError());
 }
 
-template <int BITS, typename T, int NT>
-int occupancy() {
-    constexpr size_t smem = gemm_smem<BITS, NT>();
-    auto kernel = kbit_gemm_kernel<BITS, T, NT>;
-    if (configure(kernel, smem)) return 0;
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) != cudaSuccess) return 0;
-    return blocks;
-}
-
 }  // namespace gemm
 }  // namespace lowbit
 
@@ -277,7 +262,8 @@ int occupancy() {
                                                     counters, m, n, k_in, splits, stream);                    \
     }                                                                                                         \
     extern "C" int lowbit_kbit_gemm_occupancy_b##BITS##_##NAME##_t##NT(void) {                                \
-        return lowbit::gemm::occupancy<BITS, TYPE, NT>();                                                     \
+        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<BITS, TYPE, NT>,                        \
+                                       lowbit::gemm::gemm_smem<BITS, NT>(), lowbit::gemm::kWarps);            \
     }
 #define LOWBIT_DEFINE_GEMM_DTYPE(BITS, NAME, TYPE) \
     LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 2)        \

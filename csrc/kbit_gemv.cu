@@ -433,22 +433,6 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     }
 }
 
-template <typename K>
-int configure(K kernel, size_t smem) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    return static_cast<int>(err);
-}
-
-// CTAs of this kernel (of `warps` warps) that fit on one SM (registers, shared memory): sizes
-// the one-wave grid.
-template <typename K>
-int occupancy(K kernel, size_t smem, int warps) {
-    if (configure(kernel, smem)) return 0;
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) return 0;
-    return blocks;
-}
-
 // Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
 struct Launch {
     cudaLaunchConfig_t cfg = {};

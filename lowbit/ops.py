@@ -113,16 +113,21 @@ def check_bias(bias, n, x) -> None:
     check_same_device(x=x, bias=bias)
 
 
-def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
+def _check_kernel_x_args(op, rows, x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias) -> int:
+    """The tiled-weight kernels' common checks; ``rows`` = (min, max) rows of x the kernel takes."""
     check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
     check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
     if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
-    if not 1 <= x.shape[0] <= 8:
-        raise ValueError(f"kbit_gemv takes M = 1..8 rows of x, got {x.shape[0]} (use kbit_linear for larger M)")
+    if not rows[0] <= x.shape[0] <= rows[1]:
+        raise ValueError(f"{op} takes M = {rows[0]}..{rows[1]} rows of x, got {x.shape[0]} (use kbit_linear)")
     check_same_device(x=x, qweight=qweight)
     check_bias(bias, n, x)
     return x.shape[0]
+
+
+def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
+    return _check_kernel_x_args("kbit_gemv", (1, 8), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
@@ -140,16 +145,13 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     return x.new_empty((m, n))
 
 
+#: the GEMM's grid takes 64 rows per CTA in its third dimension (<= 65535)
+GEMM_MAX_ROWS = 65535 * 64
+
+
 def check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
-    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
-    check_tensor("x", x, dtypes=(torch.float16, torch.bfloat16), dim=2)
-    if x.shape[1] != k_in:
-        raise ValueError(f"x must have shape [M, K_in={k_in}], got {tuple(x.shape)}")
-    if x.shape[0] >= 2**31 // 2:
-        raise ValueError(f"kbit_gemm takes < 2^30 rows of x, got {x.shape[0]}")
-    check_same_device(x=x, qweight=qweight)
-    check_bias(bias, n, x)
-    return x.shape[0]
+    return _check_kernel_x_args("kbit_gemm", (0, GEMM_MAX_ROWS), x, qweight, qabsmax, codebook, scale, bits, n, k_in,
+                                bias)
 
 
 @torch.library.custom_op("lowbit::kbit_gemm", mutates_args=())

@@ -358,6 +358,14 @@ class GemmLauncher:
         return y
 
 
+def _with_bias(run, x, bias):
+    """run(bias or None): the kernels add a bias of x's dtype in fp32 before their one rounding; any
+    other bias is added to their output."""
+    if bias is None or dispatch.fusable_bias(bias, x):
+        return run(bias)
+    return run(None).add_(bias)
+
+
 @ops.kbit_gemm.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     ops.check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
@@ -367,9 +375,7 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     if x.shape[0] == 0:
         return x.new_empty((0, n))
     launch = GemmLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    if bias is None or dispatch.fusable_bias(bias, x):
-        return launch(x, bias)
-    return launch(x).add_(bias)
+    return _with_bias(lambda b: launch(x, b), x, bias)
 
 
 @ops.kbit_gemv.register_kernel("cuda")
@@ -379,9 +385,7 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     if lib is None:
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    if bias is None or dispatch.fusable_bias(bias, x):
-        return launch(x, x.shape[0], (x.shape[0], n), bias)
-    return launch(x, x.shape[0], (x.shape[0], n)).add_(bias)
+    return _with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")

@@ -1,7 +1,7 @@
 """kbit GEMM (tensor cores, M > 8) on CUDA against the format reference.
 
-Error bound as for the GEMV (test_kbit_gemv_gpu.py): relative norm error vs an fp64 product of the
-reference-dequantized weights, fp16 <= 1e-3, bf16 <= 8e-3; NaN never passes.
+Error bounds and reference: kbit_check.py (relative norm error vs an fp64 product of the
+reference-dequantized weights, fp16 <= 1e-3, bf16 <= 8e-3; NaN never passes).
 """
 
 import pytest
@@ -9,25 +9,15 @@ import torch
 
 import lowbit
 from lowbit import dispatch
-from lowbit.formats import kbit
 from lowbit.kernels import cuda_kbit
 from lowbit.kernels.library import get_library, ptr, stream_of
 
+from .kbit_check import BOUND, DTYPES
+from .kbit_check import dtype_id as ids
+from .kbit_check import ref as _ref
+from .kbit_check import rel as _rel
+
 pytestmark = pytest.mark.gpu
-DTYPES = [torch.float16, torch.bfloat16]
-BOUND = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
-ids = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-
-
-def _ref(x, q):
-    w = kbit.dequantize_reference(*q.to("cpu").tensors(), q.bits).double()
-    return x.cpu().double() @ w.t()
-
-
-def _rel(y, ref):
-    y = y.cpu().double()
-    assert not y.isnan().any(), "NaN in output"
-    return ((y - ref).norm() / ref.norm()).item()
 
 
 def _shapes(gen):

@@ -11,26 +11,16 @@ import pytest
 import torch
 
 import lowbit
-from lowbit.formats import kbit
 from lowbit.kernels import cuda_kbit
 from lowbit.kernels.cuda_kbit import counters, gemv_warps, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
+from .kbit_check import BOUND, DTYPES
+from .kbit_check import dtype_id as ids
+from .kbit_check import ref as _ref
+from .kbit_check import rel as _rel
+
 pytestmark = pytest.mark.gpu
-DTYPES = [torch.float16, torch.bfloat16]
-BOUND = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
-ids = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-
-
-def _ref(x, q):
-    w = kbit.dequantize_reference(*q.to("cpu").tensors(), q.bits).double()
-    return x.cpu().double() @ w.t()
-
-
-def _rel(y, ref):
-    y = y.cpu().double()
-    assert not y.isnan().any(), "NaN in output"
-    return ((y - ref).norm() / ref.norm()).item()
 
 
 def _shapes(gen):
