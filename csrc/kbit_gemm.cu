@@ -5,11 +5,11 @@
 // K groups (split-K across CTAs when the row blocks alone cannot fill the GPU). Per group:
 //   * the CTA stages x[MT tokens, 256 columns] in shared memory with cp.async (3 stages, one barrier
 //     per group, zero-filled past M and K_in), so the 8 warps share one copy of x instead of each
-//     reading it from L1/L2 (at M = 64 x is 16x the weight bytes of a group);
+//     reading it from L1/L2 (at M = 64 a warp would read 16x as many x bytes as weight bytes);
 //   * each warp decodes its tile's group once (the GEMV's lookups, 2 groups of weights in flight),
-//     scales the A fragments by the block absmax (8 HMUL2 per block: fp16/bf16 weights, as dequantize
-//     + cuBLAS rounds them) and reuses them for NT x 2 MMAs accumulating in fp32 -- per 8 tokens a
-//     block costs one 16-byte shared load and 2 MMAs.
+//     scales the A fragments by the block absmax (8 packed multiplies per block: fp16/bf16 weights,
+//     as dequantize + cuBLAS rounds them) and reuses them for NT x 2 MMAs accumulating in fp32 --
+//     per 8 tokens a block costs one 16-byte shared load and 2 MMAs.
 // Split-K partials (fp32) go to a workspace; the last CTA of a (row block, token chunk), found by
 // an atomic counter, sums them in split order (deterministic) and writes y.
 #include <type_traits>
