@@ -5,7 +5,8 @@ behind the dispatcher's GEMM / dequantize + cuBLAS crossover (lowbit/data/kbit_d
                                      [--json out.json]
 
 Paths: gemv (M <= 8), gemm (the tensor-core kbit GEMM, any M), dequant (the tiled dequantize kernel +
-cuBLAS), what the dispatcher picks ("auto"); peers: cublas-fp16, torch-int4 (tinygemm, bf16, g128).
+cuBLAS), dequant-chunked (the same, W decoded --chunk-rows rows at a time), what the dispatcher picks
+("auto"); peers: cublas-fp16, torch-int4 (tinygemm, bf16, g128).
 Prints us per call and, per shape, the largest M at which the GEMM is still no slower than dequant +
 cuBLAS (the crossover).
 """
@@ -20,6 +21,7 @@ import torch
 import lowbit
 from lowbit import dispatch
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes
+from lowbit.kernels import cuda_kbit
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 4096), (4096, 14336)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048]
@@ -35,6 +37,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated K_inxN")
     ap.add_argument("--m", default=",".join(map(str, MS)))
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--chunk-rows", type=int, default=0,
+                    help="also time dequantize + cuBLAS decoding W this many rows at a time (column dequant-chunked)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
@@ -64,11 +68,13 @@ def main() -> None:
                 with dispatch.forced_path(path):
                     return lowbit.kbit_linear(x, qq)
 
-            for path in ("gemv", "gemm", "dequant", "auto"):
-                if path == "gemv" and m > dispatch.GEMV_MAX_M:
+            for path in ("gemv", "gemm", "dequant", "dequant-chunked", "auto"):
+                if (path == "gemv" and m > dispatch.GEMV_MAX_M) or (path == "dequant-chunked" and not args.chunk_rows):
                     continue
-                p = {"dequant": "dequant_matmul", "auto": None}.get(path, path)
+                p = {"dequant": "dequant_matmul", "dequant-chunked": "dequant_matmul", "auto": None}.get(path, path)
+                cuda_kbit.DEQUANT_CHUNK_ROWS = args.chunk_rows if path == "dequant-chunked" else 0
                 res[path] = cold_time([lambda c=c, p=p: run(p, c) for c in qs])
+                cuda_kbit.DEQUANT_CHUNK_ROWS = 0
             res["auto_path"] = dispatch.kbit_path(x, n)
             if not args.no_peers:
                 res["cublas-fp16"] = cold_time([lambda v=v, x=x: torch.nn.functional.linear(x, v) for v in ws])

@@ -416,10 +416,34 @@ def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
     return tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
 
 
+#: Rows of W decoded at a time on the dequantize + cuBLAS path (0: all at once, the default). A chunk
+#: of a few MB can stay in L2 between the dequantize kernel and cuBLAS instead of a whole fp16 copy of
+#: W going through DRAM twice. Not measured yet: benchmarks/gemm_sweep.py --chunk-rows times it.
+DEQUANT_CHUNK_ROWS = 0
+
+
+def chunked_dequant_linear(x, qweight, qabsmax, codebook, scale, bits, n, k_in, chunk_rows, dequant=None):
+    """``x [M, K_in] @ W^T`` with W decoded ``chunk_rows`` rows (whole tiles) at a time by
+    ``dequant`` (default: :func:`tiled_dequantize`); y^T is filled chunk by chunk, transposed once."""
+    dequant = dequant or tiled_dequantize
+    tiles = qweight.shape[0]
+    per = max(1, chunk_rows // kbit_tiled.TILE_N)
+    y_t = x.new_empty((n, x.shape[0]))
+    for t0 in range(0, tiles, per):
+        t1 = min(tiles, t0 + per)
+        r0, r1 = kbit_tiled.TILE_N * t0, min(n, kbit_tiled.TILE_N * t1)
+        w = dequant(qweight[t0:t1], qabsmax[t0:t1], codebook, scale, bits, r1 - r0, k_in, x.dtype)
+        torch.mm(w, x.t(), out=y_t[r0:r1])
+    return y_t.t().contiguous()
+
+
 @ops.kbit_tiled_linear.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     # Large M (prefill, MLA cache expansion): the weight decoded to x's dtype by the tiled dequantize
     # kernel, then cuBLAS. Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
     ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    if 0 < DEQUANT_CHUNK_ROWS < n and x.shape[0] > 0:
+        y = chunked_dequant_linear(x, qweight, qabsmax, codebook, scale, bits, n, k_in, DEQUANT_CHUNK_ROWS)
+        return y if bias is None else y.add_(bias.to(x.dtype))
     w = tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))

@@ -117,3 +117,18 @@ def test_gemm_empty_batch(gen):
     x = torch.empty(0, 256, dtype=torch.float16, device="cuda")
     y = lowbit.ops.kbit_gemm(x, qw, qa, q.codebook, q.scale, 3, 48, 256)
     assert y.shape == (0, 48)
+
+
+@pytest.mark.parametrize("chunk_rows", [64, 1000])
+def test_dequant_path_in_chunks(chunk_rows, gen, monkeypatch):
+    """The dequantize + cuBLAS path decoding W a few tiles at a time (cuda_kbit.DEQUANT_CHUNK_ROWS)
+    matches the reference, bias included."""
+    monkeypatch.setattr(cuda_kbit, "DEQUANT_CHUNK_ROWS", chunk_rows)
+    lin = torch.nn.Linear(512, 16 * 150 - 5, bias=True, dtype=torch.float16)
+    mod = lowbit.nn.KbitLinear.from_linear(lin, 4).cuda()
+    x = torch.randn(300, 512, generator=gen).half().cuda()
+    with dispatch.forced_path("dequant_matmul"), torch.no_grad():
+        y = mod(x)
+    w = mod.dequantize(torch.float64).cpu()
+    ref = x.cpu().double() @ w.t() + lin.bias.double()
+    assert _rel(y, ref) <= BOUND[torch.float16]
