@@ -20,6 +20,7 @@ import torch
 
 import lowbit
 from lowbit import dispatch
+from lowbit.bench.crossover import path_time
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes
 from lowbit.kernels import cuda_kbit
 
@@ -64,16 +65,12 @@ def main() -> None:
             x = torch.randn(m, k_in, device=dev, dtype=torch.float16)
             res = {"k_in": k_in, "n": n, "m": m}
 
-            def run(path, qq, x=x):
-                with dispatch.forced_path(path):
-                    return lowbit.kbit_linear(x, qq)
-
             for path in ("gemv", "gemm", "dequant", "dequant-chunked", "auto"):
                 if (path == "gemv" and m > dispatch.GEMV_MAX_M) or (path == "dequant-chunked" and not args.chunk_rows):
                     continue
                 p = {"dequant": "dequant_matmul", "dequant-chunked": "dequant_matmul", "auto": None}.get(path, path)
                 cuda_kbit.DEQUANT_CHUNK_ROWS = args.chunk_rows if path == "dequant-chunked" else 0
-                res[path] = cold_time([lambda c=c, p=p: run(p, c) for c in qs])
+                res[path] = path_time(x, qs, p, replays=8)
                 cuda_kbit.DEQUANT_CHUNK_ROWS = 0
             res["auto_path"] = dispatch.kbit_path(x, n)
             if not args.no_peers:

@@ -64,8 +64,8 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     path = dispatch.kbit_path(x2, w.shape[0])
+    n, k_in = w.shape
     if path == "gemv":
-        n, k_in = w.shape
         qweight, qabsmax = w.tiled()
         launch = None
         if not torch.compiler.is_compiling():
@@ -78,7 +78,6 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
         else:
             y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
     elif path == "gemm":
-        n, k_in = w.shape
         qweight, qabsmax = w.tiled()
         y = ops.kbit_gemm(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
     else:  # large M, fp32, or CPU: dequantize + matmul (reference on CPU)

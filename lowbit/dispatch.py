@@ -10,14 +10,14 @@ Paths today:
   (batched decode, speculative verification, short prefills).
 * ``"dequant_matmul"``: everything else -- the weight decoded from the tiled layout, then a
   matmul (cuBLAS on CUDA; on CPU the fp32 reference, which *is* the definition).
-
-The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` (measured per GPU name and
-weight size class with ``benchmarks/gemm_sweep.py``), :data:`GEMM_MAX_M_DEFAULT` on GPUs it does
-not list. Decisions
-depend only on (device, dtype, M), never on timing in the hot path, so they are the same in eager
-mode, under ``torch.compile`` and inside CUDA graphs.
 * grouped (MoE): CUDA fp16/bf16 -> the grouped GEMV, which takes any number of rows per expert
   (8 at a time); CPU and fp32 -> the reference, expert by expert.
+
+The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` per GPU name and weight-size
+class (written by ``lowbit tune --kbit-crossover``; a user file overrides it),
+:data:`GEMM_MAX_M_DEFAULT` on GPUs it does not list. Decisions depend only on (device, dtype, M,
+weight size), never on timing in the hot path, so they are the same in eager mode, under
+``torch.compile`` and inside CUDA graphs.
 
 Two ways to call a path: ``*_op`` goes through the ``torch.ops.lowbit`` custom ops (what
 ``torch.compile`` traces), the launchers in ``kernels.cuda_kbit`` skip the dispatcher (the modules'
@@ -43,13 +43,13 @@ GEMV_DTYPES = (torch.float16, torch.bfloat16)
 #: largest M for the kbit GEMM on a GPU the crossover file does not list.
 GEMM_MAX_M_DEFAULT = 32
 CROSSOVERS = Path(__file__).parent / "data" / "kbit_dispatch.json"
+PATHS = ("gemv", "gemm", "dequant_matmul")
 
 
 def user_crossover_file() -> Path:
     """Crossovers measured here (``lowbit tune --kbit-crossover``), overriding the shipped ones per GPU."""
     env = os.environ.get("LOWBIT_DISPATCH_FILE")
     return Path(env) if env else Path.home() / ".cache" / "lowbit" / "kbit_dispatch.json"
-PATHS = ("gemv", "gemm", "dequant_matmul")
 
 
 def use_gemv(is_cuda: bool, dtype: torch.dtype, m: int) -> bool:

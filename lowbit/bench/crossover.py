@@ -67,13 +67,27 @@ def save(path: Path, gpu: str, classes: list[tuple[int | None, int]]) -> None:
     dispatch.load_crossovers(path)  # what was written must load
 
 
+def path_time(x, copies, path: str | None, replays: int = 5) -> float:
+    """Cold us per call of ``lowbit.kbit_linear(x, w)`` pinned to ``path`` (None: the dispatcher's
+    choice), one CUDA graph over the weight ``copies`` (together >= 4 L2s)."""
+    import lowbit
+
+    from .timing import graph_time
+
+    def call(w):
+        with dispatch.forced_path(path):
+            return lowbit.kbit_linear(x, w)
+
+    return graph_time([lambda w=w: call(w) for w in copies], replays=replays, warmup=2).median_us
+
+
 def measure(shapes, ms=SWEEP_MS, bits: int = 4, replays: int = 5, log=print) -> dict[int, int]:
     """GPU: {weight elements: crossover M} for each (K_in, N) in ``shapes``."""
     import torch
 
     import lowbit
 
-    from .timing import copies_for_cold, graph_time, l2_bytes
+    from .timing import copies_for_cold, l2_bytes
 
     dev = torch.device("cuda", torch.cuda.current_device())
     out = {}
@@ -86,12 +100,7 @@ def measure(shapes, ms=SWEEP_MS, bits: int = 4, replays: int = 5, log=print) -> 
         times = {}
         for m in ms:
             x = torch.randn(m, k_in, device=dev, dtype=torch.float16)
-            t = []
-            for path in ("gemm", "dequant_matmul"):
-                def call(c, path=path, x=x):
-                    with dispatch.forced_path(path):
-                        return lowbit.kbit_linear(x, c)
-                t.append(graph_time([lambda c=c: call(c) for c in copies], replays=replays, warmup=2).median_us)
+            t = [path_time(x, copies, path, replays) for path in ("gemm", "dequant_matmul")]
             times[m] = (t[0], t[1])
             log(f"  {k_in}x{n} M={m:4d}: gemm {t[0]:9.1f} us  dequant+cuBLAS {t[1]:9.1f} us")
         out[n * k_in] = crossover_m(times)
