@@ -4,9 +4,9 @@ behind the dispatcher's GEMM / dequantize + cuBLAS crossover (lowbit/data/kbit_d
     python3 benchmarks/gemm_sweep.py [--bits 4] [--shapes 8192x28672,28672x8192] [--m 1,8,16,...]
                                      [--json out.json]
 
-Paths: gemv (M <= 8), gemm (the tensor-core kbit GEMM, any M), dequant (the tiled dequantize kernel +
-cuBLAS), dequant-chunked (the same, W decoded --chunk-rows rows at a time), what the dispatcher picks
-("auto"); peers: cublas-fp16, torch-int4 (tinygemm, bf16, g128).
+Paths: gemv (M <= 8), gemm (the tensor-core kbit GEMM, any M; with --tiles-per-warp also gemm-r1 /
+gemm-r2, its one- and two-tiles-per-warp instances pinned), dequant (the tiled dequantize kernel +
+cuBLAS), what the dispatcher picks ("auto"); peers: cublas-fp16, torch-int4 (tinygemm, bf16, g128).
 Prints us per call and, per shape, the largest M at which the GEMM is still no slower than dequant +
 cuBLAS (the crossover).
 """
@@ -38,8 +38,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated K_inxN")
     ap.add_argument("--m", default=",".join(map(str, MS)))
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--chunk-rows", type=int, default=0,
-                    help="also time dequantize + cuBLAS decoding W this many rows at a time (column dequant-chunked)")
+    ap.add_argument("--tiles-per-warp", action="store_true",
+                    help="also time the GEMM with 1 and 2 row tiles per warp pinned (columns gemm-r1, gemm-r2)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     shapes = SHAPES if args.shapes is None else [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
@@ -65,13 +65,15 @@ def main() -> None:
             x = torch.randn(m, k_in, device=dev, dtype=torch.float16)
             res = {"k_in": k_in, "n": n, "m": m}
 
-            for path in ("gemv", "gemm", "dequant", "dequant-chunked", "auto"):
-                if (path == "gemv" and m > dispatch.GEMV_MAX_M) or (path == "dequant-chunked" and not args.chunk_rows):
+            for path in ("gemv", "gemm", "gemm-r1", "gemm-r2", "dequant", "auto"):
+                if (path == "gemv" and m > dispatch.GEMV_MAX_M) or (path.startswith("gemm-") and not args.tiles_per_warp):
                     continue
-                p = {"dequant": "dequant_matmul", "dequant-chunked": "dequant_matmul", "auto": None}.get(path, path)
-                cuda_kbit.DEQUANT_CHUNK_ROWS = args.chunk_rows if path == "dequant-chunked" else 0
-                res[path] = path_time(x, qs, p, replays=8)
-                cuda_kbit.DEQUANT_CHUNK_ROWS = 0
+                p = {"dequant": "dequant_matmul", "auto": None}.get(path, path.split("-")[0])
+                cuda_kbit.GEMM_TILES_PER_WARP = int(path[-1]) if path.startswith("gemm-") else None
+                try:
+                    res[path] = path_time(x, qs, p, replays=8)
+                finally:
+                    cuda_kbit.GEMM_TILES_PER_WARP = None
             res["auto_path"] = dispatch.kbit_path(x, n)
             if not args.no_peers:
                 res["cublas-fp16"] = cold_time([lambda v=v, x=x: torch.nn.functional.linear(x, v) for v in ws])

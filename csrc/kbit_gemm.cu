@@ -1,17 +1,24 @@
-// kbit GEMM on tensor cores for batched decode and short prefills: y[M, N] = x[M, K_in] @ W^T,
-// M from 9 to a few hundred, reading the same tiled layout as the GEMV (kbit_decode.cuh).
+// kbit GEMM on tensor cores for batched decode, short prefills and MoE experts:
+// y[M, N] = x[M, K_in] @ W^T, M from 9 to a few hundred, reading the same tiled layout as the GEMV
+// (kbit_decode.cuh).
 //
-// A CTA owns 8 consecutive 16-row tiles (one per warp) and MT = 8 * NT tokens, over a range of
-// K groups (split-K across CTAs when the row blocks alone cannot fill the GPU). Per group:
+// A CTA owns 8 warps x R consecutive 16-row tiles and MT = 8 * NT tokens, over a range of K groups
+// (split-K across CTAs when the row blocks alone cannot fill the GPU). Per group:
 //   * the CTA stages x[MT tokens, 256 columns] in shared memory with cp.async (3 stages, one barrier
-//     per group, zero-filled past M and K_in), so the 8 warps share one copy of x instead of each
-//     reading it from L1/L2 (at M = 64 a warp would read 16x as many x bytes as weight bytes);
-//   * each warp decodes its tile's group once (the GEMV's lookups, 2 groups of weights in flight),
+//     per group, zero-filled past the token range and K_in), so the 8 warps share one copy of x
+//     instead of each reading it from L1/L2 (at M = 64 a warp would read 16x as many x bytes as
+//     weight bytes);
+//   * each warp decodes its tiles' group once (the GEMV's lookups, 2 groups of weights in flight),
 //     scales the A fragments by the block absmax (8 packed multiplies per block: fp16/bf16 weights,
 //     as dequantize + cuBLAS rounds them) and reuses them for NT x 2 MMAs accumulating in fp32 --
-//     per 8 tokens a block costs one 16-byte shared load and 2 MMAs.
+//     per 8 tokens a block costs one 16-byte shared load and 2 MMAs per tile. With R = 2 each x
+//     load feeds both tiles (half the shared-memory x traffic per weight, which ncu showed as the
+//     limit at M >= 32; it costs registers: one CTA per SM).
 // Split-K partials (fp32) go to a workspace; the last CTA of a (row block, token chunk), found by
 // an atomic counter, sums them in split order (deterministic) and writes y.
+// Grouped (MoE): tokens sorted by expert; every CTA scans the expert offsets into chunks of MT
+// tokens and walks (chunk, row block) items, so empty experts cost nothing and one launch serves
+// any distribution; the table is built once per CTA (a persistent grid).
 #include <type_traits>
 
 #include "common.cuh"
@@ -23,8 +30,8 @@ namespace gemm {
 
 using namespace gemv;
 
-constexpr int kWarps = 8;                 // warps (tiles) per CTA
-constexpr int kRows = kWarps * 16;        // output rows per CTA
+constexpr int kWarps = 8;                 // warps per CTA
+template <int R> __host__ __device__ constexpr int rows_per_cta() { return kWarps * 16 * R; }
 constexpr int kXStride = 256 + 32;        // x row stride in shared memory (elements): +64 B, so the
                                           // 8 row groups of a quarter-warp hit different banks
 constexpr int kStages = 3;                // x stages in shared memory = weight groups in registers
@@ -50,9 +57,9 @@ __host__ __device__ constexpr size_t gemm_smem() {
     return GemmLut<BITS>::kBytes + size_t(kStages) * 8 * NT * kXStride * 2;
 }
 
-// 2 CTAs per SM (registers capped at 128) where the shared memory allows it.
-template <int BITS, int NT>
-__host__ __device__ constexpr int gemm_ctas_per_sm() { return 2 * gemm_smem<BITS, NT>() <= 220 * 1024 ? 2 : 1; }
+// 2 CTAs per SM (registers capped at 128) where the shared memory allows it; R = 2 needs up to 255.
+template <int BITS, int NT, int R>
+__host__ __device__ constexpr int gemm_ctas_per_sm() { return R == 1 && 2 * gemm_smem<BITS, NT>() <= 220 * 1024 ? 2 : 1; }
 
 // Block J's absmax of rows g (low half) and g + 8 (high) as a pair of T, to scale A fragments.
 // fp16: an E4M4 byte shifted left by 6 *is* the fp16 of its value (same exponent bias, subnormals
@@ -79,9 +86,10 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
     return d;
 }
 
-// Stage x[tok0 .. tok0 + MT, grp * 256 .. + 256] into stage buffer xs (MT * 32 chunks of 16 bytes).
+// Stage x[tok0 .. tok0 + MT, grp * 256 .. + 256] into stage buffer xs (MT * 32 chunks of 16 bytes);
+// rows from tok_end on are zeros.
 template <int NT, typename T>
-__device__ __forceinline__ void stage_x(uint32_t xs, const T* __restrict__ x, int m, int k_in, int tok0, int grp) {
+__device__ __forceinline__ void stage_x(uint32_t xs, const T* __restrict__ x, int tok_end, int k_in, int tok0, int grp) {
     constexpr int kChunks = 8 * NT * 32;
 #pragma unroll
     for (int i = 0; i < (kChunks + kWarps * 32 - 1) / (kWarps * 32); ++i) {
@@ -89,7 +97,7 @@ __device__ __forceinline__ void stage_x(uint32_t xs, const T* __restrict__ x, in
         if (kChunks % (kWarps * 32) == 0 || c < kChunks) {
             const int r = c >> 5, col = (c & 31) * 8;
             const int tok = tok0 + r, k = grp * 256 + col;
-            const bool ok = tok < m && k < k_in;
+            const bool ok = tok < tok_end && k < k_in;
             cp_async16(xs + uint32_t(r * kXStride + col) * 2, ok ? x + int64_t(tok) * k_in + k : x, ok ? 16 : 0);
         }
     }
@@ -132,90 +140,138 @@ __device__ __forceinline__ void gemm_group(float (&acc)[NT][4], const GroupData<
     (gemm_block<BITS, T, NT, J>(acc, w, a, lane_op, table, xs_lane), ...);
 }
 
-// grid: (row blocks, splits, token chunks). Padded rows (past N) and columns (past K_in) have zero
-// codes and absmax; their x is staged as zeros, so they add exactly 0.
-template <int BITS, typename T, int NT>
-__global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT>()) kbit_gemm_kernel(
-    const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
-    const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
-    const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in,
-    int n_tiles, int n_groups) {
+// The shared-memory addresses and per-lane operands of one CTA (fixed for its lifetime).
+struct Ctx {
+    uint32_t table, xs0, lane_op, xs_lane;
+    const uint4* qw_lane;
+    const uint4* qa_lane;
+};
+
+template <int BITS, int NT>
+__device__ __forceinline__ Ctx make_ctx(const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax) {
     using L = GemmLut<BITS>;
-    constexpr int MT = 8 * NT;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int splits = gridDim.y, split = blockIdx.y;
-    const int tile = blockIdx.x * kWarps + warp;
-    const bool has_tile = tile < n_tiles;  // warp-uniform; idle warps still stage x and sync
-    const int tok0 = blockIdx.z * MT;
-    const int g0 = int(int64_t(split) * n_groups / splits), g1 = int(int64_t(split + 1) * n_groups / splits);
-    const uint32_t table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
-    const uint32_t xs0 = table + uint32_t(L::kBytes);
-    constexpr uint32_t kStageBytes = uint32_t(MT * kXStride * 2);
-    const uint32_t lane_op = L::lane_operand(table, lane);
-    const uint32_t xs_lane = xs0 + uint32_t((g * kXStride + 8 * t) * 2);  // + stage, + token tile, + block
-    const uint4* qw_lane = qweight + lane;
-    const uint4* qa_lane = qabsmax + g;
-    const int64_t u0 = int64_t(tile) * n_groups;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    Ctx c;
+    c.table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
+    c.xs0 = c.table + uint32_t(L::kBytes);
+    c.lane_op = L::lane_operand(c.table, lane);
+    c.xs_lane = c.xs0 + uint32_t((g * kXStride + 8 * t) * 2);  // + stage, + token tile, + block
+    c.qw_lane = qweight + lane;
+    c.qa_lane = qabsmax + g;
+    return c;
+}
 
-    // Prologue: groups g0 and g0 + 1 in flight (weights in registers, x in stages 0 and 1) while
-    // the table is built.
-    GroupData<BITS> buf[kStages];
-    if (has_tile) {
-        load_group<BITS>(buf[0], qw_lane, qa_lane, u0 + g0);
-        if (g0 + 1 < g1) load_group<BITS>(buf[1], qw_lane, qa_lane, u0 + g0 + 1);
-    }
-    stage_x<NT>(xs0, x, m, k_in, tok0, g0);
-    cp_async_commit();
-    if (g0 + 1 < g1) stage_x<NT>(xs0 + kStageBytes, x, m, k_in, tok0, g0 + 1);
-    cp_async_commit();
-    const float scale = *scale_ptr;
-    L::template build<kWarps * 32, T>(codebook);
-
-    float acc[NT][4];
+// One CTA work item: acc[r] += (the warp's tile r) x (tokens tok0 .. tok_end, at most MT) over
+// groups [g0, g1). unit0 = unit index of tile r = 0, group 0 (units of consecutive tiles are
+// n_groups apart); has_r = how many of the warp's R tiles exist (warp-uniform; idle warps still stage
+// x and take part in the barriers). `pre()` runs while the first groups load (the table build).
+// Starts and ends with every stage free of pending copies; the caller syncs before reusing stages.
+template <int BITS, typename T, int NT, int R, typename Pre>
+__device__ __forceinline__ void gemm_item(float (&acc)[R][NT][4], const Ctx& c, const T* __restrict__ x, int tok0,
+                                          int tok_end, int k_in, int64_t unit0, int has_r, int n_groups, int g0,
+                                          int g1, Pre&& pre) {
+    constexpr uint32_t kStageBytes = uint32_t(8 * NT * kXStride * 2);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+    // Prologue: groups g0 and g0 + 1 in flight (weights in registers, x in stages 0 and 1).
+    GroupData<BITS> buf[kStages][R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < has_r) {
+            load_group<BITS>(buf[0][r], c.qw_lane, c.qa_lane, unit0 + int64_t(r) * n_groups + g0);
+            if (g0 + 1 < g1) load_group<BITS>(buf[1][r], c.qw_lane, c.qa_lane, unit0 + int64_t(r) * n_groups + g0 + 1);
+        }
+    }
+    stage_x<NT>(c.xs0, x, tok_end, k_in, tok0, g0);
+    cp_async_commit();
+    if (g0 + 1 < g1) stage_x<NT>(c.xs0 + kStageBytes, x, tok_end, k_in, tok0, g0 + 1);
+    cp_async_commit();
+    pre();
     for (int grp = g0; grp < g1;) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {  // unrolled: buf[] and the stage are compile-time; s = (grp - g0) % 3
             if (grp < g1) {
                 cp_async_wait<1>();  // this thread's copies of group grp landed (grp + 1 may be in flight)
                 __syncthreads();     // ... everyone's (and the table); every warp is done with group grp - 1
-                if (grp + 2 < g1) stage_x<NT>(xs0 + ((s + 2) % kStages) * kStageBytes, x, m, k_in, tok0, grp + 2);
+                if (grp + 2 < g1) stage_x<NT>(c.xs0 + ((s + 2) % kStages) * kStageBytes, x, tok_end, k_in, tok0, grp + 2);
                 cp_async_commit();   // (possibly empty: keeps the group count uniform)
-                if (has_tile) {
-                    if (grp + 2 < g1) load_group<BITS>(buf[(s + 2) % kStages], qw_lane, qa_lane, u0 + grp + 2);
-                    gemm_group<BITS, T, NT>(acc, buf[s], lane_op, table, xs_lane + s * kStageBytes,
-                                            std::make_integer_sequence<int, kGroupBlocks>{});
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (r < has_r) {
+                        if (grp + 2 < g1)
+                            load_group<BITS>(buf[(s + 2) % kStages][r], c.qw_lane, c.qa_lane,
+                                             unit0 + int64_t(r) * n_groups + grp + 2);
+                        gemm_group<BITS, T, NT>(acc[r], buf[s][r], c.lane_op, c.table, c.xs_lane + s * kStageBytes,
+                                                std::make_integer_sequence<int, kGroupBlocks>{});
+                    }
                 }
                 ++grp;
             }
         }
     }
     cp_async_wait<0>();
+}
 
-    // Epilogue. acc[nt][i]: row tile * 16 + g + 8 (i >> 1), token tok0 + 8 nt + 2 t + (i & 1).
-    auto store = [&](int row, int tok, float v) {
-        if (row < n && tok < m) y[int64_t(tok) * n + row] = from_float<T>(v * scale + bias_of(bias, row));
-    };
+// Write the warp's accumulators: acc[r][nt][i] is row (tile0 + r) * 16 + g + 8 (i >> 1), token
+// tok0 + 8 nt + 2 t + (i & 1); y[tok, row] = acc * scale (+ bias[row]), rows < n, tokens < tok_end.
+template <typename T, int NT, int R>
+__device__ __forceinline__ void store_acc(const float (&acc)[R][NT][4], T* __restrict__ y, const T* __restrict__ bias,
+                                          float scale, int tile0, int has_r, int tok0, int tok_end, int n) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (r < has_r)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), tok = tok0 + 8 * nt + 2 * t + (i & 1);
+                    if (row < n && tok < tok_end)
+                        y[int64_t(tok) * n + row] = from_float<T>(acc[r][nt][i] * scale + bias_of(bias, row));
+                }
+}
+
+// Dense. grid: (row blocks, splits, token chunks). Padded rows (past N) and columns (past K_in)
+// have zero codes and absmax; their x is staged as zeros, so they add exactly 0.
+template <int BITS, typename T, int NT, int R>
+__global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, R>()) kbit_gemm_kernel(
+    const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
+    const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
+    const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in,
+    int n_tiles, int n_groups) {
+    constexpr int MT = 8 * NT, kRows = rows_per_cta<R>();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int splits = gridDim.y, split = blockIdx.y;
+    const int tile0 = (blockIdx.x * kWarps + warp) * R;  // this warp's tiles: tile0 .. tile0 + R - 1
+    const int has_r = max(0, min(R, n_tiles - tile0));
+    const int tok0 = blockIdx.z * MT;
+    const int g0 = int(int64_t(split) * n_groups / splits), g1 = int(int64_t(split + 1) * n_groups / splits);
+    const Ctx c = make_ctx<BITS, NT>(qweight, qabsmax);
+    float acc[R][NT][4];
+    gemm_item<BITS, T, NT, R>(acc, c, x, tok0, m, k_in, int64_t(tile0) * n_groups, has_r, n_groups, g0, g1,
+                              [&] { GemmLut<BITS>::template build<kWarps * 32, T>(codebook); });
+    const float scale = *scale_ptr;  // the A fragments carry the block absmax at its true value
     if (splits == 1) {
-        if (!has_tile) return;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) store(tile * 16 + g + 8 * (i >> 1), tok0 + 8 * nt + 2 * t + (i & 1), acc[nt][i]);
+        store_acc<T, NT, R>(acc, y, bias, scale, tile0, has_r, tok0, m, n);
         return;
     }
-    // workspace: [token chunk][split][row block][kRows][MT] fp32
+    // workspace: [token chunk][split][tile row (n_tiles * 16)][MT] fp32
     const int rb = blockIdx.x, n_rb = gridDim.x;
-    auto ws_at = [&](int sp) {
-        return workspace + ((int64_t(blockIdx.z) * splits + sp) * n_rb + rb) * (kRows * MT);
-    };
+    const int64_t tile_rows = int64_t(n_tiles) * 16;
+    auto ws_at = [&](int sp) { return workspace + (int64_t(blockIdx.z) * splits + sp) * tile_rows * MT; };
     float* ws = ws_at(split);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int r = 0; r < R; ++r)
+        if (r < has_r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ws[(warp * 16 + g + 8 * (i >> 1)) * MT + 8 * nt + 2 * t + (i & 1)] = acc[nt][i];
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    ws[((tile0 + r) * 16 + g + 8 * (i >> 1)) * int64_t(MT) + 8 * nt + 2 * t + (i & 1)] = acc[r][nt][i];
     __threadfence();
     __syncthreads();
     __shared__ int last;
@@ -225,23 +281,99 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT>()) kbi
     if (!last) return;
     __threadfence();
     for (int e = threadIdx.x; e < kRows * MT; e += kWarps * 32) {  // fixed split order: deterministic
+        const int64_t row = int64_t(rb) * kRows + e / MT;
+        if (row >= tile_rows) break;  // e rises with row: the rest is past the last tile
+        const int tok = tok0 + e % MT;
         float sum = 0.f;
-        for (int sp = 0; sp < splits; ++sp) sum += __ldcg(ws_at(sp) + e);
-        store(rb * kRows + e / MT, tok0 + e % MT, sum);
+        for (int sp = 0; sp < splits; ++sp) sum += __ldcg(ws_at(sp) + row * MT + e % MT);
+        if (row < n && tok < m) y[int64_t(tok) * n + row] = from_float<T>(sum * scale + bias_of(bias, int(row)));
     }
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays too)
 }
 
+// Grouped: chunk_begin[e] = index of expert e's first chunk of MT tokens (chunk_begin[E] = total),
+// from the offsets, by every CTA (a block-wide scan; E of a few hundred costs ~1 us, once per CTA).
+template <int MT>
+__device__ int scan_chunks(int* chunk_begin, const int64_t* __restrict__ offsets, int n_experts) {
+    __shared__ int warp_sum[kWarps];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) chunk_begin[0] = 0;
+    int total = 0;
+    for (int e0 = 0; e0 < n_experts; e0 += kWarps * 32) {
+        const int e = e0 + threadIdx.x;
+        int v = e < n_experts ? (static_cast<int>(offsets[e + 1] - offsets[e]) + MT - 1) / MT : 0;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {  // inclusive scan over the warp
+            const int u = __shfl_up_sync(kFullMask, v, d);
+            if (lane >= d) v += u;
+        }
+        if (lane == 31) warp_sum[warp] = v;
+        __syncthreads();
+        int before = total, all = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            before += w < warp ? warp_sum[w] : 0;
+            all += warp_sum[w];
+        }
+        if (e < n_experts) chunk_begin[e + 1] = before + v;
+        total += all;
+        __syncthreads();  // warp_sum is rewritten by the next round; chunk_begin is complete after the last
+    }
+    return total;
+}
+
+template <int BITS, int NT>
+__host__ __device__ constexpr size_t grouped_smem(int n_experts) {
+    return gemm_smem<BITS, NT>() + size_t(n_experts + 1) * sizeof(int);
+}
+
+// grid: any number of CTAs (the host launches one full wave); item = chunk * row blocks + row block,
+// so the CTAs working on one chunk of tokens at a time cover an expert's rows together (x from L2).
 template <int BITS, typename T, int NT>
+__global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, 1>()) kbit_grouped_gemm_kernel(
+    const T* __restrict__ x, const int64_t* __restrict__ offsets, const uint4* __restrict__ qweight,
+    const uint4* __restrict__ qabsmax, const float* __restrict__ codebook, const float* __restrict__ scales,
+    T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in, int n_tiles, int n_groups) {
+    constexpr int MT = 8 * NT;
+    int* chunk_begin = reinterpret_cast<int*>(g_table + gemm_smem<BITS, NT>());
+    const int warp = threadIdx.x >> 5;
+    const Ctx c = make_ctx<BITS, NT>(qweight, qabsmax);
+    GemmLut<BITS>::template build<kWarps * 32, T>(codebook);
+    const int total = scan_chunks<MT>(chunk_begin, offsets, n_experts);
+    const int n_rb = (n_tiles + kWarps - 1) / kWarps;
+    const int64_t items = int64_t(total) * n_rb;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform
+        const int chunk = static_cast<int>(item / n_rb), rb = static_cast<int>(item % n_rb);
+        int lo = 0, hi = n_experts;  // chunk_begin[lo] <= chunk < chunk_begin[hi]: the expert is lo
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (chunk_begin[mid] <= chunk) lo = mid; else hi = mid;
+        }
+        const int e = lo;
+        const int tok0 = static_cast<int>(offsets[e]) + (chunk - chunk_begin[e]) * MT;
+        const int tok_end = static_cast<int>(offsets[e + 1]);
+        const int tile0 = rb * kWarps + warp;
+        const int has_r = tile0 < n_tiles ? 1 : 0;
+        __syncthreads();  // every warp is done with the previous item's x stages
+        float acc[1][NT][4];
+        gemm_item<BITS, T, NT, 1>(acc, c, x, tok0, tok_end, k_in, (int64_t(e) * n_tiles + tile0) * n_groups, has_r,
+                                  n_groups, 0, n_groups, [] {});
+        store_acc<T, NT, 1>(acc, y, bias == nullptr ? nullptr : bias + int64_t(e) * n, scales[e], tile0,
+                            has_r, tok0, tok_end, n);
+    }
+}
+
+template <int BITS, typename T, int NT, int R>
 int launch(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale, void* y,
            const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = gemm_smem<BITS, NT>();
-    auto kernel = kbit_gemm_kernel<BITS, T, NT>;
+    auto kernel = kbit_gemm_kernel<BITS, T, NT, R>;
     if (int err = configure(kernel, smem)) return err;
     if (m < 1 || splits < 1 || splits > n_groups || (splits > 1 && (workspace == nullptr || counters == nullptr)))
         return static_cast<int>(cudaErrorInvalidValue);
-    const dim3 grid((n_tiles + kWarps - 1) / kWarps, splits, (m + 8 * NT - 1) / (8 * NT));
+    constexpr int kRows = rows_per_cta<R>();
+    const dim3 grid((n_tiles * 16 + kRows - 1) / kRows, splits, (m + 8 * NT - 1) / (8 * NT));
     if (grid.z > 65535) return static_cast<int>(cudaErrorInvalidValue);
     kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax), codebook,
@@ -249,26 +381,62 @@ int launch(const void* x, const void* qweight, const void* qabsmax, const float*
     return static_cast<int>(cudaGetLastError());
 }
 
+template <int BITS, typename T, int NT>
+int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax,
+                   const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n,
+                   int k_in, int ctas, void* stream) {
+    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    if (n_experts < 1 || ctas < 1 || grouped_smem<BITS, NT>(n_experts) > 227 * 1024)
+        return static_cast<int>(cudaErrorInvalidValue);
+    const size_t smem = grouped_smem<BITS, NT>(n_experts);
+    auto kernel = kbit_grouped_gemm_kernel<BITS, T, NT>;
+    if (int err = configure(kernel, smem)) return err;
+    kernel<<<ctas, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), offsets, static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
+        codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias), n_experts, n, k_in, n_tiles, n_groups);
+    return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace gemm
 }  // namespace lowbit
 
-// lowbit_kbit_gemm_b<BITS>_<dtype>_t<NT>: NT token tiles of 8 per CTA (M rows in chunks of 8 NT).
-#define LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, NT)                                                              \
-    extern "C" int lowbit_kbit_gemm_b##BITS##_##NAME##_t##NT(                                                  \
+// lowbit_kbit_gemm_b<BITS>_<dtype>_t<NT>_r<R>: NT token tiles of 8 per CTA (M rows in chunks of
+// 8 NT), R 16-row tiles per warp.
+#define LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, NT, R)                                                           \
+    extern "C" int lowbit_kbit_gemm_b##BITS##_##NAME##_t##NT##_r##R(                                           \
         const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
         void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits,       \
         void* stream) {                                                                                       \
-        return lowbit::gemm::launch<BITS, TYPE, NT>(x, qweight, qabsmax, codebook, scale, y, bias, workspace, \
-                                                    counters, m, n, k_in, splits, stream);                    \
+        return lowbit::gemm::launch<BITS, TYPE, NT, R>(x, qweight, qabsmax, codebook, scale, y, bias,         \
+                                                       workspace, counters, m, n, k_in, splits, stream);      \
     }                                                                                                         \
-    extern "C" int lowbit_kbit_gemm_occupancy_b##BITS##_##NAME##_t##NT(void) {                                \
-        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<BITS, TYPE, NT>,                        \
+    extern "C" int lowbit_kbit_gemm_occupancy_b##BITS##_##NAME##_t##NT##_r##R(void) {                         \
+        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<BITS, TYPE, NT, R>,                     \
                                        lowbit::gemm::gemm_smem<BITS, NT>(), lowbit::gemm::kWarps);            \
     }
+// lowbit_kbit_grouped_gemm_b<BITS>_<dtype>_t<NT>: experts' tokens in chunks of 8 NT.
+#define LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, NT)                                                       \
+    extern "C" int lowbit_kbit_grouped_gemm_b##BITS##_##NAME##_t##NT(                                          \
+        const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax, const float* codebook, \
+        const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, int ctas,              \
+        void* stream) {                                                                                        \
+        return lowbit::gemm::launch_grouped<BITS, TYPE, NT>(x, offsets, qweight, qabsmax, codebook, scales, y,  \
+                                                            bias, n_experts, n, k_in, ctas, stream);            \
+    }                                                                                                          \
+    extern "C" int lowbit_kbit_grouped_gemm_occupancy_b##BITS##_##NAME##_t##NT(int n_experts) {                \
+        if (lowbit::gemm::grouped_smem<BITS, NT>(n_experts) > 227 * 1024) return 0;                            \
+        return lowbit::gemv::occupancy(lowbit::gemm::kbit_grouped_gemm_kernel<BITS, TYPE, NT>,                 \
+                                       lowbit::gemm::grouped_smem<BITS, NT>(n_experts), lowbit::gemm::kWarps); \
+    }
 #define LOWBIT_DEFINE_GEMM_DTYPE(BITS, NAME, TYPE) \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 2)        \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 4)        \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 8)
+    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 2, 1)     \
+    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 4, 1)     \
+    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 8, 1)     \
+    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 4, 2)     \
+    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 8, 2)     \
+    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 2) \
+    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 4) \
+    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 8)
 #define LOWBIT_DEFINE_GEMM_BITS(BITS)                  \
     LOWBIT_DEFINE_GEMM_DTYPE(BITS, fp16, __half)       \
     LOWBIT_DEFINE_GEMM_DTYPE(BITS, bf16, __nv_bfloat16)

@@ -110,12 +110,14 @@ def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: 
     """MoE experts in one launch: ``y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ W_e^T``.
 
     ``x``: ``[tokens, K_in]`` fp16/bf16, rows sorted by expert; ``expert_offsets``: int64 ``[E + 1]``.
+    The dispatcher picks the grouped GEMV or the grouped GEMM from the mean rows per expert.
     """
     if not isinstance(experts, KbitExperts):
         raise TypeError(f"experts must be a lowbit KbitExperts (from lowbit.quantize_kbit_experts), got {type(experts).__name__}")
     e, n, k_in = experts.shape
     qweight, qabsmax = experts.tiled()
-    return ops.kbit_grouped_gemv(x, expert_offsets, qweight, qabsmax, experts.codebook, experts.scales, experts.bits, n, k_in)
+    return dispatch.kbit_grouped_op(x, expert_offsets, qweight, qabsmax, experts.codebook, experts.scales,
+                                    experts.bits, n, k_in)
 
 
 __all__ = [

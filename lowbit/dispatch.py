@@ -10,12 +10,15 @@ Paths today:
   (batched decode, speculative verification, short prefills).
 * ``"dequant_matmul"``: everything else -- the weight decoded from the tiled layout, then a
   matmul (cuBLAS on CUDA; on CPU the fp32 reference, which *is* the definition).
-* grouped (MoE): CUDA fp16/bf16 -> the grouped GEMV, which takes any number of rows per expert
-  (8 at a time); CPU and fp32 -> the reference, expert by expert.
+* grouped (MoE, rows sorted by expert): CUDA fp16/bf16 -> ``"grouped_gemv"`` (8 rows per expert
+  per weight pass: decode) below :func:`grouped_gemm_min_rows` mean rows per expert,
+  ``"grouped_gemm"`` (the tensor-core GEMM over (expert, chunk of rows) items: prefill, large
+  batches) from there; CPU and fp32 -> the reference, expert by expert.
 
 The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` per GPU name and weight-size
 class (written by ``lowbit tune --kbit-crossover``; a user file overrides it),
-:data:`GEMM_MAX_M_DEFAULT` on GPUs it does not list. Decisions depend only on (device, dtype, M,
+:data:`GEMM_MAX_M_DEFAULT` on GPUs it does not list; likewise the grouped GEMV/GEMM crossover
+(``grouped_gemm_min_rows``, :data:`GROUPED_GEMM_MIN_ROWS_DEFAULT`). Decisions depend only on (device, dtype, M,
 weight size), never on timing in the hot path, so they are the same in eager mode, under
 ``torch.compile`` and inside CUDA graphs.
 
@@ -44,6 +47,8 @@ GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMM_MAX_M_DEFAULT = 32
 CROSSOVERS = Path(__file__).parent / "data" / "kbit_dispatch.json"
 PATHS = ("gemv", "gemm", "dequant_matmul")
+#: mean rows per expert from which the grouped GEMM runs, on a GPU the crossover file does not list.
+GROUPED_GEMM_MIN_ROWS_DEFAULT = 16
 
 
 def user_crossover_file() -> Path:
@@ -62,7 +67,9 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     rising size, the last one open-ended (None); raises ValueError naming the bad entry. Format::
 
         {"version": 1, "gpus": {"NVIDIA H100 80GB HBM3":
-            {"gemm_max_m": [[20000000, 32], [null, 128]]}}}
+            {"gemm_max_m": [[20000000, 32], [null, 128]], "grouped_gemm_min_rows": 16}}}
+
+    (``grouped_gemm_min_rows`` is optional; :func:`load_grouped` reads it.)
     """
     if not path.exists():
         return {}
@@ -71,6 +78,9 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
         raise ValueError(f"{path}: expected {{'version': 1, 'gpus': {{...}}}}")
     out = {}
     for gpu, entry in raw["gpus"].items():
+        grouped = entry.get("grouped_gemm_min_rows") if isinstance(entry, dict) else None
+        if grouped is not None and (not isinstance(grouped, int) or isinstance(grouped, bool) or grouped < 1):
+            raise ValueError(f"{path}: gpus[{gpu!r}].grouped_gemm_min_rows must be an int >= 1, got {grouped!r}")
         classes = entry.get("gemm_max_m") if isinstance(entry, dict) else None
         where = f"{path}: gpus[{gpu!r}].gemm_max_m"
         if not isinstance(classes, list) or not classes:
@@ -88,20 +98,52 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     return out
 
 
+def load_grouped(path: Path = CROSSOVERS) -> dict[str, int]:
+    """{GPU name: mean rows per expert from which the grouped GEMM runs} from a crossover file
+    (validated by :func:`load_crossovers`)."""
+    load_crossovers(path)
+    if not path.exists():
+        return {}
+    gpus = json.loads(path.read_text())["gpus"]
+    return {gpu: e["grouped_gemm_min_rows"] for gpu, e in gpus.items() if "grouped_gemm_min_rows" in e}
+
+
 _classes: dict[int, list] = {}
 _crossovers: dict | None = None
+_grouped: dict[int, int] = {}
+_grouped_table: dict | None = None
+
+
+def grouped_gemm_min_rows(device: torch.device) -> int:
+    """Mean rows per expert from which the grouped GEMM beats the grouped GEMV on this device."""
+    return _gpu_grouped(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@torch.compiler.assume_constant_result
+def _gpu_grouped(idx: int) -> int:
+    global _grouped_table
+    if idx not in _grouped:
+        if _grouped_table is None:
+            _grouped_table = {**load_grouped(), **load_grouped(user_crossover_file())}
+        _grouped[idx] = _grouped_table.get(torch.cuda.get_device_name(idx), GROUPED_GEMM_MIN_ROWS_DEFAULT)
+    return _grouped[idx]
 
 
 def gemm_max_m(device: torch.device, weights: int | None = None) -> int:
     """Largest M the kbit GEMM runs on this device for a weight of ``weights`` elements (the measured
     crossover with dequantize + cuBLAS; None: the largest class)."""
-    global _crossovers
     idx = device.index if device.index is not None else torch.cuda.current_device()
+    return class_max_m(_gpu_classes(idx), weights)
+
+
+@torch.compiler.assume_constant_result  # a file lookup: traced as a constant, not a graph break
+def _gpu_classes(idx: int) -> list:
+    global _crossovers
     if idx not in _classes:
         if _crossovers is None:
             _crossovers = crossover_table()
         _classes[idx] = _crossovers.get(torch.cuda.get_device_name(idx), [(None, GEMM_MAX_M_DEFAULT)])
-    return class_max_m(_classes[idx], weights)
+    return _classes[idx]
 
 
 def crossover_table() -> dict[str, list[tuple[int | None, int]]]:
@@ -111,9 +153,10 @@ def crossover_table() -> dict[str, list[tuple[int | None, int]]]:
 
 def reload_crossovers() -> None:
     """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` wrote one)."""
-    global _crossovers
-    _crossovers = None
+    global _crossovers, _grouped_table
+    _crossovers = _grouped_table = None
     _classes.clear()
+    _grouped.clear()
 
 
 def class_max_m(classes: list[tuple[int | None, int]], weights: int | None) -> int:
@@ -131,8 +174,9 @@ _forced: str | None = None
 @contextlib.contextmanager
 def forced_path(path: str | None):
     """Run every dense kbit call in the block on ``path`` ("gemv", "gemm", "dequant_matmul"; None:
-    the rule) -- for benchmarks and tests. A path that cannot take a call (the GEMV above 8 rows, a
-    kernel on CPU or fp32) falls back to the rule."""
+    the rule) -- for benchmarks and tests; grouped calls take "gemv" / "gemm" as the grouped GEMV /
+    GEMM. A path that cannot take a call (the GEMV above 8 rows, a kernel on CPU or fp32, dequantize
+    for grouped calls) falls back to the rule."""
     global _forced
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS} or None, got {path!r}")
@@ -171,11 +215,20 @@ def choose_path(is_cuda: bool, dtype: torch.dtype, m: int, gemm_max: int, forced
     return "dequant_matmul"
 
 
-def grouped_path(x2: torch.Tensor) -> str:
-    """The path for sorted MoE rows ``x2 [rows, K_in]``: ``"grouped_gemv"`` or ``"reference"``."""
-    if x2.is_cuda and x2.dtype in GEMV_DTYPES:
-        return "grouped_gemv"
-    return "reference"
+def grouped_path(x2: torch.Tensor, experts: int) -> str:
+    """The path for MoE rows ``x2 [rows, K_in]`` sorted over ``experts`` experts: ``"grouped_gemv"``,
+    ``"grouped_gemm"`` or ``"reference"``. Decided from the mean rows per expert (a shape, never the
+    routing: nothing is read back from the GPU, so it is the same under CUDA graphs)."""
+    if not (x2.is_cuda and x2.dtype in GEMV_DTYPES):
+        return "reference"
+    return choose_grouped(x2.shape[0], experts, grouped_gemm_min_rows(x2.device), _forced)
+
+
+def choose_grouped(rows: int, experts: int, min_rows: int, forced: str | None = None) -> str:
+    """The rule behind :func:`grouped_path` for a CUDA fp16/bf16 call."""
+    if forced in ("gemv", "gemm"):
+        return "grouped_" + forced
+    return "grouped_gemm" if rows >= min_rows * max(1, experts) else "grouped_gemv"
 
 
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
@@ -190,8 +243,9 @@ def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: in
 
 
 def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int) -> torch.Tensor:
-    """Grouped MoE matmul through the custom ops (the op's CPU default is the reference)."""
-    return ops.kbit_grouped_gemv(x2, offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    """Grouped MoE matmul through the custom ops (the ops' CPU default is the reference)."""
+    op = ops.kbit_grouped_gemm if grouped_path(x2, qweight.shape[0]) == "grouped_gemm" else ops.kbit_grouped_gemv
+    return op(x2, offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
 
 
 # ------------------------------------------------------------------ eager fast path
@@ -200,8 +254,9 @@ def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, 
 # checked when it was built, so it keeps a launcher that calls the kernel directly;
 # ``torch.compile`` traces the custom ops instead (``*_op`` above).
 def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: torch.Tensor):
-    """A ``GemvLauncher`` (kind "gemv") or ``GroupedLauncher`` ("grouped") for the module's
-    buffers, or None where the compiled library is unavailable (the op path then runs)."""
+    """A ``GemvLauncher`` (kind "gemv"), ``GroupedLauncher`` ("grouped") or ``GroupedGemmLauncher``
+    ("grouped_gemm") for the module's buffers, or None where the compiled library is unavailable
+    (the op path then runs)."""
     from .kernels import cuda_kbit
     from .kernels.library import library_or_none
 
@@ -210,6 +265,7 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
     lib = library_or_none(x.device)
     if lib is None:
         return None
-    cls = cuda_kbit.GemvLauncher if kind == "gemv" else cuda_kbit.GroupedLauncher
+    cls = {"gemv": cuda_kbit.GemvLauncher, "grouped": cuda_kbit.GroupedLauncher,
+           "grouped_gemm": cuda_kbit.GroupedGemmLauncher}[kind]
     scale = buffers["scale"] if kind == "gemv" else buffers["scales"]
     return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, bits, n, k_in)

@@ -244,6 +244,23 @@ def kbit_grouped_gemv(
     return grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
 
 
+@torch.library.custom_op("lowbit::kbit_grouped_gemm", mutates_args=())
+def kbit_grouped_gemm(
+    x: Tensor, expert_offsets: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
+    bits: int, n: int, k_in: int,
+) -> Tensor:
+    """MoE experts in one call on tensor cores (prefill, large decode batches); same contract as
+    :func:`kbit_grouped_gemv`. CPU and fp32: the reference."""
+    check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+
+
+@kbit_grouped_gemm.register_fake
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return x.new_empty((x.shape[0], n))
+
+
 def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 

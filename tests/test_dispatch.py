@@ -88,6 +88,8 @@ def test_gemm_token_tiles_and_splits():
     assert cuda_kbit.gemm_splits(32, 1, 16, 264) == 8  # 4096x4096: 32 row blocks, 8-way split-K
     assert cuda_kbit.gemm_splits(1, 1, 3, 264) == 1  # a split keeps >= 2 groups
     assert cuda_kbit.gemm_splits(1, 1, 64, 264) == 32
+    assert cuda_kbit.gemm_splits(112, 1, 32, 132) == 1  # 85% of one wave: not two waves at 85%
+    assert cuda_kbit.gemm_splits(32, 1, 32, 132) == 4  # 128 of 132
 
 
 def test_gemm_op_cpu_is_reference_and_checks(gen):
@@ -154,18 +156,77 @@ def test_tune_cli_has_crossover_flag():
     assert args.kbit_crossover and args.shape == ["2048x5120"]
 
 
-@pytest.mark.parametrize("chunk_rows", [16, 48, 1000])
-def test_chunked_dequant_linear_matches_whole(chunk_rows, gen):
-    """The dequantize + cuBLAS path decoding W a few tiles at a time (ragged last chunk, N not a
-    multiple of 16) gives the whole-weight product; here with the reference decode on CPU."""
-    from lowbit.formats import kbit_tiled
 
-    n, k_in = 16 * 7 - 3, 320
-    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=3)
-    qw, qa = q.tiled()
-    x = torch.randn(5, k_in, generator=gen)
-    y = cuda_kbit.chunked_dequant_linear(x, qw, qa, q.codebook, q.scale, 3, n, k_in, chunk_rows,
-                                         dequant=kbit_tiled.dequantize)
-    ref = ops.tiled_linear_reference(x, qw, qa, q.codebook, q.scale, 3, n, k_in)
-    assert y.shape == (5, n) and y.is_contiguous()
-    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("rows, experts, min_rows, want", [
+    (8, 512, 16, "grouped_gemv"), (4096, 512, 16, "grouped_gemv"), (8191, 512, 16, "grouped_gemv"),
+    (8192, 512, 16, "grouped_gemm"), (32768, 512, 16, "grouped_gemm"), (3, 1, 4, "grouped_gemv"), (4, 1, 4, "grouped_gemm"),
+])
+def test_grouped_rule(rows, experts, min_rows, want):
+    assert dispatch.choose_grouped(rows, experts, min_rows) == want
+    assert dispatch.choose_grouped(rows, experts, min_rows, "gemv") == "grouped_gemv"
+    assert dispatch.choose_grouped(rows, experts, min_rows, "gemm") == "grouped_gemm"
+    assert dispatch.choose_grouped(rows, experts, min_rows, "dequant_matmul") == want  # no grouped dequantize path
+
+
+def test_grouped_path_cpu_and_fp32_is_reference():
+    assert dispatch.grouped_path(torch.zeros(100000, 8, dtype=F16), 4) == "reference"
+    with dispatch.forced_path("gemm"):
+        assert dispatch.grouped_path(torch.zeros(3, 8), 4) == "reference"
+
+
+def test_grouped_crossover_in_file(tmp_path):
+    """grouped_gemm_min_rows is optional, validated, and kept when the tuner rewrites the GEMM classes."""
+    from lowbit.bench import crossover
+
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"version": 1, "gpus": {"G": {"gemm_max_m": [[None, 64]], "grouped_gemm_min_rows": 12}}}))
+    assert dispatch.load_grouped(path) == {"G": 12}
+    crossover.save(path, "G", [(1000, 16), (None, 128)])
+    assert dispatch.load_grouped(path) == {"G": 12}
+    assert dispatch.load_crossovers(path)["G"] == [(1000, 16), (None, 128)]
+    for bad in (0, 2.5, True, "16"):
+        path.write_text(json.dumps({"version": 1, "gpus": {"G": {"gemm_max_m": [[None, 64]], "grouped_gemm_min_rows": bad}}}))
+        with pytest.raises(ValueError, match="grouped_gemm_min_rows"):
+            dispatch.load_grouped(path)
+    assert dispatch.load_grouped(tmp_path / "missing.json") == {}
+    shipped = dispatch.load_grouped()
+    assert all(v >= 1 for v in shipped.values())
+
+
+def test_gemm_tiles_per_warp_rule(monkeypatch):
+    sms = 132
+    assert cuda_kbit.gemm_tiles_per_warp(2, 1792, sms) == 1  # no two-tile instance at 16 tokens
+    assert cuda_kbit.gemm_tiles_per_warp(4, 1792, sms) == 2  # 8192x28672: 112 CTAs of 256 rows
+    assert cuda_kbit.gemm_tiles_per_warp(4, 512, sms) == 1   # 28672x8192: 32 CTAs would need split-K
+    assert cuda_kbit.gemm_tiles_per_warp(8, 16, sms) == 2
+    for nt, r in cuda_kbit.GEMM_INSTANCES:
+        assert nt in cuda_kbit.GEMM_TOKEN_TILES and r in (1, 2)
+    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 2)
+    assert cuda_kbit.gemm_tiles_per_warp(2, 1792, sms) == 1  # pinned to an instance that exists
+    assert cuda_kbit.gemm_tiles_per_warp(4, 512, sms) == 2
+    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 1)
+    assert cuda_kbit.gemm_tiles_per_warp(8, 1792, sms) == 1
+
+
+def test_grouped_token_tiles():
+    assert cuda_kbit.grouped_token_tiles(4096, 512) == 2    # 8 rows per expert
+    assert cuda_kbit.grouped_token_tiles(16384, 512) == 4   # 32
+    assert cuda_kbit.grouped_token_tiles(32768, 512) == 8   # 64
+    assert cuda_kbit.grouped_token_tiles(10 ** 6, 512) == 8
+    assert cuda_kbit.grouped_token_tiles(5, 0) == 2
+
+
+def test_grouped_gemm_op_cpu_is_reference_and_checks(gen):
+    ex = lowbit.quantize_kbit_experts(torch.randn(3, 40, 256, generator=gen), bits=3)
+    qw, qa = ex.tiled()
+    off = torch.tensor([0, 2, 2, 7])
+    x = torch.randn(7, 256, generator=gen)
+    y = ops.kbit_grouped_gemm(x, off, qw, qa, ex.codebook, ex.scales, 3, 40, 256)
+    assert torch.equal(y, ops.grouped_reference(x, off, qw, qa, ex.codebook, ex.scales, 3, 40, 256))
+    with pytest.raises(ValueError, match="expert_offsets"):
+        ops.kbit_grouped_gemm(x, off[:3], qw, qa, ex.codebook, ex.scales, 3, 40, 256)
+    with pytest.raises(ValueError, match="expert_offsets must rise"):
+        ops.kbit_grouped_gemm(x, torch.tensor([0, 5, 2, 7]), qw, qa, ex.codebook, ex.scales, 3, 40, 256)
+    with pytest.raises(ValueError, match="K_in"):
+        ops.kbit_grouped_gemm(x[:, :128].contiguous(), off, qw, qa, ex.codebook, ex.scales, 3, 40, 256)

@@ -59,7 +59,8 @@ def save(path: Path, gpu: str, classes: list[tuple[int | None, int]]) -> None:
     if path.exists():
         data = json.loads(path.read_text())
         dispatch.load_crossovers(path)  # refuse to extend a broken file
-    data["gpus"][gpu] = {"gemm_max_m": [[u, m] for u, m in classes]}
+    entry = data["gpus"].setdefault(gpu, {})  # other keys (grouped_gemm_min_rows) are kept
+    entry["gemm_max_m"] = [[u, m] for u, m in classes]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")

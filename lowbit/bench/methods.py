@@ -84,7 +84,8 @@ def _lowbit_dense(dtype: torch.dtype, pdl: bool = False) -> Method:
 
 
 #: dense kbit paths a column can pin (lowbit.dispatch.forced_path); None: the dispatcher's choice.
-KBIT_PATHS = {"gemv": "the decode GEMV (M <= 8)", "gemm": "the tensor-core kbit GEMM",
+KBIT_PATHS = {"gemv": "the decode GEMV (M <= 8; grouped: the grouped GEMV)",
+              "gemm": "the tensor-core kbit GEMM (grouped: the grouped GEMM)",
               "dequant": "the tiled dequantize kernel + cuBLAS"}
 
 
@@ -110,7 +111,7 @@ def _kbit(bits: int, grouped: bool = True, pdl: bool = False, path: str | None =
             return lowbit.kbit_linear(x, q)
 
     def run_grouped(inp, ex):
-        with lowbit.programmatic_launch(pdl):
+        with lowbit.programmatic_launch(pdl), lowbit.dispatch.forced_path(forced):
             return lowbit.kbit_grouped_linear(inp[0], inp[1], ex)
 
     return Method(

@@ -283,7 +283,10 @@ class GroupedLauncher:
 # ------------------------------------------------------------------ GEMM (tiled layout, M > 8)
 #: token tiles of 8 per CTA compiled into the library (csrc/kbit_gemm.cu, LOWBIT_DEFINE_GEMM_DTYPE)
 GEMM_TOKEN_TILES = (2, 4, 8)
-GEMM_ROWS_PER_CTA = 128
+#: (token tiles, 16-row tiles per warp) of the dense GEMM compiled into the library
+GEMM_INSTANCES = ((2, 1), (4, 1), (8, 1), (4, 2), (8, 2))
+#: 16-row tiles per warp of the dense GEMM: None = the rule (gemm_tiles_per_warp); 1 or 2 pins it (benchmarks).
+GEMM_TILES_PER_WARP: int | None = None
 
 
 def gemm_token_tiles(m: int) -> int:
@@ -292,13 +295,42 @@ def gemm_token_tiles(m: int) -> int:
     return next((nt for nt in GEMM_TOKEN_TILES if 8 * nt >= m), GEMM_TOKEN_TILES[-1])
 
 
+def gemm_tiles_per_warp(nt: int, tiles: int, sms: int) -> int:
+    """Two 16-row tiles per warp (each x load from shared memory feeds both; one CTA per SM) where
+    there are enough rows for the halved CTA count: at 64 tokens per CTA always, at 32 when the
+    row blocks of 256 rows still fill 3/4 of the SMs. H100, K=4, us (R=1 / R=2): 8192x28672 (1,792
+    tiles) M=32 107.7 / 86.2, M=64 152.6 / 134.1, M=128 307.5 / 270.0; 28672x8192 (512 tiles) M=32
+    114.3 / 126.0, M=64 209.6 / 213.2, M=128 322.4 / 287.4; M=16 equal (no R=2 instance)."""
+    if GEMM_TILES_PER_WARP is not None:
+        return GEMM_TILES_PER_WARP if (nt, GEMM_TILES_PER_WARP) in GEMM_INSTANCES else 1
+    if nt == 8 or (nt == 4 and tiles / 16 >= 0.75 * sms):
+        return 2
+    return 1
+
+
 def gemm_splits(row_blocks: int, chunks: int, groups: int, resident_ctas: int) -> int:
-    """K splits of the GEMM: enough CTAs to fill one wave when the row blocks x token chunks alone
-    cannot, each split keeping at least 2 groups (256 columns each) so partial sums stay cheap."""
+    """K splits of the GEMM: the count (each split keeping >= 2 groups of 256 columns, at most one
+    wave of CTAs in all) whose CTAs fill their waves best, the smallest where fills are within 5%: a grid
+    of 112 one-per-SM CTAs on 132 SMs (85%) is not split into 224 (two waves at 85%: 8192x28672,
+    M=32, two tiles per warp: 86 us unsplit vs 123 us split in two)."""
     ctas = row_blocks * chunks
-    if ctas >= resident_ctas:
-        return 1
-    return max(1, min(-(-resident_ctas // ctas), groups // 2))
+    best, best_fill = 1, 0.0
+    for s in range(1, max(1, min(-(-resident_ctas // ctas), groups // 2)) + 1):
+        total = ctas * s
+        fill = total / (-(-total // resident_ctas) * resident_ctas)
+        if fill > best_fill * 1.05:
+            best, best_fill = s, fill
+    return best
+
+
+def _gemm_occupancy(lib, index: int, op: str, bits: int, dtype, *args, **params) -> int:
+    key = (op, index, bits, dtype, args, tuple(params.items()))
+    if key not in _occupancy:
+        occ = lib.symbol(op + "_occupancy", bits=bits, dtype=dtype, **params)(*args)
+        if occ < 1:
+            raise RuntimeError(f"lowbit: {op} (K={bits}, {params}, {args}) does not fit an SM")
+        _occupancy[key] = occ
+    return _occupancy[key]
 
 
 class GemmLauncher:
@@ -315,34 +347,30 @@ class GemmLauncher:
         self._plans: dict = {}
 
     def plan(self, dtype, m: int, splits: int | None = None):
-        """(symbol, token tiles, splits, workspace floats, counters) for M rows; ``splits`` overrides
-        the rule (tests, tuning)."""
-        key = (dtype, m, splits)
+        """(symbol, token tiles, tiles per warp, splits, workspace floats, counters) for M rows;
+        ``splits`` overrides the rule (tests, tuning)."""
+        key = (dtype, m, splits, GEMM_TILES_PER_WARP)
         if key in self._plans:
             return self._plans[key]
-        nt = gemm_token_tiles(m)
-        occ_key = ("gemm", self.index, self.bits, dtype, nt)
-        if occ_key not in _occupancy:
-            occ = self.lib.symbol("kbit_gemm_occupancy", bits=self.bits, dtype=dtype, nt=nt)()
-            if occ < 1:
-                raise RuntimeError(f"lowbit: the kbit GEMM (K={self.bits}, {8 * nt} tokens per CTA) does not fit an SM")
-            _occupancy[occ_key] = occ
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        row_blocks = -(-self.tiles // 8)
+        nt = gemm_token_tiles(m)
+        r = gemm_tiles_per_warp(nt, self.tiles, sms)
+        occ = _gemm_occupancy(self.lib, self.index, "kbit_gemm", self.bits, dtype, nt=nt, r=r)
+        row_blocks = -(-self.tiles // (8 * r))
         chunks = -(-m // (8 * nt))
         if splits is None:
-            splits = gemm_splits(row_blocks, chunks, self.groups, _occupancy[occ_key] * sms)
+            splits = gemm_splits(row_blocks, chunks, self.groups, occ * sms)
         if not 1 <= splits <= self.groups:
             raise ValueError(f"splits must be in 1..{self.groups} (K groups), got {splits}")
-        ws = chunks * splits * row_blocks * GEMM_ROWS_PER_CTA * 8 * nt if splits > 1 else 0
+        ws = chunks * splits * self.tiles * 16 * 8 * nt if splits > 1 else 0
         cnt = counters(self.device, chunks * row_blocks) if splits > 1 else None
-        fn = self.lib.raw_symbol("kbit_gemm", bits=self.bits, dtype=dtype, nt=nt)
-        plan = self._plans[key] = (fn, nt, splits, ws, cnt)
+        fn = self.lib.raw_symbol("kbit_gemm", bits=self.bits, dtype=dtype, nt=nt, r=r)
+        plan = self._plans[key] = (fn, nt, r, splits, ws, cnt)
         return plan
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
         m = x.shape[0]
-        fn, _, splits, ws_floats, cnt = self.plan(x.dtype, m, splits)
+        fn, _, _, splits, ws_floats, cnt = self.plan(x.dtype, m, splits)
         if x.data_ptr() % 16:
             x = x.clone()
         y = torch.empty((m, self.n), dtype=x.dtype, device=self.device)
@@ -355,6 +383,55 @@ class GemmLauncher:
                  vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error("kbit_gemm", err)
+        return y
+
+
+def grouped_token_tiles(rows: int, experts: int) -> int:
+    """Token tiles of 8 per CTA of the grouped GEMM: the smallest compiled one covering the mean
+    rows per expert (the kernel takes longer runs in several chunks)."""
+    return gemm_token_tiles(-(-rows // max(1, experts)))
+
+
+class GroupedGemmLauncher:
+    """The grouped (MoE) kbit GEMM of one expert stack: one launch for any rows per expert (rows
+    sorted by expert, ``expert_offsets`` on the device; nothing is read back to the host, so it is
+    CUDA-graph safe). Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1], nt=None)``."""
+
+    def __init__(self, lib, qweight, qabsmax, codebook, scales, bits, n, k_in):
+        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+        self.device = qweight.device
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.experts = qweight.shape[0]
+        self.tensors = (qweight, qabsmax, codebook, scales)
+        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
+        self._plans: dict = {}
+
+    def plan(self, dtype, nt: int):
+        key = (dtype, nt)
+        if key not in self._plans:
+            if nt not in GEMM_TOKEN_TILES:
+                raise ValueError(f"nt must be one of {GEMM_TOKEN_TILES}, got {nt}")
+            occ = _gemm_occupancy(self.lib, self.index, "kbit_grouped_gemm", self.bits, dtype, self.experts, nt=nt)
+            ctas = occ * torch.cuda.get_device_properties(self.device).multi_processor_count
+            fn = self.lib.raw_symbol("kbit_grouped_gemm", bits=self.bits, dtype=dtype, nt=nt)
+            self._plans[key] = (fn, ctas)
+        return self._plans[key]
+
+    def __call__(self, x: torch.Tensor, expert_offsets: torch.Tensor, nt: int | None = None) -> torch.Tensor:
+        rows = x.shape[0]
+        fn, ctas = self.plan(x.dtype, nt or grouped_token_tiles(rows, self.experts))
+        if x.data_ptr() % 16:
+            x = x.clone()
+        y = torch.empty((rows, self.n), dtype=x.dtype, device=self.device)
+        if rows == 0:
+            return y
+        vp = ctypes.c_void_p
+        qw, qa, cb, sc = self.ptrs
+        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), None,
+                 ctypes.c_int(self.experts), ctypes.c_int(self.n), ctypes.c_int(self.k_in), ctypes.c_int(ctas),
+                 vp(_current_stream(self.index)))
+        if err:
+            self.lib.raise_error("kbit_grouped_gemm", err)
         return y
 
 
@@ -397,6 +474,15 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
     return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
 
 
+@ops.kbit_grouped_gemm.register_kernel("cuda")
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    lib = _library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return GroupedGemmLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
+
+
 def tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype) -> torch.Tensor:
     """Dense [n, k_in] weight: the CUDA kernel for fp16/bf16 (bit-identical to the reference), else the reference."""
     lib = _library_or_none(qweight.device)
@@ -416,34 +502,10 @@ def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
     return tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
 
 
-#: Rows of W decoded at a time on the dequantize + cuBLAS path (0: all at once, the default). A chunk
-#: of a few MB can stay in L2 between the dequantize kernel and cuBLAS instead of a whole fp16 copy of
-#: W going through DRAM twice. Not measured yet: benchmarks/gemm_sweep.py --chunk-rows times it.
-DEQUANT_CHUNK_ROWS = 0
-
-
-def chunked_dequant_linear(x, qweight, qabsmax, codebook, scale, bits, n, k_in, chunk_rows, dequant=None):
-    """``x [M, K_in] @ W^T`` with W decoded ``chunk_rows`` rows (whole tiles) at a time by
-    ``dequant`` (default: :func:`tiled_dequantize`); y^T is filled chunk by chunk, transposed once."""
-    dequant = dequant or tiled_dequantize
-    tiles = qweight.shape[0]
-    per = max(1, chunk_rows // kbit_tiled.TILE_N)
-    y_t = x.new_empty((n, x.shape[0]))
-    for t0 in range(0, tiles, per):
-        t1 = min(tiles, t0 + per)
-        r0, r1 = kbit_tiled.TILE_N * t0, min(n, kbit_tiled.TILE_N * t1)
-        w = dequant(qweight[t0:t1], qabsmax[t0:t1], codebook, scale, bits, r1 - r0, k_in, x.dtype)
-        torch.mm(w, x.t(), out=y_t[r0:r1])
-    return y_t.t().contiguous()
-
-
 @ops.kbit_tiled_linear.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     # Large M (prefill, MLA cache expansion): the weight decoded to x's dtype by the tiled dequantize
     # kernel, then cuBLAS. Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
     ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    if 0 < DEQUANT_CHUNK_ROWS < n and x.shape[0] > 0:
-        y = chunked_dequant_linear(x, qweight, qabsmax, codebook, scale, bits, n, k_in, DEQUANT_CHUNK_ROWS)
-        return y if bias is None else y.add_(bias.to(x.dtype))
     w = tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))

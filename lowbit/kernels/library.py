@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -33,6 +33,10 @@ SIGNATURES: dict[str, list] = {
     # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
     "kbit_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     "kbit_gemm_occupancy": [],
+    # x, expert_offsets int64 [E + 1], qweight, qabsmax, codebook, scales [E], y, bias ([E, n] or null),
+    # n_experts, n, k_in, ctas, stream
+    "kbit_grouped_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    "kbit_grouped_gemm_occupancy": [_I],
     # x, expert_offsets (null: dense), m_dense, qweight, qabsmax, codebook, scales, y, bias ([n_experts, n]
     # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
@@ -106,7 +110,7 @@ def _fmt(key: str, value) -> str:
         return f"m{value}"
     if key == "nt":
         return f"t{value}"
-    if key == "rows":
+    if key in ("rows", "r"):
         return f"r{value}"
     if key == "unroll":
         return f"u{value}"

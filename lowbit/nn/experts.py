@@ -8,8 +8,8 @@ Qwen3-Next, Mixtral, DeepSeek-V2/V3, GLM-4-MoE, OLMoE, ...). This module replace
     route -> sort the T*k (token, expert) rows by expert -> one grouped launch for gate/up
     -> act(gate) * up -> one grouped launch for down -> weight each row -> sum each token's k rows
 
-The grouped GEMV takes any number of rows per expert (8 per weight pass), so the same two
-launches serve decode and prefill; the grouped GEMM (a later issue) will take large batches.
+The dispatcher sends decode (few rows per expert) to the grouped GEMV (8 rows per weight pass) and
+prefill / large batches to the grouped tensor-core GEMM; either way two launches per layer.
 Every step has a static shape (``searchsorted`` for the offsets, no ``nonzero``), so the block
 captures in CUDA graphs and compiles with ``fullgraph=True``. Rows routed to an expert id >= E
 (expert-parallel sentinels) contribute zero, as in transformers.
@@ -136,13 +136,18 @@ class KbitMoeExperts(nn.Module):
 
     def _grouped(self, idx: int, prefix: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         n, k = self._shape(prefix)
-        if dispatch.grouped_path(x) == "grouped_gemv" and not torch.compiler.is_compiling():
-            launchers = self._launchers
-            if launchers is None or launchers[idx] is None or launchers[idx].tensors[0] is not self._buffers[f"{prefix}_qweight"]:
-                launchers = self._launchers = [dispatch.eager_launcher("grouped", self._stack(p), self.bits, *self._shape(p), x)
-                                               for p in ("gate_up", "down")]
-            if launchers[idx] is not None:
-                return launchers[idx](x, offsets)
+        path = dispatch.grouped_path(x, self.num_experts)
+        if path != "reference" and not torch.compiler.is_compiling():
+            # launchers[path][idx]: made once per path and projection, remade when the buffers move
+            launchers = self._launchers if self._launchers is not None else {}
+            per = launchers.get(path)
+            if per is None or per[idx] is None or per[idx].tensors[0] is not self._buffers[f"{prefix}_qweight"]:
+                kind = "grouped" if path == "grouped_gemv" else "grouped_gemm"
+                per = launchers[path] = [dispatch.eager_launcher(kind, self._stack(p), self.bits, *self._shape(p), x)
+                                         for p in ("gate_up", "down")]
+                self._launchers = launchers
+            if per[idx] is not None:
+                return per[idx](x, offsets)
         s = self._stack(prefix)
         if x.device.type == "cpu" and not torch.compiler.is_compiling():
             # CPU reference with the decoded stack kept (see KbitLinear): expert by expert, fp32.

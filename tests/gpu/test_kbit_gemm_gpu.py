@@ -33,12 +33,12 @@ def _gemm_raw(q, x, splits):
     m = x.shape[0]
     qw, qa = q.tiled()
     launch = cuda_kbit.GemmLauncher(lib, qw, qa, q.codebook, q.scale, q.bits, n, k_in)
-    _, nt, splits, ws_floats, cnt = launch.plan(x.dtype, m, splits)
+    _, nt, r, splits, ws_floats, cnt = launch.plan(x.dtype, m, splits)
     buf = torch.full((m * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((max(ws_floats, 1),), float("nan"), dtype=torch.float32, device="cuda")
     args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws) if ws_floats else ptr(None),
             ptr(cnt), m, n, k_in, splits, stream_of(x.device)]
-    lib.call("kbit_gemm", args, bits=q.bits, dtype=x.dtype, nt=nt)
+    lib.call("kbit_gemm", args, bits=q.bits, dtype=x.dtype, nt=nt, r=r)
     torch.cuda.synchronize()
     assert buf[m * n:].isnan().all(), "wrote past the output"
     return buf[: m * n].view(m, n)
@@ -47,9 +47,12 @@ def _gemm_raw(q, x, splits):
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("m", [9, 16, 17, 33, 64, 65, 130])
-def test_gemm_matches_reference(bits, dtype, m, gen):
-    """Every token-tile instance (M up to 16 / 32 / 64, and M > 64 in chunks), M not a multiple of the
-    tile, odd N, partial last group; K split one way, by the rule, and as far as it goes."""
+@pytest.mark.parametrize("tiles_per_warp", [1, 2])
+def test_gemm_matches_reference(bits, dtype, m, tiles_per_warp, gen, monkeypatch):
+    """Every instance (M up to 16 / 32 / 64, and M > 64 in chunks; one and two 16-row tiles per warp),
+    M not a multiple of the tile, odd N, partial last group; K split one way, by the rule, and as far
+    as it goes."""
+    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", tiles_per_warp)
     for n, k_in in _shapes(gen):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
         x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
@@ -119,16 +122,93 @@ def test_gemm_empty_batch(gen):
     assert y.shape == (0, 48)
 
 
-@pytest.mark.parametrize("chunk_rows", [64, 1000])
-def test_dequant_path_in_chunks(chunk_rows, gen, monkeypatch):
-    """The dequantize + cuBLAS path decoding W a few tiles at a time (cuda_kbit.DEQUANT_CHUNK_ROWS)
-    matches the reference, bias included."""
-    monkeypatch.setattr(cuda_kbit, "DEQUANT_CHUNK_ROWS", chunk_rows)
-    lin = torch.nn.Linear(512, 16 * 150 - 5, bias=True, dtype=torch.float16)
-    mod = lowbit.nn.KbitLinear.from_linear(lin, 4).cuda()
-    x = torch.randn(300, 512, generator=gen).half().cuda()
-    with dispatch.forced_path("dequant_matmul"), torch.no_grad():
-        y = mod(x)
-    w = mod.dequantize(torch.float64).cpu()
-    ref = x.cpu().double() @ w.t() + lin.bias.double()
-    assert _rel(y, ref) <= BOUND[torch.float16]
+
+
+# ------------------------------------------------------------------ grouped (MoE) GEMM
+def _grouped_raw(ex, x, off, nt):
+    """Direct C call of the grouped GEMM with nt token tiles: NaN-filled output with a guard tail."""
+    lib = get_library()
+    e, n, k_in = ex.shape
+    qw, qa = ex.tiled()
+    launch = cuda_kbit.GroupedGemmLauncher(lib, qw, qa, ex.codebook, ex.scales, ex.bits, n, k_in)
+    _, ctas = launch.plan(x.dtype, nt)
+    rows = x.shape[0]
+    buf = torch.full((rows * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
+    args = [ptr(x), ptr(off), ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), ptr(None), e, n, k_in,
+            ctas, stream_of(x.device)]
+    lib.call("kbit_grouped_gemm", args, bits=ex.bits, dtype=x.dtype, nt=nt)
+    torch.cuda.synchronize()
+    assert buf[rows * n:].isnan().all(), "wrote past the output"
+    return buf[: rows * n].view(rows, n)
+
+
+def _check_experts(y, x, off, ex, bound):
+    off = off.tolist()
+    for i in range(len(off) - 1):
+        lo, hi = off[i], off[i + 1]
+        if hi > lo:
+            err = _rel(y[lo:hi], _ref(x[lo:hi], ex.expert(i)))
+            assert err <= bound, f"expert {i} ({hi - lo} rows): rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("nt", [2, 4, 8])
+def test_grouped_gemm_matches_per_expert_reference(bits, dtype, nt, gen):
+    """Uneven experts (empty ones, one row, runs over several chunks of 8 nt rows), odd N (a partial
+    row block), K_in % 256 != 0; every row written, nothing past the output."""
+    e, n, k_in = 12, 16 * 9 - 5, 512 + 96
+    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=bits).to("cuda")
+    counts = torch.randint(0, 40, (e,), generator=gen)
+    counts[0], counts[4], counts[5], counts[e - 1] = 0, 1, 8 * nt * 2 + 3, 0  # empty first/last, 3 chunks
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    x = torch.randn(int(off[-1]), k_in, generator=gen).to(dtype).cuda()
+    _check_experts(_grouped_raw(ex, x, off.cuda(), nt), x, off, ex, BOUND[dtype])
+
+
+def test_grouped_gemm_many_experts_one_active_and_empty(gen):
+    """513 experts (the chunk scan's 256-thread rounds), every row on one expert; an empty batch."""
+    e, n, k_in = 513, 48, 256
+    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=4).to("cuda")
+    counts = torch.zeros(e, dtype=torch.int64)
+    counts[300] = 150
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    x = torch.randn(150, k_in, generator=gen).half().cuda()
+    for nt in (2, 8):
+        _check_experts(_grouped_raw(ex, x, off.cuda(), nt), x, off, ex, BOUND[torch.float16])
+    y = lowbit.ops.kbit_grouped_gemm(x[:0], torch.zeros(e + 1, dtype=torch.int64, device="cuda"), *ex.tiled(),
+                                     ex.codebook, ex.scales, 4, n, k_in)
+    assert y.shape == (0, n)
+
+
+def test_grouped_dispatch_deterministic_and_graph_replays_new_routing(gen):
+    """Mean rows per expert at or above the crossover -> the grouped GEMM; bit-identical reruns; a
+    captured graph reads the routing (offsets) on the device, so a replay after new offsets of the
+    same row count computes the new grouping."""
+    e, n, k_in = 8, 96, 1024
+    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=4).to("cuda")
+    rows = dispatch.grouped_gemm_min_rows(torch.device("cuda")) * e + 5
+    x = torch.randn(rows, k_in, generator=gen).half().cuda()
+    assert dispatch.grouped_path(x, e) == "grouped_gemm"
+    assert dispatch.grouped_path(x[: e], e) == "grouped_gemv"
+
+    def offsets():
+        cut = torch.sort(torch.randint(0, rows + 1, (e - 1,), generator=gen)).values
+        return torch.cat([torch.zeros(1, dtype=torch.int64), cut, torch.tensor([rows])])
+
+    off_dev = offsets().cuda()
+    ys = [lowbit.kbit_grouped_linear(x, off_dev, ex) for _ in range(3)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    _check_experts(ys[0], x, off_dev.cpu(), ex, BOUND[torch.float16])
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        y = lowbit.kbit_grouped_linear(x, off_dev, ex)
+    new = offsets()
+    off_dev.copy_(new)
+    g.replay()
+    torch.cuda.synchronize()
+    _check_experts(y, x, new, ex, BOUND[torch.float16])
+    with dispatch.forced_path("gemv"):
+        assert _rel(lowbit.kbit_grouped_linear(x, off_dev, ex), y.cpu().double()) <= 1e-3
