@@ -195,18 +195,20 @@ def test_grouped_crossover_in_file(tmp_path):
 
 
 def test_gemm_tiles_per_warp_rule(monkeypatch):
-    sms = 132
-    assert cuda_kbit.gemm_tiles_per_warp(2, 1792, sms) == 1  # no two-tile instance at 16 tokens
-    assert cuda_kbit.gemm_tiles_per_warp(4, 1792, sms) == 2  # 8192x28672: 112 CTAs of 256 rows
-    assert cuda_kbit.gemm_tiles_per_warp(4, 512, sms) == 1   # 28672x8192: 32 CTAs would need split-K
-    assert cuda_kbit.gemm_tiles_per_warp(8, 16, sms) == 2
+    sms, f = 132, cuda_kbit.gemm_tiles_per_warp
+    assert f(2, 1792, 32, 1, sms) == 1  # no two-tile instance at 16 tokens
+    assert f(4, 1792, 32, 1, sms) == 2  # 8192x28672
+    assert f(8, 512, 112, 1, sms) == 2  # 28672x8192: large, split-K anyway
+    assert f(8, 896, 16, 1, sms) == 1   # 4096x14336 M=64: 56 CTAs of 256 rows would need split-K
+    assert f(8, 896, 16, 2, sms) == 2   # M=128: 112 CTAs
+    assert f(8, 256, 16, 2, sms) == 1   # 4096x4096 M=128
     for nt, r in cuda_kbit.GEMM_INSTANCES:
         assert nt in cuda_kbit.GEMM_TOKEN_TILES and r in (1, 2)
     monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 2)
-    assert cuda_kbit.gemm_tiles_per_warp(2, 1792, sms) == 1  # pinned to an instance that exists
-    assert cuda_kbit.gemm_tiles_per_warp(4, 512, sms) == 2
+    assert f(2, 1792, 32, 1, sms) == 1  # pinned to an instance that exists
+    assert f(4, 256, 16, 1, sms) == 2
     monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 1)
-    assert cuda_kbit.gemm_tiles_per_warp(8, 1792, sms) == 1
+    assert f(8, 1792, 32, 1, sms) == 1
 
 
 def test_grouped_token_tiles():

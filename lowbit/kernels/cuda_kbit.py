@@ -295,15 +295,23 @@ def gemm_token_tiles(m: int) -> int:
     return next((nt for nt in GEMM_TOKEN_TILES if 8 * nt >= m), GEMM_TOKEN_TILES[-1])
 
 
-def gemm_tiles_per_warp(nt: int, tiles: int, sms: int) -> int:
-    """Two 16-row tiles per warp (each x load from shared memory feeds both; one CTA per SM) where
-    there are enough rows for the halved CTA count: at 64 tokens per CTA always, at 32 when the
-    row blocks of 256 rows still fill 3/4 of the SMs. H100, K=4, us (R=1 / R=2): 8192x28672 (1,792
-    tiles) M=32 107.7 / 86.2, M=64 152.6 / 134.1, M=128 307.5 / 270.0; 28672x8192 (512 tiles) M=32
-    114.3 / 126.0, M=64 209.6 / 213.2, M=128 322.4 / 287.4; M=16 equal (no R=2 instance)."""
+#: weights (elements) from which the GEMM runs two tiles per warp at 32+ tokens even when its CTAs
+#: need split-K to fill the GPU
+GEMM_R2_MIN_WEIGHTS = 1 << 27
+
+
+def gemm_tiles_per_warp(nt: int, tiles: int, groups: int, chunks: int, sms: int) -> int:
+    """16-row tiles per warp of the dense GEMM: two (each x fragment loaded from shared memory feeds
+    both tiles' MMAs; one CTA per SM) at 32+ tokens per CTA on large weights, or where the 256-row
+    CTAs x token chunks fill 3/4 of the SMs without split-K. H100, K=4, us (one / two tiles per warp,
+    `gemm_sweep.py --tiles-per-warp`): 8192x28672 M=32 86.5 / 73.8, M=64 151.8 / 128.2, M=128 304.4 /
+    249.4; 28672x8192 82.2 / 75.0, 146.5 / 138.2, 257.8 / 238.7; 4096x14336 M=64 41.5 / 59.3, M=128
+    80.7 / 66.7; 14336x4096 M=64 49.2 / 58.1; 4096x4096 M=64 26.6 / 38.6."""
     if GEMM_TILES_PER_WARP is not None:
         return GEMM_TILES_PER_WARP if (nt, GEMM_TILES_PER_WARP) in GEMM_INSTANCES else 1
-    if nt == 8 or (nt == 4 and tiles / 16 >= 0.75 * sms):
+    if nt < 4:
+        return 1
+    if tiles * 16 * groups * 256 >= GEMM_R2_MIN_WEIGHTS or -(-tiles // 16) * chunks >= 0.75 * sms:
         return 2
     return 1
 
@@ -354,10 +362,10 @@ class GemmLauncher:
             return self._plans[key]
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         nt = gemm_token_tiles(m)
-        r = gemm_tiles_per_warp(nt, self.tiles, sms)
+        chunks = -(-m // (8 * nt))
+        r = gemm_tiles_per_warp(nt, self.tiles, self.groups, chunks, sms)
         occ = _gemm_occupancy(self.lib, self.index, "kbit_gemm", self.bits, dtype, nt=nt, r=r)
         row_blocks = -(-self.tiles // (8 * r))
-        chunks = -(-m // (8 * nt))
         if splits is None:
             splits = gemm_splits(row_blocks, chunks, self.groups, occ * sms)
         if not 1 <= splits <= self.groups:

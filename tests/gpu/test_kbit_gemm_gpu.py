@@ -187,10 +187,11 @@ def test_grouped_dispatch_deterministic_and_graph_replays_new_routing(gen):
     same row count computes the new grouping."""
     e, n, k_in = 8, 96, 1024
     ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=4).to("cuda")
-    rows = dispatch.grouped_gemm_min_rows(torch.device("cuda")) * e + 5
+    min_rows = dispatch.grouped_gemm_min_rows(torch.device("cuda"))
+    rows = max(min_rows, 16) * e + 5
     x = torch.randn(rows, k_in, generator=gen).half().cuda()
     assert dispatch.grouped_path(x, e) == "grouped_gemm"
-    assert dispatch.grouped_path(x[: e], e) == "grouped_gemv"
+    assert dispatch.grouped_path(x[: min_rows * e - 1], e) == "grouped_gemv"
 
     def offsets():
         cut = torch.sort(torch.randint(0, rows + 1, (e - 1,), generator=gen)).values
