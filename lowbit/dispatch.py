@@ -67,7 +67,7 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     rising size, the last one open-ended (None); raises ValueError naming the bad entry. Format::
 
         {"version": 1, "gpus": {"NVIDIA H100 80GB HBM3":
-            {"gemm_max_m": [[20000000, 32], [null, 128]], "grouped_gemm_min_rows": 16}}}
+            {"gemm_max_m": [[20000000, 32], [null, 128]], "grouped_gemm_min_rows": 1.5}}}
 
     (``grouped_gemm_min_rows`` is optional; :func:`load_grouped` reads it.)
     """
@@ -79,8 +79,8 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     out = {}
     for gpu, entry in raw["gpus"].items():
         grouped = entry.get("grouped_gemm_min_rows") if isinstance(entry, dict) else None
-        if grouped is not None and (not isinstance(grouped, int) or isinstance(grouped, bool) or grouped < 1):
-            raise ValueError(f"{path}: gpus[{gpu!r}].grouped_gemm_min_rows must be an int >= 1, got {grouped!r}")
+        if grouped is not None and (not isinstance(grouped, (int, float)) or isinstance(grouped, bool) or not grouped > 0):
+            raise ValueError(f"{path}: gpus[{gpu!r}].grouped_gemm_min_rows must be a number > 0, got {grouped!r}")
         classes = entry.get("gemm_max_m") if isinstance(entry, dict) else None
         where = f"{path}: gpus[{gpu!r}].gemm_max_m"
         if not isinstance(classes, list) or not classes:
@@ -98,7 +98,7 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     return out
 
 
-def load_grouped(path: Path = CROSSOVERS) -> dict[str, int]:
+def load_grouped(path: Path = CROSSOVERS) -> dict[str, float]:
     """{GPU name: mean rows per expert from which the grouped GEMM runs} from a crossover file
     (validated by :func:`load_crossovers`)."""
     load_crossovers(path)
@@ -110,17 +110,17 @@ def load_grouped(path: Path = CROSSOVERS) -> dict[str, int]:
 
 _classes: dict[int, list] = {}
 _crossovers: dict | None = None
-_grouped: dict[int, int] = {}
+_grouped: dict[int, float] = {}
 _grouped_table: dict | None = None
 
 
-def grouped_gemm_min_rows(device: torch.device) -> int:
+def grouped_gemm_min_rows(device: torch.device) -> float:
     """Mean rows per expert from which the grouped GEMM beats the grouped GEMV on this device."""
     return _gpu_grouped(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @torch.compiler.assume_constant_result
-def _gpu_grouped(idx: int) -> int:
+def _gpu_grouped(idx: int) -> float:
     global _grouped_table
     if idx not in _grouped:
         if _grouped_table is None:
@@ -224,7 +224,7 @@ def grouped_path(x2: torch.Tensor, experts: int) -> str:
     return choose_grouped(x2.shape[0], experts, grouped_gemm_min_rows(x2.device), _forced)
 
 
-def choose_grouped(rows: int, experts: int, min_rows: int, forced: str | None = None) -> str:
+def choose_grouped(rows: int, experts: int, min_rows: float, forced: str | None = None) -> str:
     """The rule behind :func:`grouped_path` for a CUDA fp16/bf16 call."""
     if forced in ("gemv", "gemm"):
         return "grouped_" + forced

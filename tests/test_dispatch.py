@@ -161,6 +161,7 @@ def test_tune_cli_has_crossover_flag():
 @pytest.mark.parametrize("rows, experts, min_rows, want", [
     (8, 512, 16, "grouped_gemv"), (4096, 512, 16, "grouped_gemv"), (8191, 512, 16, "grouped_gemv"),
     (8192, 512, 16, "grouped_gemm"), (32768, 512, 16, "grouped_gemm"), (3, 1, 4, "grouped_gemv"), (4, 1, 4, "grouped_gemm"),
+    (767, 512, 1.5, "grouped_gemv"), (768, 512, 1.5, "grouped_gemm"),
 ])
 def test_grouped_rule(rows, experts, min_rows, want):
     assert dispatch.choose_grouped(rows, experts, min_rows) == want
@@ -185,7 +186,7 @@ def test_grouped_crossover_in_file(tmp_path):
     crossover.save(path, "G", [(1000, 16), (None, 128)])
     assert dispatch.load_grouped(path) == {"G": 12}
     assert dispatch.load_crossovers(path)["G"] == [(1000, 16), (None, 128)]
-    for bad in (0, 2.5, True, "16"):
+    for bad in (0, -1.5, True, "16", [2]):
         path.write_text(json.dumps({"version": 1, "gpus": {"G": {"gemm_max_m": [[None, 64]], "grouped_gemm_min_rows": bad}}}))
         with pytest.raises(ValueError, match="grouped_gemm_min_rows"):
             dispatch.load_grouped(path)

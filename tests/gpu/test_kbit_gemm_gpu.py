@@ -4,6 +4,8 @@ Error bounds and reference: kbit_check.py (relative norm error vs an fp64 produc
 reference-dequantized weights, fp16 <= 1e-3, bf16 <= 8e-3; NaN never passes).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -188,10 +190,10 @@ def test_grouped_dispatch_deterministic_and_graph_replays_new_routing(gen):
     e, n, k_in = 8, 96, 1024
     ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, generator=gen), bits=4).to("cuda")
     min_rows = dispatch.grouped_gemm_min_rows(torch.device("cuda"))
-    rows = max(min_rows, 16) * e + 5
+    rows = int(max(min_rows, 16) * e) + 5
     x = torch.randn(rows, k_in, generator=gen).half().cuda()
     assert dispatch.grouped_path(x, e) == "grouped_gemm"
-    assert dispatch.grouped_path(x[: min_rows * e - 1], e) == "grouped_gemv"
+    assert dispatch.grouped_path(x[: math.ceil(min_rows * e) - 1], e) == "grouped_gemv"
 
     def offsets():
         cut = torch.sort(torch.randint(0, rows + 1, (e - 1,), generator=gen)).values
