@@ -233,3 +233,19 @@ def test_grouped_gemm_op_cpu_is_reference_and_checks(gen):
         ops.kbit_grouped_gemm(x, torch.tensor([0, 5, 2, 7]), qw, qa, ex.codebook, ex.scales, 3, 40, 256)
     with pytest.raises(ValueError, match="K_in"):
         ops.kbit_grouped_gemm(x[:, :128].contiguous(), off, qw, qa, ex.codebook, ex.scales, 3, 40, 256)
+
+
+def test_grouped_crossover_from_measurements(tmp_path):
+    from lowbit.bench import crossover
+
+    f = crossover.grouped_crossover
+    assert f({0.5: (10, 12), 1.0: (20, 19), 2.0: (30, 25)}) == 1.0
+    assert f({0.5: (10, 9), 1.0: (20, 21), 2.0: (30, 25)}) == 2.0  # a loss above resets the start
+    assert f({0.5: (10, 9), 1.0: (20, 19)}) == 0.5
+    assert f({0.5: (10, 12), 8.0: (20, 21)}) == 16.0  # never wins: above the sweep
+    path = tmp_path / "c.json"
+    crossover.save(path, "G", [(None, 64)], 1.5)
+    assert dispatch.load_grouped(path) == {"G": 1.5}
+    crossover.save(path, "G", [(None, 32)])  # the dense classes alone: the grouped value stays
+    assert dispatch.load_grouped(path) == {"G": 1.5}
+    assert dispatch.load_crossovers(path)["G"] == [(None, 32)]

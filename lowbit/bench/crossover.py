@@ -1,11 +1,17 @@
-"""``lowbit tune --kbit-crossover``: measure where the kbit GEMM stops beating dequantize + cuBLAS.
+"""``lowbit tune --kbit-crossover``: measure where the kbit GEMM stops beating dequantize + cuBLAS,
+and from how many rows per expert the grouped GEMM beats the grouped GEMV.
 
 For each shape and each M above the GEMV's 8 rows, both paths are timed the way the benchmarks time
 (cold L2: one CUDA graph over rotating weight copies >= 4x L2, median of replays), K=4, fp16. Per
 shape, the crossover is the largest M of the sweep up to which the GEMM is never slower; shapes
 become size classes (by weight elements) in the crossover file that :mod:`lowbit.dispatch` reads::
 
-    {"version": 1, "gpus": {"<GPU name>": {"gemm_max_m": [[20000000, 32], [null, 128]]}}}
+    {"version": 1, "gpus": {"<GPU name>": {"gemm_max_m": [[20000000, 32], [null, 128]],
+                                           "grouped_gemm_min_rows": 1.5}}}
+
+The grouped crossover is swept over mean rows per expert (:data:`GROUPED_ROWS`) on one expert stack
+(:data:`GROUPED_SHAPE`, rows spread over the experts uniformly at random): the smallest mean from which
+the GEMM is never slower than the GEMV.
 
 The user file (``$LOWBIT_DISPATCH_FILE``, else ``~/.cache/lowbit/kbit_dispatch.json``) overrides
 the shipped ``lowbit/data/kbit_dispatch.json`` per GPU.
@@ -36,6 +42,22 @@ def crossover_m(times: dict[int, tuple[float, float]]) -> int:
     return best
 
 
+#: mean rows per expert swept for the grouped GEMV / GEMM crossover
+GROUPED_ROWS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
+#: (experts, N, K_in) of the expert stack the grouped crossover is measured on (a 2048-wide MoE's gate/up)
+GROUPED_SHAPE = (256, 1024, 2048)
+
+
+def grouped_crossover(times: dict[float, tuple[float, float]]) -> float:
+    """Smallest mean rows per expert (of ``times``: rows -> (grouped GEMV us, grouped GEMM us)) from
+    which the GEMM is never slower; above the sweep (twice its largest value) when it never wins."""
+    rows = sorted(times)
+    for i, r in enumerate(rows):
+        if all(times[q][1] <= times[q][0] for q in rows[i:]):
+            return r
+    return 2 * rows[-1]
+
+
 def derive_classes(per_shape: dict[int, int]) -> list[tuple[int | None, int]]:
     """Size classes from {weight elements of a measured shape: its crossover M}: one class per shape
     in rising size (the largest open-ended), neighbours with the same M merged."""
@@ -53,14 +75,17 @@ def derive_classes(per_shape: dict[int, int]) -> list[tuple[int | None, int]]:
     return classes
 
 
-def save(path: Path, gpu: str, classes: list[tuple[int | None, int]]) -> None:
-    """Write (atomically) ``classes`` for ``gpu`` into the crossover file, keeping other GPUs."""
+def save(path: Path, gpu: str, classes: list[tuple[int | None, int]], grouped_min_rows: float | None = None) -> None:
+    """Write (atomically) ``classes`` (and the grouped crossover, if given) for ``gpu`` into the
+    crossover file, keeping other GPUs and keys."""
     data = {"version": 1, "gpus": {}}
     if path.exists():
         data = json.loads(path.read_text())
         dispatch.load_crossovers(path)  # refuse to extend a broken file
     entry = data["gpus"].setdefault(gpu, {})  # other keys (grouped_gemm_min_rows) are kept
     entry["gemm_max_m"] = [[u, m] for u, m in classes]
+    if grouped_min_rows is not None:
+        entry["grouped_gemm_min_rows"] = grouped_min_rows
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -108,3 +133,38 @@ def measure(shapes, ms=SWEEP_MS, bits: int = 4, replays: int = 5, log=print) -> 
         log(f"  {k_in}x{n}: GEMM up to M={out[n * k_in]}")
         del copies
     return out
+
+
+def measure_grouped(rows_per_expert=GROUPED_ROWS, shape=GROUPED_SHAPE, bits: int = 4, replays: int = 5,
+                    log=print) -> float:
+    """GPU: the grouped GEMV / GEMM crossover (mean rows per expert) on one expert stack, fp16."""
+    import torch
+
+    import lowbit
+
+    from .timing import graph_time
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    e, n, k_in = shape
+    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, device=dev, dtype=torch.float16), bits=bits)
+    ex.tiled()
+    gen = torch.Generator().manual_seed(0)
+    times = {}
+    for r in rows_per_expert:
+        rows = max(1, round(r * e))
+        counts = torch.bincount(torch.randint(0, e, (rows,), generator=gen), minlength=e)
+        off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(dev)
+        x = torch.randn(rows, k_in, device=dev, dtype=torch.float16)
+
+        def timed(path):
+            def call():
+                with dispatch.forced_path(path):
+                    return lowbit.kbit_grouped_linear(x, off, ex)
+            return graph_time([call], replays=replays, warmup=2).median_us
+
+        times[r] = (timed("gemv"), timed("gemm"))
+        log(f"  {e} experts {k_in}x{n}, {r:g} rows/expert: grouped GEMV {times[r][0]:8.1f} us  "
+            f"grouped GEMM {times[r][1]:8.1f} us")
+    best = grouped_crossover(times)
+    log(f"  grouped GEMM from {best:g} rows per expert")
+    return best

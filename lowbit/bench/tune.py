@@ -36,7 +36,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "~/.cache/lowbit/kbit_dispatch.json; lowbit/data/kbit_dispatch.json is the shipped one)")
     p.add_argument("--kbit-crossover", action="store_true",
                    help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "
-                        "size (--shape adds shapes to the default set) and write it for lowbit.dispatch")
+                        "size (--shape adds shapes to the default set) and the grouped GEMV / GEMM crossover, "
+                        "and write them for lowbit.dispatch")
     p.set_defaults(func=run)
     return p
 
@@ -152,8 +153,9 @@ def run_crossover(args: argparse.Namespace) -> int:
     print(f"kbit GEMM crossover on {gpu}: {len(shapes)} shapes x M={list(crossover.SWEEP_MS)}")
     start = time.time()
     classes = crossover.derive_classes(crossover.measure(shapes, replays=args.replays))
-    crossover.save(out, gpu, classes)
+    grouped = crossover.measure_grouped(replays=args.replays)
+    crossover.save(out, gpu, classes, grouped)
     dispatch.reload_crossovers()
-    print(f"classes (max weights, max M): {classes}")
+    print(f"classes (max weights, max M): {classes}; grouped GEMM from {grouped:g} rows per expert")
     print(f"wrote {out} ({time.time() - start:.0f} s)")
     return 0
