@@ -9,6 +9,9 @@ the compiled kernels where one exists):
     experts = lowbit.quantize_kbit_experts(W, bits=4)           # W: [E, N, K_in]
     y = lowbit.kbit_grouped_linear(x_sorted, offsets, experts)  # MoE, one launch
     y = lowbit.dense_linear(x, weight)            # fp16/bf16 weight, tuned decode GEMV for M <= 4
+    q = lowbit.quantize_nvfp4(weight)             # NvFp4Weight (E2M1 + E4M3 per 16 + fp32 scale)
+    W = lowbit.dequantize_nvfp4(q, torch.bfloat16)
+    y = lowbit.nvfp4_linear(x, q)                 # reference: dequantize + matmul (kernels: issue 15)
 
 Models:
 
@@ -24,7 +27,9 @@ import torch
 from . import dispatch, ops
 from ._checks import check_tensor
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
-from .formats import e4m4, kbit
+from .formats import e4m4, kbit, nvfp4
+from .formats.nvfp4 import NvFp4Weight
+from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
@@ -120,7 +125,42 @@ def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: 
                                     experts.bits, n, k_in)
 
 
+def _check_nvfp4(w: object) -> NvFp4Weight:
+    if not isinstance(w, NvFp4Weight):
+        raise TypeError(f"w must be a lowbit NvFp4Weight (from lowbit.quantize_nvfp4), got {type(w).__name__}")
+    return w
+
+
+def dequantize_nvfp4(w: NvFp4Weight, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """The ``[N, K]`` weight in ``dtype`` (fp32 products, one rounding)."""
+    return _check_nvfp4(w).dequantize(dtype)
+
+
+def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
+    """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype: W decoded to x's dtype, then a matmul (cuBLAS
+    on CUDA; fp32 products rounded once to x's dtype on CPU)."""
+    _check_nvfp4(w)
+    check_tensor("x", x, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+    n, k = w.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x must have K={k} features in its last dimension, got {tuple(x.shape)}")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but the weight is on {w.device}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x.is_cuda:
+        y = torch.nn.functional.linear(x2, w.dequantize(x.dtype))
+    else:
+        y = nvfp4.linear_reference(x2, w)
+    return y.reshape(*lead, n)
+
+
 __all__ = [
+    "NvFp4Weight",
+    "dequantize_nvfp4",
+    "nvfp4",
+    "nvfp4_linear",
+    "quantize_nvfp4",
     "GEMV_MAX_M",
     "QuantizeReport",
     "load_quantized",

@@ -1,0 +1,274 @@
+"""NVFP4: E2M1 values with an FP8 (E4M3) scale per 16 elements and an fp32 scale per tensor -- the
+reference implementation (CPU or any device; kernels are tested against it).
+
+Format of a weight ``W[N, K]`` (``K`` a multiple of 16):
+
+* ``packed``: uint8 ``[N, K/2]``, two E2M1 codes per byte, element ``2i`` in the low nibble.
+  E2M1 code ``s eem``: sign bit 3, magnitudes ``0, 0.5, 1, 1.5, 2, 3, 4, 6`` for codes 0..7.
+* ``scales``: float8_e4m3fn ``[N, K/16]``, one non-negative block scale per 16 consecutive elements
+  (the "plain" layout; :func:`to_blocked` gives the 128x4-swizzled layout cuBLAS / CUTLASS read).
+* ``scale_2``: one fp32 per tensor, the *multiplier* (ModelOpt's ``weight_scale_2``)::
+
+      W[n, k] = e2m1(code[n, k]) * float(scales[n, k // 16]) * scale_2     # fp32, in this order
+
+Global-scale conventions (accepted explicitly, never guessed): ModelOpt stores ``scale_2 = amax /
+(6 * 448)`` and multiplies; compressed-tensors / vLLM / FlashInfer / TRT-LLM store the inverse,
+``global_scale = 448 * 6 / amax``, and divide. :class:`NvFp4Weight` keeps the multiplier; the
+``"inverse"`` convention is converted as ``scale_2 = fp32(1 / global_scale)`` (<= 0.5 ulp of fp32
+from dividing, so outputs differ from the dividing definition by at most one fp32 rounding).
+
+Quantization (ModelOpt's recipe):
+
+1. ``amax = max |W|``; ``scale_2 = amax / (6 * 448)`` (1.0 for an all-zero W).
+2. Block scale ``s = (block_amax / 6) / scale_2`` encoded to E4M3 with round to nearest even,
+   saturating at 448 (never NaN); below half the smallest subnormal (2^-10) it is 0.
+3. Each element ``w / (float(s_e4m3) * scale_2)`` is rounded to the E2M1 grid, nearest, ties to the
+   even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at
+   +-6; the sign is the input's sign bit (a negative value that rounds to 0 is stored as -0, code 8).
+   A block whose scale encodes to 0 stores zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import FLOAT_DTYPES, check_finite, check_same_device, check_tensor
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+#: the 16 E2M1 values by code (code 8 is -0)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+#: midpoints between consecutive E2M1 magnitudes; a tie at midpoint i goes to the even code
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+CONVENTIONS = ("modelopt", "inverse")
+#: the 128x4 tile of the swizzled ("blocked") scale layout
+BLOCKED_ROWS, BLOCKED_COLS = 128, 4
+
+
+def e2m1_values(device=None) -> torch.Tensor:
+    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+
+
+def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values (already divided by their scale) -> E2M1 codes (uint8 0..15), see the module doc."""
+    a = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for i, mid in enumerate(_MIDPOINTS):
+        up = (a > mid) | ((a == mid) & (i % 2 == 1))  # ties at odd midpoints round up to the even code
+        code += up.to(torch.uint8)
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 0..15) -> fp32 values (exact)."""
+    return e2m1_values(codes.device)[codes.long()]
+
+
+def encode_e4m3(s: torch.Tensor) -> torch.Tensor:
+    """Non-negative fp32 block scales -> float8_e4m3fn, nearest even, saturating at 448."""
+    return s.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes ``[..., K]`` (K even) -> uint8 ``[..., K/2]``, element 2i in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack needs an even last dimension, got {tuple(codes.shape)}")
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., K/2]`` -> E2M1 codes ``[..., K]``."""
+    out = torch.stack((packed & 0xF, packed >> 4), dim=-1)
+    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """Plain block scales ``[N, K/16]`` -> the swizzled layout cuBLAS / CUTLASS block-scaled GEMMs
+    read, flat: rows padded to a multiple of 128 and columns to a multiple of 4 (padding = 0), tiles
+    of 128 x 4 in row-block-major order, each tile 512 bytes where scale ``(r, c)`` of the tile
+    (``r = 32 i + j``) sits at byte ``16 j + 4 i + c``."""
+    if scales.dim() != 2:
+        raise ValueError(f"scales must be [N, K/16], got {tuple(scales.shape)}")
+    n, c = scales.shape
+    rb, cb = -(-n // BLOCKED_ROWS), -(-c // BLOCKED_COLS)
+    raw = scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else scales
+    padded = raw.new_zeros((rb * BLOCKED_ROWS, cb * BLOCKED_COLS))
+    padded[:n, :c] = raw
+    tiles = padded.view(rb, 4, 32, cb, BLOCKED_COLS).permute(0, 3, 2, 1, 4)  # (rb, cb, j, i, c)
+    out = tiles.reshape(-1)
+    return out.view(torch.float8_e4m3fn) if scales.dtype == torch.float8_e4m3fn else out
+
+
+def from_blocked(blocked: torch.Tensor, n: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`to_blocked` for ``[n, cols]`` scales."""
+    rb, cb = -(-n // BLOCKED_ROWS), -(-cols // BLOCKED_COLS)
+    if blocked.dim() != 1 or blocked.numel() != rb * cb * BLOCKED_ROWS * BLOCKED_COLS:
+        raise ValueError(f"blocked scales for [{n}, {cols}] must be flat with {rb * cb * 512} entries, "
+                         f"got {tuple(blocked.shape)}")
+    raw = blocked.view(torch.uint8) if blocked.dtype == torch.float8_e4m3fn else blocked
+    plain = raw.view(rb, cb, 32, 4, BLOCKED_COLS).permute(0, 3, 2, 1, 4).reshape(rb * BLOCKED_ROWS, cb * BLOCKED_COLS)
+    plain = plain[:n, :cols].contiguous()
+    return plain.view(torch.float8_e4m3fn) if blocked.dtype == torch.float8_e4m3fn else plain
+
+
+def scale_2_from(global_scale: torch.Tensor | float, convention: str) -> torch.Tensor:
+    """The fp32 multiplier from a global scale in ``convention`` ("modelopt": it *is* the multiplier;
+    "inverse": 448 * 6 / amax, as compressed-tensors / vLLM store it)."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS} (the checkpoint's library decides), got {convention!r}")
+    g = torch.as_tensor(global_scale, dtype=torch.float32)
+    if g.numel() != 1:
+        raise ValueError(f"the global scale must be one value, got shape {tuple(g.shape)}")
+    g = g.reshape(())
+    if not bool(torch.isfinite(g)) or not bool(g > 0):
+        raise ValueError(f"the global scale must be finite and > 0, got {g.item()}")
+    return g.clone() if convention == "modelopt" else torch.reciprocal(g)
+
+
+class NvFp4Weight:
+    """An NVFP4 weight: ``packed`` uint8 [N, K/2], ``scales`` float8_e4m3fn [N, K/16] (plain layout),
+    ``scale_2`` fp32 scalar (the multiplier). See the module doc."""
+
+    __slots__ = ("packed", "scales", "scale_2")
+
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor):
+        check_nvfp4_tensors(packed, scales, scale_2)
+        self.packed, self.scales, self.scale_2 = packed, scales, scale_2.reshape(())
+
+    @classmethod
+    def from_tensors(cls, packed, scales, global_scale, *, convention: str, scale_layout: str = "plain",
+                     k: int | None = None) -> "NvFp4Weight":
+        """From a checkpoint's tensors: ``convention`` names the global scale's meaning ("modelopt" or
+        "inverse", required); ``scale_layout`` "plain" ([N, K/16]) or "blocked" (flat swizzled, then
+        ``k`` -- the input width -- is required)."""
+        if scale_layout == "blocked":
+            if k is None:
+                raise ValueError("scale_layout='blocked' needs k (the weight's input width)")
+            if k % BLOCK:
+                raise ValueError(f"k must be a multiple of {BLOCK}, got {k}")
+            scales = from_blocked(scales, packed.shape[0], k // BLOCK)
+        elif scale_layout != "plain":
+            raise ValueError(f"scale_layout must be 'plain' or 'blocked', got {scale_layout!r}")
+        return cls(packed, scales, scale_2_from(global_scale, convention).to(packed.device))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.packed.shape[1] * 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    def global_scale(self, convention: str) -> torch.Tensor:
+        """The tensor scale as ``convention`` stores it."""
+        scale_2_from(1.0, convention)  # validates the name
+        return self.scale_2.clone() if convention == "modelopt" else torch.reciprocal(self.scale_2)
+
+    def blocked_scales(self) -> torch.Tensor:
+        return to_blocked(self.scales)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.packed, self.scales, self.scale_2
+
+    def to(self, device) -> "NvFp4Weight":
+        return NvFp4Weight(self.packed.to(device), self.scales.to(device), self.scale_2.to(device))
+
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales.numel() + 4
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_reference(self.packed, self.scales, self.scale_2, dtype)
+
+    def __repr__(self) -> str:
+        n, k = self.shape
+        return f"NvFp4Weight(shape=({n}, {k}), scale_2={self.scale_2.item():.4g}, device={self.device})"
+
+
+def check_nvfp4_tensors(packed, scales, scale_2) -> None:
+    check_tensor("packed", packed, dtypes=(torch.uint8,), dim=2)
+    check_tensor("scales", scales, dtypes=(torch.float8_e4m3fn,), dim=2)
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,))
+    n, half = packed.shape
+    if (2 * half) % BLOCK:
+        raise ValueError(f"packed must be [N, K/2] with K a multiple of {BLOCK}, got {tuple(packed.shape)}")
+    if tuple(scales.shape) != (n, 2 * half // BLOCK):
+        raise ValueError(f"scales must be [N, K/16] = [{n}, {2 * half // BLOCK}] for packed {tuple(packed.shape)}, "
+                         f"got {tuple(scales.shape)}")
+    if scale_2.numel() != 1:
+        raise ValueError(f"scale_2 must be one fp32 value, got shape {tuple(scale_2.shape)}")
+    check_same_device(packed=packed, scales=scales, scale_2=scale_2)
+    s2 = scale_2.reshape(()).item()
+    if not (s2 > 0 and s2 != float("inf")):
+        raise ValueError(f"scale_2 must be finite and > 0, got {s2}")
+
+
+def quantize(weight: torch.Tensor) -> NvFp4Weight:
+    """NVFP4 of a float weight ``[N, K]`` (K a multiple of 16) on its device, as the module doc says."""
+    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, dim=2)
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"K (weight.shape[1]) must be a multiple of {BLOCK} for NVFP4, got {k}")
+    check_finite("weight", weight)
+    w = weight.to(torch.float32)
+    amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
+    scale_2 = (amax / (E2M1_MAX * E4M3_MAX)) if amax > 0 else torch.ones((), device=w.device)
+    scale_2 = scale_2.to(torch.float32)
+    blocks = w.reshape(n, k // BLOCK, BLOCK)
+    scales = encode_e4m3((blocks.abs().amax(dim=-1) / E2M1_MAX) / scale_2)
+    step = scales.to(torch.float32) * scale_2
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    scaled = torch.where(step[..., None] > 0, blocks / safe[..., None], torch.zeros_like(blocks))
+    codes = encode_e2m1(scaled).reshape(n, k)
+    return NvFp4Weight(pack(codes), scales, scale_2)
+
+
+def dequantize_reference(packed, scales, scale_2, dtype=torch.float32) -> torch.Tensor:
+    """``[N, K]`` in ``dtype``: e2m1 * float(scale) * scale_2 in fp32, rounded once."""
+    check_nvfp4_tensors(packed, scales, scale_2)
+    n = packed.shape[0]
+    vals = decode_e2m1(unpack(packed)).reshape(n, -1, BLOCK)
+    w = vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]
+    return w.reshape(n, -1).to(dtype)
+
+
+def linear_reference(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
+    """``x @ W^T`` in fp32 from the reference dequantization, rounded once to x's dtype."""
+    y = x.to(torch.float32) @ w.dequantize(torch.float32).to(x.device).t()
+    return y.to(x.dtype)
+
+
+# ------------------------------------------------------------------ checkpoint layouts
+#: tensor names per linear (after the module prefix) in the two checkpoint conventions
+MODELOPT_KEYS = ("weight", "weight_scale", "weight_scale_2")
+COMPRESSED_TENSORS_KEYS = ("weight_packed", "weight_scale", "weight_global_scale")
+
+
+def from_state_dict(state: dict, prefix: str = "") -> NvFp4Weight:
+    """One linear's NVFP4 weight from a checkpoint state dict: ModelOpt's ``{prefix}weight`` (uint8)
+    + ``weight_scale`` (fp8) + ``weight_scale_2`` (fp32 multiplier), or compressed-tensors'
+    ``{prefix}weight_packed`` + ``weight_scale`` + ``weight_global_scale`` (fp32 inverse). The key
+    names say which convention applies; a dict with both or neither is refused."""
+    has_mo = all(prefix + k in state for k in MODELOPT_KEYS)
+    has_ct = all(prefix + k in state for k in COMPRESSED_TENSORS_KEYS)
+    if has_mo == has_ct:
+        raise ValueError(f"{prefix!r}: expected exactly one NVFP4 layout: ModelOpt {MODELOPT_KEYS} or "
+                         f"compressed-tensors {COMPRESSED_TENSORS_KEYS} (got keys "
+                         f"{sorted(k for k in state if k.startswith(prefix))})")
+    if has_mo:
+        packed, scales, g = (state[prefix + k] for k in MODELOPT_KEYS)
+        return NvFp4Weight.from_tensors(packed, scales, g, convention="modelopt")
+    packed, scales, g = (state[prefix + k] for k in COMPRESSED_TENSORS_KEYS)
+    return NvFp4Weight.from_tensors(packed, scales, g, convention="inverse")
+
+
+def to_state_dict(w: NvFp4Weight, layout: str, prefix: str = "") -> dict:
+    """The tensors a checkpoint of ``layout`` ("modelopt" or "compressed-tensors") holds for ``w``."""
+    if layout == "modelopt":
+        return {prefix + "weight": w.packed, prefix + "weight_scale": w.scales,
+                prefix + "weight_scale_2": w.global_scale("modelopt")}
+    if layout == "compressed-tensors":
+        return {prefix + "weight_packed": w.packed, prefix + "weight_scale": w.scales,
+                prefix + "weight_global_scale": w.global_scale("inverse").reshape(1)}
+    raise ValueError(f"layout must be 'modelopt' or 'compressed-tensors', got {layout!r}")
