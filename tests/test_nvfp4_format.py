@@ -240,3 +240,68 @@ def _close_bf16(exact, bf16):
     assert bf16.dtype == torch.bfloat16
     diff = (exact - bf16.to(torch.float32)).abs()
     assert (diff <= exact.abs() * 2.0 ** -7).all(), f"max rel diff {(diff / exact.abs().clamp(min=1e-30)).max():.3g}"
+
+
+# ------------------------------------------------------------------ W4A4 GEMV semantics (GPU MODE nvfp4_gemv)
+def _w4a4_naive(a, b, sfa, sfb):
+    """Element by element in fp64 from the code tables (independent of decode_blocks)."""
+    m, half, l_ = a.shape
+    vals = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
+    out = torch.empty(m, 1, l_, dtype=torch.float64)
+    for l in range(l_):
+        ca = torch.stack((a[:, :, l] & 0xF, a[:, :, l] >> 4), -1).reshape(m, -1).long()
+        cb = torch.stack((b[:, :, l] & 0xF, b[:, :, l] >> 4), -1).reshape(1, -1).long()
+        A = vals[ca] * sfa[:, :, l].double().repeat_interleave(16, dim=1)
+        B = vals[cb] * sfb[:, :, l].double().repeat_interleave(16, dim=1)
+        out[:, 0, l] = A @ B[0]
+    return out
+
+
+@pytest.mark.parametrize("m, k, l_", [(7, 64, 1), (40, 256, 3), (16, 1024, 2)])
+def test_w4a4_gemv_reference_full_range(m, k, l_, gen):
+    """Full-range data (every code incl. negatives and high nibbles, scales across the E4M3 range),
+    unlike GPU MODE's generator; K-major operands as non-contiguous permuted views."""
+    a = torch.randint(0, 256, (l_, m, k // 2), generator=gen, dtype=torch.uint8).permute(1, 2, 0)
+    b = torch.randint(0, 256, (l_, 1, k // 2), generator=gen, dtype=torch.uint8).permute(1, 2, 0)
+    sfa = torch.randint(0, 127, (m, k // 16, l_), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    sfb = torch.randint(20, 60, (1, k // 16, l_), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    c = nvfp4.w4a4_gemv_reference(a, b, sfa, sfb)
+    assert c.shape == (m, 1, l_) and c.dtype == torch.float16
+    want = _w4a4_naive(a, b, sfa, sfb)
+    finite = want.abs() < 65504
+    assert torch.allclose(c.double()[finite], want[finite].to(torch.float16).double(), rtol=2e-3, atol=1e-6)
+
+
+def test_w4a4_gemv_reference_rejects_bad_shapes():
+    a = torch.zeros(4, 8, 1, dtype=torch.uint8)
+    b = torch.zeros(1, 8, 1, dtype=torch.uint8)
+    sfa = torch.zeros(4, 1, 1).to(torch.float8_e4m3fn)
+    sfb = torch.zeros(1, 1, 1).to(torch.float8_e4m3fn)
+    assert nvfp4.w4a4_gemv_reference(a, b, sfa, sfb).shape == (4, 1, 1)
+    with pytest.raises(ValueError, match="b must be"):
+        nvfp4.w4a4_gemv_reference(a, b[:, :4], sfa, sfb)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nvfp4.w4a4_gemv_reference(a[:, :4], b[:, :4], sfa, sfb)
+    with pytest.raises(TypeError):
+        nvfp4.w4a4_gemv_reference(a, b, sfa.float(), sfb)
+
+
+def test_activation_quantize_and_w4a4_against_dense(gen):
+    """x and W quantized block-wise (activation side: no tensor scale, and with one) -> the W4A4 GEMV
+    equals the product of the decoded operands, and stays near the fp32 product."""
+    m, k = 64, 512
+    w = torch.randn(m, k, generator=gen)
+    x = torch.randn(k, generator=gen) * 3
+    pa, sa = nvfp4.quantize_blocks(w)
+    pb, sb = nvfp4.quantize_blocks(x[None])
+    c = nvfp4.w4a4_gemv_reference(pa[..., None], pb[..., None], sa[..., None], sb[..., None])[:, 0, 0]
+    decoded = nvfp4.decode_blocks(pa, sa) @ nvfp4.decode_blocks(pb, sb)[0]
+    assert torch.allclose(c.float(), decoded.to(torch.float16).float(), rtol=1e-3, atol=1e-3)
+    exact = w @ x
+    assert ((c.float() - exact).norm() / exact.norm()).item() < 0.2
+    p2, s2 = nvfp4.quantize_blocks(x[None] * 1e-4, scale_2=1e-4 / 1.0)  # tiny activations: a tensor scale keeps them
+    assert torch.allclose(nvfp4.decode_blocks(p2, s2) * 1e-4, nvfp4.decode_blocks(pb, sb) * 1e-4, rtol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nvfp4.quantize_blocks(torch.randn(3, 20))
+    with pytest.raises(ValueError, match="scale_2"):
+        nvfp4.quantize_blocks(torch.randn(3, 32), scale_2=0.0)

@@ -3,6 +3,8 @@
 Each maps a weight [N, K] to its dequantized value in fp32 (round to nearest); none is a kernel.
 * NF4, blocks of 64 (bitsandbytes' format): absmax per block (fp32 here), the 16 NF4 levels.
 * int4 RTN, groups of g (g = 128 or 32): asymmetric min/max per group, 16 levels.
+* NVFP4 (lowbit's own format, `lowbit.formats.nvfp4`): E2M1 per element, E4M3 scale per 16, fp32 per
+  tensor -- quantize + dequantize of the reference, i.e. exactly the weights an NVFP4 W4A16 kernel uses.
 A K not a multiple of the block/group size ends in one shorter group (e.g. SmolLM2's 576 = 4.5 x 128).
 """
 
@@ -48,8 +50,15 @@ def int4_rtn(w: torch.Tensor, group: int = 128) -> torch.Tensor:
     return _ungroup((q - zero) * scale, w.shape)
 
 
+def nvfp4(w: torch.Tensor) -> torch.Tensor:
+    from ..formats import nvfp4 as fmt
+
+    return fmt.quantize(w.detach().float()).dequantize(torch.float32)
+
+
 #: name -> (fake quantizer, bits per weight incl. scales at fp16 metadata)
 BASELINES = {
+    "nvfp4": (nvfp4, 4 + 8 / 16),
     "nf4-b64": (lambda w: nf4(w, 64), 4 + 16 / 64),
     "int4-g128": (lambda w: int4_rtn(w, 128), 4 + 32 / 128),
     "int4-g32": (lambda w: int4_rtn(w, 32), 4 + 32 / 32),

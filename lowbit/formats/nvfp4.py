@@ -272,3 +272,57 @@ def to_state_dict(w: NvFp4Weight, layout: str, prefix: str = "") -> dict:
         return {prefix + "weight_packed": w.packed, prefix + "weight_scale": w.scales,
                 prefix + "weight_global_scale": w.global_scale("inverse").reshape(1)}
     raise ValueError(f"layout must be 'modelopt' or 'compressed-tensors', got {layout!r}")
+
+
+# ------------------------------------------------------------------ W4A4 (both operands NVFP4)
+def quantize_blocks(x: torch.Tensor, scale_2: torch.Tensor | float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 codes and block scales of ``x [..., K]`` (K a multiple of 16) with a given tensor scale
+    (multiplier; 1.0 = none, as GPU MODE's ``nvfp4_gemv`` operands have): the quantize rules of the
+    module doc with ``scale_2`` fixed. Returns (packed uint8 [..., K/2], scales float8_e4m3fn [..., K/16]).
+    The activation side of W4A4: block scales beyond 448 saturate (the block's values then clip at
+    +-6 * 448 * scale_2), below 2^-10 they are 0."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] % BLOCK:
+        raise ValueError(f"x's last dimension must be a multiple of {BLOCK}, got {tuple(x.shape)}")
+    check_finite("x", x)
+    s2 = torch.as_tensor(scale_2, dtype=torch.float32, device=x.device).reshape(())
+    if not bool(torch.isfinite(s2)) or not bool(s2 > 0):
+        raise ValueError(f"scale_2 must be finite and > 0, got {s2.item()}")
+    blocks = x.to(torch.float32).reshape(*x.shape[:-1], -1, BLOCK)
+    scales = encode_e4m3((blocks.abs().amax(dim=-1) / E2M1_MAX) / s2)
+    step = scales.to(torch.float32) * s2
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    scaled = torch.where(step[..., None] > 0, blocks / safe[..., None], torch.zeros_like(blocks))
+    return pack(encode_e2m1(scaled).reshape(x.shape)), scales
+
+
+def decode_blocks(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 values of NVFP4 ``packed [..., K/2]`` with block ``scales [..., K/16]`` (no tensor scale)."""
+    vals = decode_e2m1(unpack(packed))
+    k = vals.shape[-1]
+    if tuple(scales.shape) != (*packed.shape[:-1], k // BLOCK):
+        raise ValueError(f"scales must be {(*packed.shape[:-1], k // BLOCK)} for packed {tuple(packed.shape)}, "
+                         f"got {tuple(scales.shape)}")
+    return (vals.reshape(*vals.shape[:-1], -1, BLOCK) * scales.to(torch.float32)[..., None]).reshape(vals.shape)
+
+
+def w4a4_gemv_reference(a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor, sfb: torch.Tensor) -> torch.Tensor:
+    """GPU MODE ``nvfp4_gemv`` semantics: ``a [M, K/2, L]`` and ``b [1, K/2, L]`` packed E2M1 (uint8, or
+    torch.float4_e2m1fn_x2 viewed as uint8; K-major, element 2i in the low nibble), ``sfa [M, K/16, L]``,
+    ``sfb [1, K/16, L]`` float8_e4m3fn -> ``c [M, 1, L]`` fp16: ``c[m, 0, l] = sum_k A[m, k, l] B[0, k, l]``
+    with both operands decoded exactly (e2m1 * scale), products and sums in fp32, one rounding to fp16."""
+    a, b = (t.view(torch.uint8) if t.dtype != torch.uint8 and t.element_size() == 1 else t for t in (a, b))
+    check_tensor("a", a, dtypes=(torch.uint8,), dim=3, contiguous=False)
+    check_tensor("b", b, dtypes=(torch.uint8,), dim=3, contiguous=False)
+    check_tensor("sfa", sfa, dtypes=(torch.float8_e4m3fn,), dim=3, contiguous=False)
+    check_tensor("sfb", sfb, dtypes=(torch.float8_e4m3fn,), dim=3, contiguous=False)
+    m, half, l_ = a.shape
+    if tuple(b.shape) != (1, half, l_):
+        raise ValueError(f"b must be [1, K/2, L] = [1, {half}, {l_}], got {tuple(b.shape)}")
+    if (2 * half) % BLOCK or tuple(sfa.shape) != (m, 2 * half // BLOCK, l_) or tuple(sfb.shape) != (1, 2 * half // BLOCK, l_):
+        raise ValueError(f"K = {2 * half} must be a multiple of {BLOCK} and sfa / sfb [M or 1, K/16, L]; got "
+                         f"sfa {tuple(sfa.shape)}, sfb {tuple(sfb.shape)}")
+    A = decode_blocks(a.permute(2, 0, 1).contiguous(), sfa.permute(2, 0, 1).contiguous())  # [L, M, K]
+    B = decode_blocks(b.permute(2, 0, 1).contiguous(), sfb.permute(2, 0, 1).contiguous())  # [L, 1, K]
+    c = torch.bmm(A, B.transpose(1, 2))  # [L, M, 1] fp32
+    return c.permute(1, 2, 0).to(torch.float16)
