@@ -146,12 +146,13 @@ template <int BITS> struct GroupData {
 };
 
 // Unit u = tile * n_groups + group is contiguous in both arrays, so a warp streams its units
-// with one running index whatever tiles they belong to. qw_lane / qa_lane: this lane's offset.
-template <int BITS>
+// with one running index whatever tiles they belong to. qw_lane / qa_lane: this lane's offset;
+// A_STRIDE: 16-byte chunks of scales per unit (kbit absmax: 8; NVFP4 scales: 16, nvfp4_tiled.py).
+template <int BITS, int A_STRIDE = 8>
 __device__ __forceinline__ void load_group(GroupData<BITS>& d, const uint4* qw_lane, const uint4* qa_lane, int64_t u) {
 #pragma unroll
     for (int c = 0; c < BITS; ++c) d.w[c] = ld_stream(qw_lane + (u * BITS + c) * 32);
-    d.a = ld_stream(qa_lane + u * 8);
+    d.a = ld_stream(qa_lane + u * A_STRIDE);
 }
 
 // Block J of a group: the lane's two A fragments (16 codes; register R of MMA m holds pair

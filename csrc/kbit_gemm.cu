@@ -16,6 +16,9 @@
 //     limit at M >= 32; it costs registers: one CTA per SM).
 // Split-K partials (fp32) go to a workspace; the last CTA of a (row block, token chunk), found by
 // an atomic counter, sums them in split order (deterministic) and writes y.
+// NVFP4 (FP4 = true, K = 4 code layout, lowbit/formats/nvfp4_tiled.py): the codebook is the 16 E2M1
+// values and each lane scales its fragments by an E4M3 byte per row and block (its 8 columns lie in
+// one 16-column NVFP4 block); E2M1 x E4M3 is exact in fp16/bf16, so only the MMA sums round.
 // Grouped (MoE): tokens sorted by expert; every CTA scans the expert offsets into chunks of MT
 // tokens and walks (chunk, row block) items, so empty experts cost nothing and one launch serves
 // any distribution; the table is built once per CTA (a persistent grid).
@@ -61,13 +64,24 @@ __host__ __device__ constexpr size_t gemm_smem() {
 template <int BITS, int NT, int R>
 __host__ __device__ constexpr int gemm_ctas_per_sm() { return R == 1 && 2 * gemm_smem<BITS, NT>() <= 220 * 1024 ? 2 : 1; }
 
-// Block J's absmax of rows g (low half) and g + 8 (high) as a pair of T, to scale A fragments.
-// fp16: an E4M4 byte shifted left by 6 *is* the fp16 of its value (same exponent bias, subnormals
-// included); bf16: through fp32 (exact: E4M4 values have 5 significant bits).
-template <typename T, int J>
+// Block J's scale of rows g (low half) and g + 8 (high) as a pair of T, to scale A fragments.
+// kbit (E4M4 absmax): fp16: an E4M4 byte shifted left by 6 *is* the fp16 of its value (same exponent
+// bias, subnormals included); bf16: through fp32 (exact: E4M4 values have 5 significant bits).
+// NVFP4 (E4M3 scale): a byte shifted left by 7 is the fp16 of value / 256 (exponent bias 15 vs 7,
+// subnormals included; the 256 is applied to the output); bf16: that fp16 converted (exact).
+template <typename T, int J, bool FP4 = false>
 __device__ __forceinline__ void scale_pairs(const uint32_t (&a)[4], uint32_t& lo, uint32_t& hi) {
     constexpr uint32_t kSel = (J % 4) | 0x40u | ((J % 4) << 8) | 0x4000u;  // byte J%4 to bytes 0 and 2
-    if constexpr (std::is_same_v<T, __half>) {
+    if constexpr (FP4) {
+        lo = __byte_perm(a[J / 4], 0u, kSel) << 7;
+        hi = __byte_perm(a[2 + J / 4], 0u, kSel) << 7;
+        if constexpr (!std::is_same_v<T, __half>) {
+            const float2 fl = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+            const float2 fh = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+            lo = Pack2<T>::pack(fl.x, fl.y);
+            hi = Pack2<T>::pack(fh.x, fh.y);
+        }
+    } else if constexpr (std::is_same_v<T, __half>) {
         lo = __byte_perm(a[J / 4], 0u, kSel) << 6;
         hi = __byte_perm(a[2 + J / 4], 0u, kSel) << 6;
     } else {
@@ -77,6 +91,10 @@ __device__ __forceinline__ void scale_pairs(const uint32_t (&a)[4], uint32_t& lo
         hi = Pack2<T>::pack(s_hi * kScaleFix, s_hi * kScaleFix);
     }
 }
+
+// The factor the output takes besides the tensor scale (what scale_pairs left out).
+template <bool FP4>
+constexpr float kOutFix = FP4 ? 256.f : 1.f;
 
 template <typename T>
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
@@ -108,7 +126,7 @@ __device__ __forceinline__ void stage_x(uint32_t xs, const T* __restrict__ x, in
 // tokens) then feeds the R tiles' 2 MMAs, so x's shared-memory traffic per weight falls as 1 / R.
 // Branch-free (a branch would end ptxas's scheduling region and serialize the blocks' latency
 // chains): a warp with fewer than R real tiles computes a copy of its first one (gemm_item).
-template <int BITS, typename T, int NT, int R, int J>
+template <int BITS, typename T, int NT, int R, bool FP4, int J>
 __device__ __forceinline__ void gemm_block(float (&acc)[R][NT][4], const uint32_t (&w)[R][4 * BITS],
                                            const uint32_t (&a)[R][4], uint32_t lane_op, uint32_t table,
                                            uint32_t xs_lane) {
@@ -117,7 +135,7 @@ __device__ __forceinline__ void gemm_block(float (&acc)[R][NT][4], const uint32_
     for (int r = 0; r < R; ++r) {
         lookup_block<BITS, false, J, true>(frag[r], w[r], lane_op, table);
         uint32_t lo, hi;
-        scale_pairs<T, J>(a[r], lo, hi);
+        scale_pairs<T, J, FP4>(a[r], lo, hi);
 #pragma unroll
         for (int mm = 0; mm < 2; ++mm) {  // registers 0, 2: row g; 1, 3: row g + 8
             frag[r][mm][0] = hmul2<T>(frag[r][mm][0], lo);
@@ -138,7 +156,7 @@ __device__ __forceinline__ void gemm_block(float (&acc)[R][NT][4], const uint32_
     }
 }
 
-template <int BITS, typename T, int NT, int R, int... J>
+template <int BITS, typename T, int NT, int R, bool FP4, int... J>
 __device__ __forceinline__ void gemm_group(float (&acc)[R][NT][4], const GroupData<BITS> (&d)[R],
                                            uint32_t lane_op, uint32_t table, uint32_t xs_lane,
                                            std::integer_sequence<int, J...>) {
@@ -152,8 +170,12 @@ __device__ __forceinline__ void gemm_group(float (&acc)[R][NT][4], const GroupDa
         }
         a[r][0] = d[r].a.x; a[r][1] = d[r].a.y; a[r][2] = d[r].a.z; a[r][3] = d[r].a.w;
     }
-    (gemm_block<BITS, T, NT, R, J>(acc, w, a, lane_op, table, xs_lane), ...);
+    (gemm_block<BITS, T, NT, R, FP4, J>(acc, w, a, lane_op, table, xs_lane), ...);
 }
+
+// 16-byte scale chunks per unit: kbit absmax 128 bytes, NVFP4 scales 256.
+template <bool FP4>
+constexpr int kAStride = FP4 ? 16 : 8;
 
 // The shared-memory addresses and per-lane operands of one CTA (fixed for its lifetime).
 struct Ctx {
@@ -162,7 +184,7 @@ struct Ctx {
     const uint4* qa_lane;
 };
 
-template <int BITS, int NT>
+template <int BITS, int NT, bool FP4 = false>
 __device__ __forceinline__ Ctx make_ctx(const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax) {
     using L = GemmLut<BITS>;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -172,7 +194,7 @@ __device__ __forceinline__ Ctx make_ctx(const uint4* __restrict__ qweight, const
     c.lane_op = L::lane_operand(c.table, lane);
     c.xs_lane = c.xs0 + uint32_t((g * kXStride + 8 * t) * 2);  // + stage, + token tile, + block
     c.qw_lane = qweight + lane;
-    c.qa_lane = qabsmax + g;
+    c.qa_lane = FP4 ? qabsmax + 2 * g + (t >> 1) : qabsmax + g;  // NVFP4: 32 bytes per row group, a half per t pair
     return c;
 }
 
@@ -181,7 +203,7 @@ __device__ __forceinline__ Ctx make_ctx(const uint4* __restrict__ qweight, const
 // n_groups apart); has_r = how many of the warp's R tiles exist (warp-uniform; idle warps still stage
 // x and take part in the barriers). `pre()` runs while the first groups load (the table build).
 // Starts and ends with every stage free of pending copies; the caller syncs before reusing stages.
-template <int BITS, typename T, int NT, int R, typename Pre>
+template <int BITS, typename T, int NT, int R, bool FP4, typename Pre>
 __device__ __forceinline__ void gemm_item(float (&acc)[R][NT][4], const Ctx& c, const T* __restrict__ x, int tok0,
                                           int tok_end, int k_in, int64_t unit0, int has_r, int n_groups, int g0,
                                           int g1, Pre&& pre) {
@@ -201,8 +223,8 @@ __device__ __forceinline__ void gemm_item(float (&acc)[R][NT][4], const Ctx& c, 
     if (has_r > 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            load_group<BITS>(buf[0][r], c.qw_lane, c.qa_lane, unit[r] + g0);
-            if (g0 + 1 < g1) load_group<BITS>(buf[1][r], c.qw_lane, c.qa_lane, unit[r] + g0 + 1);
+            load_group<BITS, kAStride<FP4>>(buf[0][r], c.qw_lane, c.qa_lane, unit[r] + g0);
+            if (g0 + 1 < g1) load_group<BITS, kAStride<FP4>>(buf[1][r], c.qw_lane, c.qa_lane, unit[r] + g0 + 1);
         }
     }
     stage_x<NT>(c.xs0, x, tok_end, k_in, tok0, g0);
@@ -221,8 +243,9 @@ __device__ __forceinline__ void gemm_item(float (&acc)[R][NT][4], const Ctx& c, 
                 if (has_r > 0) {  // warp-uniform
 #pragma unroll
                     for (int r = 0; r < R; ++r)
-                        if (grp + 2 < g1) load_group<BITS>(buf[(s + 2) % kStages][r], c.qw_lane, c.qa_lane, unit[r] + grp + 2);
-                    gemm_group<BITS, T, NT, R>(acc, buf[s], c.lane_op, c.table, c.xs_lane + s * kStageBytes,
+                        if (grp + 2 < g1)
+                            load_group<BITS, kAStride<FP4>>(buf[(s + 2) % kStages][r], c.qw_lane, c.qa_lane, unit[r] + grp + 2);
+                    gemm_group<BITS, T, NT, R, FP4>(acc, buf[s], c.lane_op, c.table, c.xs_lane + s * kStageBytes,
                                                std::make_integer_sequence<int, kGroupBlocks>{});
                 }
                 ++grp;
@@ -253,7 +276,7 @@ __device__ __forceinline__ void store_acc(const float (&acc)[R][NT][4], T* __res
 
 // Dense. grid: (row blocks, splits, token chunks). Padded rows (past N) and columns (past K_in)
 // have zero codes and absmax; their x is staged as zeros, so they add exactly 0.
-template <int BITS, typename T, int NT, int R>
+template <int BITS, typename T, int NT, int R, bool FP4 = false>
 __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, R>()) kbit_gemm_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -266,11 +289,11 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, R>()) 
     const int has_r = max(0, min(R, n_tiles - tile0));
     const int tok0 = blockIdx.z * MT;
     const int g0 = int(int64_t(split) * n_groups / splits), g1 = int(int64_t(split + 1) * n_groups / splits);
-    const Ctx c = make_ctx<BITS, NT>(qweight, qabsmax);
+    const Ctx c = make_ctx<BITS, NT, FP4>(qweight, qabsmax);
     float acc[R][NT][4];
-    gemm_item<BITS, T, NT, R>(acc, c, x, tok0, m, k_in, int64_t(tile0) * n_groups, has_r, n_groups, g0, g1,
-                              [&] { GemmLut<BITS>::template build<kWarps * 32, T>(codebook); });
-    const float scale = *scale_ptr;  // the A fragments carry the block absmax at its true value
+    gemm_item<BITS, T, NT, R, FP4>(acc, c, x, tok0, m, k_in, int64_t(tile0) * n_groups, has_r, n_groups, g0, g1,
+                                   [&] { GemmLut<BITS>::template build<kWarps * 32, T>(codebook); });
+    const float scale = *scale_ptr * kOutFix<FP4>;  // the A fragments carry the block scales
     if (splits == 1) {
         store_acc<T, NT, R>(acc, y, bias, scale, tile0, has_r, tok0, m, n);
         return;
@@ -398,19 +421,19 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, 1>()) 
         const int has_r = tile0 < n_tiles ? 1 : 0;
         __syncthreads();  // every warp is done with the previous item's x stages
         float acc[1][NT][4];
-        gemm_item<BITS, T, NT, 1>(acc, c, x, tok0, tok_end, k_in, (int64_t(e) * n_tiles + tile0) * n_groups, has_r,
+        gemm_item<BITS, T, NT, 1, false>(acc, c, x, tok0, tok_end, k_in, (int64_t(e) * n_tiles + tile0) * n_groups, has_r,
                                   n_groups, 0, n_groups, [] {});
         store_acc<T, NT, 1>(acc, y, bias == nullptr ? nullptr : bias + int64_t(e) * n, scales[e], tile0,
                             has_r, tok0, tok_end, n);
     }
 }
 
-template <int BITS, typename T, int NT, int R>
+template <int BITS, typename T, int NT, int R, bool FP4 = false>
 int launch(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale, void* y,
            const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = gemm_smem<BITS, NT>();
-    auto kernel = kbit_gemm_kernel<BITS, T, NT, R>;
+    auto kernel = kbit_gemm_kernel<BITS, T, NT, R, FP4>;
     if (int err = configure(kernel, smem)) return err;
     if (m < 1 || splits < 1 || splits > n_groups || (splits > 1 && (workspace == nullptr || counters == nullptr)))
         return static_cast<int>(cudaErrorInvalidValue);
@@ -456,6 +479,29 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
         return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<BITS, TYPE, NT, R>,                     \
                                        lowbit::gemm::gemm_smem<BITS, NT>(), lowbit::gemm::kWarps);            \
     }
+// lowbit_nvfp4_gemm_<dtype>_t<NT>_r<R>: the same GEMM on NVFP4 weights (K = 4 code layout + E4M3
+// scales; codebook = the 16 E2M1 values, scale = the tensor's scale_2).
+#define LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, NT, R)                                                          \
+    extern "C" int lowbit_nvfp4_gemm_##NAME##_t##NT##_r##R(                                                  \
+        const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
+        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits,      \
+        void* stream) {                                                                                      \
+        return lowbit::gemm::launch<4, TYPE, NT, R, true>(x, qweight, qscales, codebook, scale, y, bias,     \
+                                                          workspace, counters, m, n, k_in, splits, stream);  \
+    }                                                                                                        \
+    extern "C" int lowbit_nvfp4_gemm_occupancy_##NAME##_t##NT##_r##R(void) {                                 \
+        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<4, TYPE, NT, R, true>,                 \
+                                       lowbit::gemm::gemm_smem<4, NT>(), lowbit::gemm::kWarps);              \
+    }
+#define LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(NAME, TYPE) \
+    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 2, 1)     \
+    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 4, 1)     \
+    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 8, 1)     \
+    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 4, 2)     \
+    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 8, 2)
+LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(fp16, __half)
+LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(bf16, __nv_bfloat16)
+
 // lowbit_kbit_grouped_gemm_b<BITS>_<dtype>_t<NT>: experts' tokens in chunks of 8 NT.
 #define LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, NT)                                                       \
     extern "C" int lowbit_kbit_grouped_gemm_b##BITS##_##NAME##_t##NT(                                          \

@@ -35,6 +35,7 @@ from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
 from .kernels import cuda_dense as _cuda_dense  # noqa: F401  (CUDA kernels register on import)
 from .kernels import cuda_kbit as _cuda_kbit  # noqa: F401
+from .kernels import cuda_nvfp4 as _cuda_nvfp4  # noqa: F401
 from .kernels.cuda_dense import programmatic_launch
 from .convert import QuantizeReport, quantize_model
 from .serialization import load_quantized, save_quantized

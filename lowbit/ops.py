@@ -292,6 +292,50 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
     return x.new_empty((x.shape[0], n))
 
 
+# ------------------------------------------------------------------ NVFP4
+def check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k) -> int:
+    from .formats import nvfp4_tiled
+
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor("qweight", qweight, dtypes=(torch.int32,))
+    check_tensor("qscales", qscales, dtypes=(torch.uint8,))
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,))
+    if not (isinstance(n, int) and isinstance(k, int) and n >= 1 and k >= 32 and k % 32 == 0):
+        raise ValueError(f"n >= 1 and k (a multiple of 32) must be ints, got n={n!r}, k={k!r}")
+    t, g = nvfp4_tiled.tiled_shape(n, k)
+    if tuple(qweight.shape) != (t, g, 4, 32, 4) or tuple(qscales.shape) != (t, g, nvfp4_tiled.SCALE_BYTES):
+        raise ValueError(f"qweight / qscales must be {(t, g, 4, 32, 4)} / {(t, g, nvfp4_tiled.SCALE_BYTES)} for "
+                         f"[{n}, {k}], got {tuple(qweight.shape)} / {tuple(qscales.shape)}")
+    if scale_2.numel() != 1:
+        raise ValueError(f"scale_2 must be one value, got shape {tuple(scale_2.shape)}")
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [M, K={k}], got {tuple(x.shape)}")
+    check_same_device(x=x, qweight=qweight, qscales=qscales, scale_2=scale_2)
+    return x.shape[0]
+
+
+def nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k) -> Tensor:
+    """``x @ W^T`` in fp32 from the NVFP4 tiled layout, rounded once to x's dtype."""
+    from .formats import nvfp4_tiled
+
+    w = nvfp4_tiled.dequantize(qweight, qscales, scale_2, n, k)
+    return (x.to(torch.float32) @ w.t()).to(x.dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemm", mutates_args=())
+def nvfp4_gemm(x: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: int, k: int) -> Tensor:
+    """``x [M, K] @ W^T`` for an NVFP4 weight in the tiled layout, on tensor cores (fp16/bf16 x on
+    CUDA; CPU and fp32: the reference)."""
+    check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
+    return nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k)
+
+
+@nvfp4_gemm.register_fake
+def _(x, qweight, qscales, scale_2, n, k):
+    m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
+    return x.new_empty((m, n))
+
+
 # ------------------------------------------------------------------ dense (fp16/bf16) GEMV
 def check_dense_gemv_args(x, weight) -> tuple[int, int, int]:
     check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)

@@ -175,6 +175,11 @@ def test_bad_tensors():
         nvfp4.NvFp4Weight(q.packed, q.scales.to(torch.float32), q.scale_2)
     with pytest.raises(ValueError, match="blocked"):
         nvfp4.from_blocked(q.blocked_scales()[:-1], 16, 4)
+    for bad_code in (0x7F, 0x80, 0xC0):  # NaN, -0, negative: NVFP4 block scales are UE4M3
+        raw = q.scales.view(torch.uint8).clone()
+        raw[3, 1] = bad_code
+        with pytest.raises(ValueError, match="UE4M3"):
+            nvfp4.NvFp4Weight(q.packed, raw.view(torch.float8_e4m3fn), q.scale_2)
 
 
 def test_linear_matches_dequantized_matmul(gen):
@@ -344,3 +349,18 @@ def test_tiled_scale_positions():
                 assert qs[0, 0, base + 8 + j].item() == raw[g + 8, 2 * j + s].item()
     with pytest.raises(ValueError, match="K % 32"):
         nvfp4_tiled.pack(lowbit.quantize_nvfp4(torch.randn(16, 48)))
+
+
+def test_nvfp4_gemm_op_cpu_reference_and_checks(gen):
+    q = lowbit.quantize_nvfp4(torch.randn(40, 288, generator=gen))
+    qw, qs = q.tiled()
+    assert q.tiled()[0] is qw  # kept
+    x = torch.randn(5, 288, generator=gen)
+    y = lowbit.ops.nvfp4_gemm(x, qw, qs, q.scale_2, 40, 288)
+    assert torch.allclose(y, x @ q.dequantize().t(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        lowbit.ops.nvfp4_gemm(x, qw, qs, q.scale_2, 40, 280)
+    with pytest.raises(ValueError, match="qweight / qscales"):
+        lowbit.ops.nvfp4_gemm(x, qw, qs, q.scale_2, 60, 288)
+    with pytest.raises(ValueError, match="K=288"):
+        lowbit.ops.nvfp4_gemm(x[:, :256].contiguous(), qw, qs, q.scale_2, 40, 288)

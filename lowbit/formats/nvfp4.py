@@ -131,11 +131,20 @@ class NvFp4Weight:
     """An NVFP4 weight: ``packed`` uint8 [N, K/2], ``scales`` float8_e4m3fn [N, K/16] (plain layout),
     ``scale_2`` fp32 scalar (the multiplier). See the module doc."""
 
-    __slots__ = ("packed", "scales", "scale_2")
+    __slots__ = ("packed", "scales", "scale_2", "_tiled")
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor):
         check_nvfp4_tensors(packed, scales, scale_2)
         self.packed, self.scales, self.scale_2 = packed, scales, scale_2.reshape(())
+        self._tiled = None
+
+    def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qweight, qscales) in the kernels' layout (``nvfp4_tiled``), made once and kept."""
+        if self._tiled is None:
+            from . import nvfp4_tiled
+
+            self._tiled = nvfp4_tiled.pack(self)
+        return self._tiled
 
     @classmethod
     def from_tensors(cls, packed, scales, global_scale, *, convention: str, scale_layout: str = "plain",
@@ -199,6 +208,8 @@ def check_nvfp4_tensors(packed, scales, scale_2) -> None:
     if scale_2.numel() != 1:
         raise ValueError(f"scale_2 must be one fp32 value, got shape {tuple(scale_2.shape)}")
     check_same_device(packed=packed, scales=scales, scale_2=scale_2)
+    if scales.numel() and bool((scales.view(torch.uint8) >= 0x7F).any()):  # 0x7F: NaN; >= 0x80: negative
+        raise ValueError("scales must be non-negative finite E4M3 values (UE4M3): found NaN or negative codes")
     s2 = scale_2.reshape(()).item()
     if not (s2 > 0 and s2 != float("inf")):
         raise ValueError(f"scale_2 must be finite and > 0, got {s2}")

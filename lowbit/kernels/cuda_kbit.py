@@ -331,21 +331,27 @@ def gemm_splits(row_blocks: int, chunks: int, groups: int, resident_ctas: int) -
     return best
 
 
-def _gemm_occupancy(lib, index: int, op: str, bits: int, dtype, *args, **params) -> int:
-    key = (op, index, bits, dtype, args, tuple(params.items()))
+def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, **params) -> int:
+    """CTAs per SM of a GEMM instance (``sym``: the symbol's leading parameters, e.g. bits)."""
+    key = (op, index, tuple(sym.items()), dtype, args, tuple(params.items()))
     if key not in _occupancy:
-        occ = lib.symbol(op + "_occupancy", bits=bits, dtype=dtype, **params)(*args)
+        occ = lib.symbol(op + "_occupancy", **sym, dtype=dtype, **params)(*args)
         if occ < 1:
-            raise RuntimeError(f"lowbit: {op} (K={bits}, {params}, {args}) does not fit an SM")
+            raise RuntimeError(f"lowbit: {op} ({sym}, {params}, {args}) does not fit an SM")
         _occupancy[key] = occ
     return _occupancy[key]
 
 
 class GemmLauncher:
     """The kbit GEMM (M > 8 rows) of one weight; plans per (dtype, M) made once (see GemvLauncher).
-    Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``."""
+    Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``.
+    ``op="nvfp4_gemm"``: the same kernel on an NVFP4 weight (``qabsmax`` = nvfp4_tiled qscales,
+    ``codebook`` = the E2M1 values, ``scale`` = scale_2, ``bits`` = 4)."""
 
-    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
+    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in, op: str = "kbit_gemm"):
+        if op not in ("kbit_gemm", "nvfp4_gemm"):
+            raise ValueError(f"op must be 'kbit_gemm' or 'nvfp4_gemm', got {op!r}")
+        self.op = op
         self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -364,7 +370,8 @@ class GemmLauncher:
         nt = gemm_token_tiles(m)
         chunks = -(-m // (8 * nt))
         r = gemm_tiles_per_warp(nt, self.tiles, self.groups, chunks, sms)
-        occ = _gemm_occupancy(self.lib, self.index, "kbit_gemm", self.bits, dtype, nt=nt, r=r)
+        sym = {"bits": self.bits} if self.op == "kbit_gemm" else {}
+        occ = _gemm_occupancy(self.lib, self.index, self.op, sym, dtype, nt=nt, r=r)
         row_blocks = -(-self.tiles // (8 * r))
         if splits is None:
             splits = gemm_splits(row_blocks, chunks, self.groups, occ * sms)
@@ -372,7 +379,7 @@ class GemmLauncher:
             raise ValueError(f"splits must be in 1..{self.groups} (K groups), got {splits}")
         ws = chunks * splits * self.tiles * 16 * 8 * nt if splits > 1 else 0
         cnt = counters(self.device, chunks * row_blocks) if splits > 1 else None
-        fn = self.lib.raw_symbol("kbit_gemm", bits=self.bits, dtype=dtype, nt=nt, r=r)
+        fn = self.lib.raw_symbol(self.op, **sym, dtype=dtype, nt=nt, r=r)
         plan = self._plans[key] = (fn, nt, r, splits, ws, cnt)
         return plan
 
@@ -390,7 +397,7 @@ class GemmLauncher:
                  ctypes.c_int(m), ctypes.c_int(self.n), ctypes.c_int(self.k_in), ctypes.c_int(splits),
                  vp(_current_stream(self.index)))
         if err:
-            self.lib.raise_error("kbit_gemm", err)
+            self.lib.raise_error(self.op, err)
         return y
 
 
@@ -419,7 +426,7 @@ class GroupedGemmLauncher:
         if key not in self._plans:
             if nt not in GEMM_TOKEN_TILES:
                 raise ValueError(f"nt must be one of {GEMM_TOKEN_TILES}, got {nt}")
-            occ = _gemm_occupancy(self.lib, self.index, "kbit_grouped_gemm", self.bits, dtype, self.experts, nt=nt)
+            occ = _gemm_occupancy(self.lib, self.index, "kbit_grouped_gemm", {"bits": self.bits}, dtype, self.experts, nt=nt)
             ctas = occ * torch.cuda.get_device_properties(self.device).multi_processor_count
             fn = self.lib.raw_symbol("kbit_grouped_gemm", bits=self.bits, dtype=dtype, nt=nt)
             self._plans[key] = (fn, ctas)

@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -33,6 +33,9 @@ SIGNATURES: dict[str, list] = {
     # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
     "kbit_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     "kbit_gemm_occupancy": [],
+    # the same arguments, NVFP4 weights: qweight, qscales (nvfp4_tiled), E2M1 codebook, scale_2
+    "nvfp4_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+    "nvfp4_gemm_occupancy": [],
     # x, expert_offsets int64 [E + 1], qweight, qabsmax, codebook, scales [E], y, bias ([E, n] or null),
     # n_experts, n, k_in, ctas, stream
     "kbit_grouped_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],

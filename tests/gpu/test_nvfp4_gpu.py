@@ -1,0 +1,97 @@
+"""NVFP4 on CUDA: the tensor-core GEMM (csrc/kbit_gemm.cu, FP4 instances) against the format reference.
+
+Reference: an fp64 product of the reference-dequantized weight (E2M1 x E4M3 x scale_2). The kernel's
+A fragments are exact (E2M1 x E4M3 fits fp16/bf16), so only the MMA's fp32 sums and the output
+rounding differ: bounds fp16 <= 1e-3, bf16 <= 8e-3 (kbit_check.BOUND); NaN never passes.
+"""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit.formats import nvfp4
+from lowbit.kernels import cuda_kbit, cuda_nvfp4
+from lowbit.kernels.library import get_library, ptr, stream_of
+
+from .kbit_check import BOUND, DTYPES
+from .kbit_check import dtype_id as ids
+from .kbit_check import rel as _rel
+
+pytestmark = pytest.mark.gpu
+
+
+def _ref(x, q):
+    return x.cpu().double() @ q.to("cpu").dequantize(torch.float64).t()
+
+
+def _shapes(gen):
+    yield 16 * int(torch.randint(1, 40, (1,), generator=gen)) - 3, 32 * int(torch.randint(1, 30, (1,), generator=gen))
+    yield 64, 4096  # one row block: deep split-K
+    yield 1000, 2048 + 96  # K not a multiple of 256
+
+
+def _raw(q, x, splits):
+    """Direct C call: NaN-filled output with a guard tail, NaN-filled workspace."""
+    lib = get_library()
+    n, k = q.shape
+    m = x.shape[0]
+    qw, qs = q.tiled()
+    launch = cuda_nvfp4.gemm_launcher(lib, qw, qs, q.scale_2, n, k)
+    _, nt, r, splits, ws_floats, cnt = launch.plan(x.dtype, m, splits)
+    buf = torch.full((m * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
+    ws = torch.full((max(ws_floats, 1),), float("nan"), dtype=torch.float32, device="cuda")
+    args = [ptr(x), ptr(qw), ptr(qs), ptr(cuda_nvfp4.e2m1_codebook(x.device)), ptr(q.scale_2), ptr(buf), ptr(None),
+            ptr(ws) if ws_floats else ptr(None), ptr(cnt), m, n, k, splits, stream_of(x.device)]
+    lib.call("nvfp4_gemm", args, dtype=x.dtype, nt=nt, r=r)
+    torch.cuda.synchronize()
+    assert buf[m * n:].isnan().all(), "wrote past the output"
+    return buf[: m * n].view(m, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64, 65, 130])
+@pytest.mark.parametrize("tiles_per_warp", [1, 2])
+def test_nvfp4_gemm_matches_reference(dtype, m, tiles_per_warp, gen, monkeypatch):
+    """Full-range weights (outliers: block scales across the E4M3 range), odd N, K % 256 != 0,
+    K split one way, by the rule, and as far as it goes."""
+    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", tiles_per_warp)
+    for n, k in _shapes(gen):
+        w = torch.randn(n, k, generator=gen) * torch.exp(torch.randn(n, 1, generator=gen) * 2)
+        q = lowbit.quantize_nvfp4(w).to("cuda")
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        ref = _ref(x, q)
+        groups = -(-k // 256)
+        for splits in sorted({1, None, groups}, key=lambda s: -1 if s is None else s):
+            err = _rel(_raw(q, x, splits), ref)
+            assert err <= BOUND[dtype], f"N={n} K={k} M={m} splits={splits}: rel err {err:.2e}"
+
+
+def test_nvfp4_gemm_op_deterministic_and_in_cuda_graph(gen):
+    q = lowbit.quantize_nvfp4(torch.randn(256, 8192, generator=gen)).to("cuda")
+    qw, qs = q.tiled()
+    x = torch.randn(40, 8192, generator=gen).half().cuda()
+    run = lambda: lowbit.ops.nvfp4_gemm(x, qw, qs, q.scale_2, 256, 8192)  # noqa: E731
+    ys = [run() for _ in range(3)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    assert _rel(ys[0], _ref(x, q)) <= BOUND[torch.float16]
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        y = run()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ys[0])
+
+
+def test_nvfp4_e4m3_scale_extremes(gen):
+    """Blocks at the largest (448) and smallest subnormal (2^-9) E4M3 scales and zero blocks."""
+    n, k = 32, 512
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    raw = torch.randint(0, 127, (n, k // 16), generator=gen, dtype=torch.uint8)
+    raw[0] = 126  # 448
+    raw[1] = 1    # 2^-9
+    raw[2] = 0    # 0
+    q = nvfp4.NvFp4Weight(nvfp4.pack(codes), raw.view(torch.float8_e4m3fn), torch.tensor(1.5)).to("cuda")
+    x = torch.randn(17, k, generator=gen).half().cuda()
+    assert _rel(_raw(q, x, None), _ref(x, q)) <= BOUND[torch.float16]
