@@ -64,46 +64,6 @@ __host__ __device__ constexpr size_t gemm_smem() {
 template <int BITS, int NT, int R>
 __host__ __device__ constexpr int gemm_ctas_per_sm() { return R == 1 && 2 * gemm_smem<BITS, NT>() <= 220 * 1024 ? 2 : 1; }
 
-// Block J's scale of rows g (low half) and g + 8 (high) as a pair of T, to scale A fragments.
-// kbit (E4M4 absmax): fp16: an E4M4 byte shifted left by 6 *is* the fp16 of its value (same exponent
-// bias, subnormals included); bf16: through fp32 (exact: E4M4 values have 5 significant bits).
-// NVFP4 (E4M3 scale): a byte shifted left by 7 is the fp16 of value / 256 (exponent bias 15 vs 7,
-// subnormals included; the 256 is applied to the output); bf16: that fp16 converted (exact).
-template <typename T, int J, bool FP4 = false>
-__device__ __forceinline__ void scale_pairs(const uint32_t (&a)[4], uint32_t& lo, uint32_t& hi) {
-    constexpr uint32_t kSel = (J % 4) | 0x40u | ((J % 4) << 8) | 0x4000u;  // byte J%4 to bytes 0 and 2
-    if constexpr (FP4) {
-        lo = __byte_perm(a[J / 4], 0u, kSel) << 7;
-        hi = __byte_perm(a[2 + J / 4], 0u, kSel) << 7;
-        if constexpr (!std::is_same_v<T, __half>) {
-            const float2 fl = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-            const float2 fh = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-            lo = Pack2<T>::pack(fl.x, fl.y);
-            hi = Pack2<T>::pack(fh.x, fh.y);
-        }
-    } else if constexpr (std::is_same_v<T, __half>) {
-        lo = __byte_perm(a[J / 4], 0u, kSel) << 6;
-        hi = __byte_perm(a[2 + J / 4], 0u, kSel) << 6;
-    } else {
-        float s_lo, s_hi;
-        block_scales<J>(a, s_lo, s_hi);
-        lo = Pack2<T>::pack(s_lo * kScaleFix, s_lo * kScaleFix);
-        hi = Pack2<T>::pack(s_hi * kScaleFix, s_hi * kScaleFix);
-    }
-}
-
-// The factor the output takes besides the tensor scale (what scale_pairs left out).
-template <bool FP4>
-constexpr float kOutFix = FP4 ? 256.f : 1.f;
-
-template <typename T>
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    if constexpr (std::is_same_v<T, __half>) asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-    else asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));  // + (-0): exact a*b; sm_80 has no mul.bf16x2
-    return d;
-}
-
 // Stage x[tok0 .. tok0 + MT, grp * 256 .. + 256] into stage buffer xs (MT * 32 chunks of 16 bytes);
 // rows from tok_end on are zeros.
 template <int NT, typename T>

@@ -42,11 +42,27 @@ struct LaneCtx {
 };
 
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
-template <int BITS, bool QUAD, typename T, int J>
+// NVFP4 (FP4): the lane's 8 columns lie in one 16-column block, so its fragments are scaled before
+// the MMAs (exact in fp16/bf16, as in the GEMM) and the MMAs accumulate straight into acc.
+template <int BITS, bool QUAD, typename T, bool FP4, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                               const uint4& xv, uint32_t lane_op, uint32_t table) {
     uint32_t frag[2][4];
     lookup_block<BITS, QUAD, J>(frag, w, lane_op, table);
+    if constexpr (FP4) {
+        uint32_t lo, hi;
+        scale_pairs<T, J, true>(a, lo, hi);
+#pragma unroll
+        for (int mm = 0; mm < 2; ++mm) {  // registers 0, 2: row g; 1, 3: row g + 8
+            frag[mm][0] = hmul2<T>(frag[mm][0], lo);
+            frag[mm][1] = hmul2<T>(frag[mm][1], hi);
+            frag[mm][2] = hmul2<T>(frag[mm][2], lo);
+            frag[mm][3] = hmul2<T>(frag[mm][3], hi);
+        }
+        mma16816<T>(acc, frag[0], xv.x, xv.y);
+        mma16816<T>(acc, frag[1], xv.z, xv.w);
+        return;
+    }
     float part[4] = {0.f, 0.f, 0.f, 0.f};
     mma16816<T>(part, frag[0], xv.x, xv.y);
     mma16816<T>(part, frag[1], xv.z, xv.w);
@@ -58,12 +74,26 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
     acc[3] = fmaf(s_hi, part[3], acc[3]);
 }
 
-template <int BITS, bool QUAD, typename T, int... J>
+template <int BITS, bool QUAD, typename T, bool FP4, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                                const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
                                                std::integer_sequence<int, J...>) {
-    (process_block<BITS, QUAD, T, J>(acc, w, a, xv[J], lane_op, table), ...);
+    (process_block<BITS, QUAD, T, FP4, J>(acc, w, a, xv[J], lane_op, table), ...);
 }
+
+// The output factor besides the tensor scale: kbit partial sums carry the block scales times
+// 2^-112 (kScaleFix undoes it), NVFP4 fragments the E4M3 scales / 256.
+template <bool FP4>
+constexpr float kGemvOutFix = FP4 ? 256.f : kScaleFix;
+
+// This lane's 16-byte scale chunk of a unit (kbit absmax: one per row group; NVFP4: one per row
+// group and lane pair) and the chunks per unit.
+template <bool FP4>
+__device__ __forceinline__ const uint4* scale_lane(const uint4* qabsmax, int g, int t) {
+    return FP4 ? qabsmax + 2 * g + (t >> 1) : qabsmax + g;
+}
+template <bool FP4>
+constexpr int kScaleStride = FP4 ? 16 : 8;
 
 // x[k..k+7] of one block; under PDL through the coherent path after pdl_wait (common.cuh: ld_x).
 template <bool PDL, typename T>
@@ -88,7 +118,7 @@ __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<
 
 // One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
 // they add exactly 0 (never 0 * Inf).
-template <int BITS, bool QUAD, typename T>
+template <int BITS, bool QUAD, typename T, bool FP4 = false>
 __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BITS>& d, const uint4 (&xv)[kGroupBlocks],
                                              const LaneCtx<T>& ctx) {
     uint32_t w[4 * BITS];
@@ -97,15 +127,15 @@ __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BI
         w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
     }
     const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
-    process_blocks<BITS, QUAD, T>(acc, w, a, xv, ctx.lane_op, ctx.table, std::make_integer_sequence<int, kGroupBlocks>{});
+    process_blocks<BITS, QUAD, T, FP4>(acc, w, a, xv, ctx.lane_op, ctx.table, std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, bool QUAD, typename T, bool PDL>
+template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
     load_x<PDL>(xv, ctx, grp);
-    decode_group<BITS, QUAD, T>(acc, d, xv, ctx);
+    decode_group<BITS, QUAD, T, FP4>(acc, d, xv, ctx);
 }
 
 template <int BITS, bool QUAD, typename T>
@@ -126,12 +156,12 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
 constexpr int kSplitStages = 2;
 
 // Issue the loads of units [u0, u0 + S - 1) (the pipeline prologue) into buf[0..].
-template <int BITS, int S>
+template <int BITS, int S, bool FP4 = false>
 __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                          const uint4* qa_lane, int64_t u0, int64_t u_end) {
 #pragma unroll
     for (int s = 0; s + 1 < S; ++s)
-        if (u0 + s < u_end) load_group<BITS>(buf[s], qw_lane, qa_lane, u0 + s);
+        if (u0 + s < u_end) load_group<BITS, kScaleStride<FP4>>(buf[s], qw_lane, qa_lane, u0 + s);
 }
 
 // Stream units [u_begin, u_end) (prologue already issued) through an S-deep register pipeline,
@@ -139,7 +169,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, bool QUAD, typename T, int S, bool PDL, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -149,8 +179,9 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 #pragma unroll
         for (int i = 0; i < S; ++i) {  // unrolled: buf[] indices are compile-time (registers)
             if (u < u_end) {
-                if (u + S - 1 < u_end) load_group<BITS>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, QUAD, T, PDL>(acc, buf[i], ctx, grp);
+                if (u + S - 1 < u_end)
+                    load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
+                compute_group<BITS, QUAD, T, PDL, FP4>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -190,7 +221,7 @@ struct StreamK {
 // PDL (template flag; launched with the programmatic-serialization attribute): trigger the next
 // kernel at entry; weights, scale and table (constants) are read before griddepcontrol.wait;
 // x, y, workspace and counters (stream-ordered data) only after it.
-template <int BITS, typename T, int MAXM, bool PDL>
+template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -202,12 +233,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const int g = lane >> 2, t = lane & 3;
     const int u_begin = sk.begin(w), u_end = sk.begin(w + 1);
     const uint4* qw_lane = qweight + lane;
-    const uint4* qa_lane = qabsmax + g;
+    const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
     if constexpr (PDL) pdl_launch_dependents();
     // Start the first groups' loads before building the table: their latency hides the build.
     constexpr int S = kStreamStages(BITS);
     GroupData<BITS> buf[S];
-    if (w < n_warps) prologue<BITS, S>(buf, qw_lane, qa_lane, u_begin, u_end);
+    if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template build<kWarps * 32, T>(codebook);
     m = m < MAXM ? m : MAXM;
@@ -222,7 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * kScaleFix * scale + bias_of(bias, row));
+                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
             }
             return;
         }
@@ -248,12 +279,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * kScaleFix * scale + bias_of(bias, row));
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, PDL>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
-                                     u_begin - first_tile * n_groups, n_groups, flush);
+    run_units<BITS, QUAD, T, S, PDL, FP4>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+                                          u_begin - first_tile * n_groups, n_groups, flush);
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
@@ -329,7 +360,7 @@ __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ o
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
-template <int BITS, typename T, bool PDL, bool ONE = false>
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -346,7 +377,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const int slice = plan.slice_of(warp);
     const int g_begin = plan.field16(plan.g_begin, warp), g_end = plan.field16(plan.g_end, warp);  // >= 1 group
     const uint4* qw_lane = qweight + lane;
-    const uint4* qa_lane = qabsmax + g;
+    const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
     auto first_unit = [&](int e, int tile) { return (int64_t(e) * n_tiles + tile) * n_groups + g_begin; };
     // The slice-0 warp of a tile sums its slices' partials in slice order (deterministic) and writes y.
     auto store_tile = [&](int tile, int e, int tok0, int m, float scale) {
@@ -360,7 +391,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * kScaleFix * scale + bias_of(ebias, row));
+            if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * kGemvOutFix<FP4> * scale + bias_of(ebias, row));
         }
     };
 
@@ -372,7 +403,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         GroupData<BITS> d;
         uint4 xv[kGroupBlocks];
         if (has_tile) {
-            load_group<BITS>(d, qw_lane, qa_lane, first_unit(0, tile));
+            load_group<BITS, kScaleStride<FP4>>(d, qw_lane, qa_lane, first_unit(0, tile));
             load_x<false>(xv, ctx, g_begin);
         }
         const float scale = *scales;
@@ -380,7 +411,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            decode_group<BITS, false, T>(acc, d, xv, ctx);
+            decode_group<BITS, false, T, FP4>(acc, d, xv, ctx);
 #pragma unroll
             for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
         }
@@ -396,7 +427,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         // Dense: the first item is known before anything is read, so its loads overlap the table build.
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         if (warp_used && blockIdx.x < items_per_expert && tile < n_tiles) {
-            prologue<BITS, S_>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
+            prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
             prefetched = true;
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
@@ -417,14 +448,14 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
             const int m = ae.hi - tok0 < 8 ? ae.hi - tok0 : 8;
             if (has_tile) {
-                if (!prefetched) prologue<BITS, S_>(buf, qw_lane, qa_lane, u0, u1);
+                if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
                 const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, PDL>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -449,13 +480,13 @@ struct Launch {
     }
 };
 
-template <int BITS, typename T, int MAXM>
+template <int BITS, typename T, int MAXM, bool FP4 = false>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
                 int pdl, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = stream_smem<BITS>();
-    auto kernel = pdl ? kbit_gemv_kernel<BITS, T, MAXM, true> : kbit_gemv_kernel<BITS, T, MAXM, false>;
+    auto kernel = pdl ? kbit_gemv_kernel<BITS, T, MAXM, true, FP4> : kbit_gemv_kernel<BITS, T, MAXM, false, FP4>;
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
@@ -478,7 +509,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
 // Mirrored by lowbit.kernels.cuda_kbit.split_items.
 inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarps; }
 
-template <int BITS, typename T>
+template <int BITS, typename T, bool FP4 = false>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
                  int max_ctas, int pdl, void* stream) {
@@ -498,8 +529,8 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const size_t smem = split_smem<BITS>(n_experts);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true>
-                      : (one ? kbit_split_gemv_kernel<BITS, T, false, true> : kbit_split_gemv_kernel<BITS, T, false>);
+    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true, false, FP4>
+                      : (one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4> : kbit_split_gemv_kernel<BITS, T, false, false, FP4>);
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
     Launch l(grid, kWarps, smem, stream, pdl);
@@ -554,3 +585,38 @@ LOWBIT_DEFINE_GEMV_BITS(2)
 LOWBIT_DEFINE_GEMV_BITS(3)
 LOWBIT_DEFINE_GEMV_BITS(4)
 LOWBIT_DEFINE_GEMV_BITS(5)
+
+// NVFP4 weights (K = 4 code layout + E4M3 scales, lowbit/formats/nvfp4_tiled.py; codebook = the 16
+// E2M1 values, scale = the tensor's scale_2): lowbit_nvfp4_gemv_<dtype>_m<M>, lowbit_nvfp4_split_gemv_<dtype>.
+#define LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, M)                                                              \
+    extern "C" int lowbit_nvfp4_gemv_##NAME##_m##M(                                                          \
+        const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
+        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,     \
+        int pdl, void* stream) {                                                                             \
+        return lowbit::gemv::launch_gemv<4, TYPE, M, true>(x, qweight, qscales, codebook, scale, y, bias,    \
+                                                           workspace, counters, m, n, k_in, n_warps, pdl, stream); \
+    }                                                                                                        \
+    extern "C" int lowbit_nvfp4_gemv_occupancy_##NAME##_m##M(void) {                                         \
+        return lowbit::gemv::kWarps *                                                                        \
+               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<4, TYPE, M, false, true>,              \
+                                       lowbit::gemv::stream_smem<4>(), lowbit::gemv::kWarps);                \
+    }
+#define LOWBIT_DEFINE_NVFP4_DTYPE(NAME, TYPE)                                                                \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 1)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 2)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 3)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 4)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 8)                                                                  \
+    extern "C" int lowbit_nvfp4_split_gemv_##NAME(                                                           \
+        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qscales,        \
+        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
+        int max_ctas, int pdl, void* stream) {                                                               \
+        return lowbit::gemv::launch_split<4, TYPE, true>(x, offsets, m_dense, qweight, qscales, codebook,    \
+                                                         scales, y, bias, n_experts, n, k_in, max_ctas, pdl, stream); \
+    }                                                                                                        \
+    extern "C" int lowbit_nvfp4_split_gemv_occupancy_##NAME(int n_experts) {                                 \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, false, false, true>,    \
+                                       lowbit::gemv::split_smem<4>(n_experts), lowbit::gemv::kWarps);        \
+    }
+LOWBIT_DEFINE_NVFP4_DTYPE(fp16, __half)
+LOWBIT_DEFINE_NVFP4_DTYPE(bf16, __nv_bfloat16)

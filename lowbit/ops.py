@@ -336,6 +336,22 @@ def _(x, qweight, qscales, scale_2, n, k):
     return x.new_empty((m, n))
 
 
+@torch.library.custom_op("lowbit::nvfp4_gemv", mutates_args=())
+def nvfp4_gemv(x: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: int, k: int) -> Tensor:
+    """``x [M, K] @ W^T`` for M = 1..8 rows: the decode GEMV kernels (kbit's, instantiated for NVFP4)
+    on CUDA fp16/bf16; CPU and fp32: the reference."""
+    m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
+    if not 1 <= m <= 8:
+        raise ValueError(f"nvfp4_gemv takes 1..8 rows, got {m}")
+    return nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k)
+
+
+@nvfp4_gemv.register_fake
+def _(x, qweight, qscales, scale_2, n, k):
+    m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
+    return x.new_empty((m, n))
+
+
 # ------------------------------------------------------------------ dense (fp16/bf16) GEMV
 def check_dense_gemv_args(x, weight) -> tuple[int, int, int]:
     check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)

@@ -67,6 +67,15 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 _occupancy: dict[tuple, int] = {}
 
 
+def weight_symbol(op: str, bits) -> tuple[str, dict]:
+    """(symbol op, leading symbol params) of a GEMV-family op for a kbit weight of ``bits`` bits
+    or, with ``bits="nvfp4"``, an NVFP4 weight (the same kernels instantiated for E2M1 + E4M3):
+    ("kbit_gemv", {"bits": 4}) / ("nvfp4_gemv", {})."""
+    if bits == "nvfp4":
+        return "nvfp4_" + op, {}
+    return "kbit_" + op, {"bits": bits}
+
+
 def gemv_instance(m: int) -> int:
     """The compiled stream-K GEMV instance for M rows: 1..4 each their own, 5..8 share the M=8 one
     (the MMA covers 8 tokens either way)."""
@@ -80,7 +89,8 @@ def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int,
     m = gemv_instance(m)
     key = (device.index, bits, dtype, m)
     if key not in _occupancy:
-        fn = lib.symbol("kbit_gemv_occupancy", bits=bits, dtype=dtype, m=m)
+        op, sym = weight_symbol("gemv_occupancy", bits)
+        fn = lib.symbol(op, **sym, dtype=dtype, m=m)
         _occupancy[key] = max(1, fn())  # resident warps per SM
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
@@ -122,7 +132,8 @@ def split_max_ctas(lib, device: torch.device, bits: int, dtype: torch.dtype, n_e
     """CTAs of the split-K kernel in one full wave (its shared memory grows with n_experts)."""
     key = ("split", device.index, bits, dtype, n_experts)
     if key not in _occupancy:
-        fn = lib.symbol("kbit_split_gemv_occupancy", bits=bits, dtype=dtype)
+        op, sym = weight_symbol("split_gemv_occupancy", bits)
+        fn = lib.symbol(op, **sym, dtype=dtype)
         occ = fn(n_experts)
         if occ < 1:
             raise ValueError(f"lowbit: {n_experts} experts do not fit the grouped kernel's shared memory")
@@ -207,12 +218,14 @@ class GemvLauncher:
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
         if use_split(lib, self.device, bits, dtype, n, k_in):
-            fn = lib.raw_symbol("kbit_split_gemv", bits=bits, dtype=dtype)
+            op, sym = weight_symbol("split_gemv", bits)
+            fn = lib.raw_symbol(op, **sym, dtype=dtype)
             max_ctas = split_max_ctas(lib, self.device, bits, dtype, 1)
             fixed = (c_int(m), qw, qa, cb, sc, c_int(1), c_int(n), c_int(k_in), c_int(max_ctas))
             plan = ("split", fn, fixed)
         else:
-            fn = lib.raw_symbol("kbit_gemv", bits=bits, dtype=dtype, m=gemv_instance(m))
+            op, sym = weight_symbol("gemv", bits)
+            fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
             warps = gemv_warps(lib, self.device, bits, dtype, m, n, k_in)
             cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), warps)
@@ -239,7 +252,7 @@ class GemvLauncher:
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
                           warps, _pdl_arg(self.pdl_ok), stream)
         if err:
-            self.lib.raise_error("kbit_gemv", err)
+            self.lib.raise_error(weight_symbol("gemv", self.bits)[0], err)
         return y
 
 

@@ -44,6 +44,11 @@ SIGNATURES: dict[str, list] = {
     # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
     "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "kbit_split_gemv_occupancy": [_I],
+    # NVFP4 weights through the same GEMV kernels (qweight, qscales, E2M1 codebook, scale_2)
+    "nvfp4_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+    "nvfp4_gemv_occupancy": [],
+    "nvfp4_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+    "nvfp4_split_gemv_occupancy": [_I],
     # x, w, y, n, k, tpr, threads, pdl (0/1), stream
     "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
     # x, w, y, n, k, stream

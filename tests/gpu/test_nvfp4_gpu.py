@@ -95,3 +95,20 @@ def test_nvfp4_e4m3_scale_extremes(gen):
     q = nvfp4.NvFp4Weight(nvfp4.pack(codes), raw.view(torch.float8_e4m3fn), torch.tensor(1.5)).to("cuda")
     x = torch.randn(17, k, generator=gen).half().cuda()
     assert _rel(_raw(q, x, None), _ref(x, q)) <= BOUND[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("path", ["streamk", "split"])
+def test_nvfp4_gemv_matches_reference(dtype, m, path, gen, monkeypatch):
+    """The decode GEMV (both kernels) on NVFP4 weights: full-range scales, odd N, K % 256 != 0."""
+    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", path)
+    for n, k in [(16 * 37 - 5, 32 * 23), (4096, 1024), (300, 2048 + 96)]:
+        w = torch.randn(n, k, generator=gen) * torch.exp(torch.randn(n, 1, generator=gen) * 2)
+        q = lowbit.quantize_nvfp4(w).to("cuda")
+        qw, qs = q.tiled()
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        y = lowbit.ops.nvfp4_gemv(x, qw, qs, q.scale_2, n, k)
+        err = _rel(y, _ref(x, q))
+        assert err <= BOUND[dtype], f"{path} N={n} K={k} M={m}: rel err {err:.2e}"
+        assert torch.equal(y, lowbit.ops.nvfp4_gemv(x, qw, qs, q.scale_2, n, k))  # deterministic
