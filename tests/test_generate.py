@@ -12,7 +12,9 @@ from lowbit.hf import decode, quality, sources  # noqa: E402
 
 def test_static_decode_equals_transformers_generate():
     model, tok, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu")
-    ids = torch.randint(0, 512, (2, 6))
+    # fixed ids: a random tiny model has near-tied logits for ~3% of random prompts (and may emit its
+    # EOS, after which generate pads), where two correct fp32 implementations can pick different tokens
+    ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
     r = decode.greedy_decode(model, ids, 9, graph=False)
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=9, do_sample=False, pad_token_id=0)[:, 6:]
