@@ -14,6 +14,8 @@
 // 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
 // not by issue (BENCHMARKS.md, issue 14 round 3).
 // Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
+// NVFP4 (FP4 = true; lowbit/formats/nvfp4_tiled.py): the K=4 instances with the 16 E2M1 values as
+// codebook and E4M3 scales applied to the A fragments before the MMAs (scale_pairs, kbit_decode.cuh).
 //
 // Two kernels share the decode: stream-K (large shapes; warps that share a tile write fp32
 // partials to global memory and the last one to finish it, found by an atomic counter, sums
