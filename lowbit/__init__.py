@@ -11,7 +11,7 @@ the compiled kernels where one exists):
     y = lowbit.dense_linear(x, weight)            # fp16/bf16 weight, tuned decode GEMV for M <= 4
     q = lowbit.quantize_nvfp4(weight)             # NvFp4Weight (E2M1 + E4M3 per 16 + fp32 scale)
     W = lowbit.dequantize_nvfp4(q, torch.bfloat16)
-    y = lowbit.nvfp4_linear(x, q)                 # reference: dequantize + matmul (kernels: issue 15)
+    y = lowbit.nvfp4_linear(x, q)                 # dequantize + matmul (tensor-core kernels: lowbit.ops.nvfp4_gemv/_gemm)
 
 Models:
 
