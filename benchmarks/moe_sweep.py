@@ -26,9 +26,10 @@ from lowbit.kernels.library import library_or_none
 
 
 def route(tokens: int, experts: int, top_k: int, skew: float, gen: torch.Generator) -> torch.Tensor:
-    scores = torch.rand(tokens, experts, generator=gen)
-    if skew:
-        scores = scores ** (1.0 + torch.arange(experts, dtype=torch.float32) ** skew / experts)  # skewed toward low ids
+    """Per-expert counts: each token draws top_k distinct experts without replacement, expert e with
+    weight 1 / (1 + e)^skew (Gumbel top-k; skew 0 = uniform)."""
+    gumbel = -torch.log(-torch.log(torch.rand(tokens, experts, generator=gen).clamp_min(1e-20)))
+    scores = gumbel - skew * torch.log1p(torch.arange(experts, dtype=torch.float32))
     return torch.bincount(scores.topk(top_k, dim=1).indices.flatten(), minlength=experts)
 
 

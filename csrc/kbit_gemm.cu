@@ -215,11 +215,10 @@ __device__ __forceinline__ void gemm_item(float (&acc)[R][NT][4], const Ctx& c, 
     cp_async_wait<0>();
 }
 
-// Write the warp's accumulators: acc[r][nt][i] is row (tile0 + r) * 16 + g + 8 (i >> 1), token
-// tok0 + 8 nt + 2 t + (i & 1); y[tok, row] = acc * scale (+ bias[row]), rows < n, tokens < tok_end.
-template <typename T, int NT, int R>
-__device__ __forceinline__ void store_acc(const float (&acc)[R][NT][4], T* __restrict__ y, const T* __restrict__ bias,
-                                          float scale, int tile0, int has_r, int tok0, int tok_end, int n) {
+// Visit the warp's accumulators: acc[r][nt][i] is row (tile0 + r) * 16 + g + 8 (i >> 1), token
+// 8 nt + 2 t + (i & 1) of the CTA's chunk; f(row, token in chunk, value) for the tiles that exist.
+template <int NT, int R, typename F>
+__device__ __forceinline__ void each_acc(const float (&acc)[R][NT][4], int tile0, int has_r, F&& f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -227,11 +226,18 @@ __device__ __forceinline__ void store_acc(const float (&acc)[R][NT][4], T* __res
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int row = (tile0 + r) * 16 + g + 8 * (i >> 1), tok = tok0 + 8 * nt + 2 * t + (i & 1);
-                    if (row < n && tok < tok_end)
-                        y[int64_t(tok) * n + row] = from_float<T>(acc[r][nt][i] * scale + bias_of(bias, row));
-                }
+                for (int i = 0; i < 4; ++i)
+                    f((tile0 + r) * 16 + g + 8 * (i >> 1), 8 * nt + 2 * t + (i & 1), acc[r][nt][i]);
+}
+
+// y[tok, row] = acc * scale (+ bias[row]) for rows < n, tokens tok0 + ... < tok_end.
+template <typename T, int NT, int R>
+__device__ __forceinline__ void store_acc(const float (&acc)[R][NT][4], T* __restrict__ y, const T* __restrict__ bias,
+                                          float scale, int tile0, int has_r, int tok0, int tok_end, int n) {
+    each_acc<NT, R>(acc, tile0, has_r, [&](int row, int j, float v) {
+        const int tok = tok0 + j;
+        if (row < n && tok < tok_end) y[int64_t(tok) * n + row] = from_float<T>(v * scale + bias_of(bias, row));
+    });
 }
 
 // Dense. grid: (row blocks, splits, token chunks). Padded rows (past N) and columns (past K_in)
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, R>()) 
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in,
     int n_tiles, int n_groups) {
     constexpr int MT = 8 * NT, kRows = rows_per_cta<R>();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int splits = gridDim.y, split = blockIdx.y;
     const int tile0 = (blockIdx.x * kWarps + warp) * R;  // this warp's tiles: tile0 .. tile0 + R - 1
     const int has_r = max(0, min(R, n_tiles - tile0));
@@ -263,14 +269,7 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, R>()) 
     const int64_t tile_rows = int64_t(n_tiles) * 16;
     auto ws_at = [&](int sp) { return workspace + (int64_t(blockIdx.z) * splits + sp) * tile_rows * MT; };
     float* ws = ws_at(split);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-        if (r < has_r)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    ws[((tile0 + r) * 16 + g + 8 * (i >> 1)) * int64_t(MT) + 8 * nt + 2 * t + (i & 1)] = acc[r][nt][i];
+    each_acc<NT, R>(acc, tile0, has_r, [&](int row, int j, float v) { ws[row * int64_t(MT) + j] = v; });
     __threadfence();
     __syncthreads();
     __shared__ int last;
