@@ -352,6 +352,136 @@ def _(x, qweight, qscales, scale_2, n, k):
     return x.new_empty((m, n))
 
 
+# ------------------------------------------------------------------ NVFP4 on the checkpoint layout
+#: K granularity of the checkpoint-layout kernels (a lane's 32 values; the format needs 16)
+PLAIN_K_MULTIPLE = 32
+
+
+def check_nvfp4_plain_args(x, packed, scales, scale_2) -> tuple[int, int, int]:
+    """(M, N, K) of ``x [M, K] @ W^T`` with W in the plain checkpoint layout."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor("packed", packed, dtypes=(torch.uint8,), dim=2)
+    check_tensor("scales", scales, dtypes=(torch.float8_e4m3fn,), dim=2)
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,))
+    n, half = packed.shape
+    k = 2 * half
+    if n < 1 or k < PLAIN_K_MULTIPLE or k % PLAIN_K_MULTIPLE:
+        raise ValueError(f"packed must be [N >= 1, K/2] with K a multiple of {PLAIN_K_MULTIPLE} for this kernel, got "
+                         f"{tuple(packed.shape)} (K = {k}; K % 16 == 0 alone: use lowbit.nvfp4_linear)")
+    if tuple(scales.shape) != (n, k // 16):
+        raise ValueError(f"scales must be [N, K/16] = [{n}, {k // 16}], got {tuple(scales.shape)}")
+    if scale_2.numel() != 1:
+        raise ValueError(f"scale_2 must be one value, got shape {tuple(scale_2.shape)}")
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [M, K={k}], got {tuple(x.shape)}")
+    check_same_device(x=x, packed=packed, scales=scales, scale_2=scale_2)
+    return x.shape[0], n, k
+
+
+def nvfp4_plain_reference(x, packed, scales, scale_2) -> Tensor:
+    """``x @ W^T`` in fp32 from the plain layout (e2m1 * scale * scale_2, exact), rounded once to x's dtype."""
+    from .formats import nvfp4
+
+    n = packed.shape[0]
+    vals = nvfp4.decode_e2m1(nvfp4.unpack(packed)).reshape(n, -1, nvfp4.BLOCK)
+    w = (vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]).reshape(n, -1)
+    return (x.to(torch.float32) @ w.t()).to(x.dtype)
+
+
+@torch.library.custom_op("lowbit::nvfp4_plain_gemv", mutates_args=())
+def nvfp4_plain_gemv(x: Tensor, packed: Tensor, scales: Tensor, scale_2: Tensor) -> Tensor:
+    """``x [M, K] @ W^T`` for an NVFP4 weight in the checkpoint layout (packed uint8 [N, K/2], E4M3 scales
+    [N, K/16], fp32 scale_2), no repack: the decode GEMV of csrc/nvfp4_gemv.cu on CUDA fp16/bf16 (one
+    pass over W per row of x: meant for M = 1); CPU and fp32: the reference."""
+    check_nvfp4_plain_args(x, packed, scales, scale_2)
+    return nvfp4_plain_reference(x, packed, scales, scale_2)
+
+
+@nvfp4_plain_gemv.register_fake
+def _(x, packed, scales, scale_2):
+    m, n, _ = check_nvfp4_plain_args(x, packed, scales, scale_2)
+    return x.new_empty((m, n))
+
+
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+def _as_codes(t):
+    """uint8 view of packed E2M1 given as torch.float4_e2m1fn_x2 (other dtypes pass through, checked later)."""
+    return t.view(torch.uint8) if isinstance(t, torch.Tensor) and _FP4X2 is not None and t.dtype == _FP4X2 else t
+
+
+def check_w4a4_args(a, b, sfa, sfb) -> tuple[int, int, int]:
+    """(M, K, L) of GPU MODE nvfp4_gemv operands: a [M, K/2, L], b [1, K/2, L] packed E2M1, sfa [M, K/16, L],
+    sfb [1, K/16, L] float8_e4m3fn, each with K contiguous (stride 1 in dim 1)."""
+    a, b = _as_codes(a), _as_codes(b)
+    for name, t in (("a", a), ("b", b)):
+        check_tensor(name, t, dtypes=(torch.uint8,), dim=3, contiguous=False)
+    for name, t in (("sfa", sfa), ("sfb", sfb)):
+        check_tensor(name, t, dtypes=(torch.float8_e4m3fn,), dim=3, contiguous=False)
+    m, half, l_ = a.shape
+    k = 2 * half
+    if k < PLAIN_K_MULTIPLE or k % PLAIN_K_MULTIPLE:
+        raise ValueError(f"K = {k} must be a positive multiple of {PLAIN_K_MULTIPLE} for the W4A4 kernel")
+    if tuple(b.shape) != (1, half, l_):
+        raise ValueError(f"b must be [1, K/2, L] = [1, {half}, {l_}], got {tuple(b.shape)}")
+    if tuple(sfa.shape) != (m, k // 16, l_) or tuple(sfb.shape) != (1, k // 16, l_):
+        raise ValueError(f"sfa / sfb must be [{m}, {k // 16}, {l_}] / [1, {k // 16}, {l_}], got "
+                         f"{tuple(sfa.shape)} / {tuple(sfb.shape)}")
+    for name, t in (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name} must be K-major (stride 1 along dim 1), got strides {t.stride()}")
+    check_same_device(a=a, b=b, sfa=sfa, sfb=sfb)
+    return m, k, l_
+
+
+@torch.library.custom_op("lowbit::nvfp4_w4a4_gemv", mutates_args=())
+def nvfp4_w4a4_gemv(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor) -> Tensor:
+    """GPU MODE ``nvfp4_gemv``: ``c [M, 1, L] = A_l @ b_l`` for NVFP4 ``a [M, K/2, L]`` / ``b [1, K/2, L]``
+    (uint8 or float4_e2m1fn_x2, K-major) with E4M3 scales ``sfa [M, K/16, L]`` / ``sfb [1, K/16, L]``,
+    fp32 accumulation, fp16 out (stored [L, M]-major, as GPU MODE allocates c). CUDA: csrc/nvfp4_gemv.cu;
+    CPU: the reference (lowbit.formats.nvfp4.w4a4_gemv_reference)."""
+    from .formats import nvfp4
+
+    check_w4a4_args(a, b, sfa, sfb)
+    return nvfp4.w4a4_gemv_reference(_as_codes(a), _as_codes(b), sfa, sfb)
+
+
+@nvfp4_w4a4_gemv.register_fake
+def _(a, b, sfa, sfb):
+    m, _, l_ = check_w4a4_args(a, b, sfa, sfb)
+    return sfa.new_empty((l_, m, 1), dtype=torch.float16).permute(1, 2, 0)
+
+
+def check_quantize_act_args(x, scale_2) -> tuple[int, int]:
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,))
+    if x.shape[1] < 16 or x.shape[1] % 16:
+        raise ValueError(f"x must be [rows, K] with K a positive multiple of 16, got {tuple(x.shape)}")
+    if scale_2.numel() != 1:
+        raise ValueError(f"scale_2 must be one value, got shape {tuple(scale_2.shape)}")
+    check_same_device(x=x, scale_2=scale_2)
+    return x.shape[0], x.shape[1]
+
+
+@torch.library.custom_op("lowbit::nvfp4_quantize_act", mutates_args=())
+def nvfp4_quantize_act(x: Tensor, scale_2: Tensor) -> tuple[Tensor, Tensor]:
+    """NVFP4 of activations ``x [rows, K]`` with a given tensor scale (multiplier; the W4A4 input side):
+    (packed uint8 [rows, K/2], float8_e4m3fn scales [rows, K/16]), bit-identical to
+    lowbit.formats.nvfp4.quantize_blocks (the reference, which is also the CPU path). The CUDA kernel
+    (csrc/nvfp4_quantize.cu, fp16/bf16) does not check for non-finite values: their codes are unspecified."""
+    from .formats import nvfp4
+
+    check_quantize_act_args(x, scale_2)
+    return nvfp4.quantize_blocks(x, scale_2)
+
+
+@nvfp4_quantize_act.register_fake
+def _(x, scale_2):
+    rows, k = check_quantize_act_args(x, scale_2)
+    return (x.new_empty((rows, k // 2), dtype=torch.uint8), x.new_empty((rows, k // 16), dtype=torch.float8_e4m3fn))
+
+
 # ------------------------------------------------------------------ dense (fp16/bf16) GEMV
 def check_dense_gemv_args(x, weight) -> tuple[int, int, int]:
     check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)

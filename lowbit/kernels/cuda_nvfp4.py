@@ -1,6 +1,8 @@
 """CUDA implementations of the NVFP4 ops: the kbit tensor-core GEMV and GEMM instantiated for NVFP4
 weights (``csrc/kbit_gemv.cu`` / ``kbit_gemm.cu``, FP4 = true: E2M1 lookup table, E4M3 fragment
-scales; layout ``lowbit/formats/nvfp4_tiled.py``)."""
+scales; layout ``lowbit/formats/nvfp4_tiled.py``), and the kernels on the checkpoint layout itself
+(``csrc/nvfp4_gemv.cu``: W4A16 GEMV and GPU MODE's W4A4 batched GEMV; ``csrc/nvfp4_quantize.cu``:
+activations to NVFP4)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 from .. import ops
 from ..formats import nvfp4
 from .cuda_kbit import GemmLauncher, GemvLauncher, _with_bias
-from .library import library_or_none
+from .library import library_or_none, ptr
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
 
@@ -51,3 +53,76 @@ def _(x, qweight, qscales, scale_2, n, k):
         return x.new_empty((0, n))
     launch = gemm_launcher(lib, qweight, qscales, scale_2.reshape(()).contiguous(), n, k)
     return _with_bias(lambda b: launch(x.contiguous(), b), x, None)
+
+
+# ------------------------------------------------------------------ the checkpoint-layout kernels
+def _aligned(t: torch.Tensor, align: int, strides=()) -> bool:
+    return t.data_ptr() % align == 0 and all(s % align == 0 for s in strides)
+
+
+def _stream(device):
+    from .library import stream_of
+
+    return stream_of(device)
+
+
+@ops.nvfp4_plain_gemv.register_kernel("cuda")
+def _(x, packed, scales, scale_2):
+    m, n, k = ops.check_nvfp4_plain_args(x, packed, scales, scale_2)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return ops.nvfp4_plain_reference(x, packed, scales, scale_2)
+    if m == 0:
+        return x.new_empty((0, n))
+    x = x.contiguous()
+    if not (_aligned(packed, 16, (packed.stride(0),)) and _aligned(scales, 2, (scales.stride(0),)) and _aligned(x, 16)):
+        raise ValueError("nvfp4_plain_gemv needs packed rows 16-byte aligned, scale rows 2-byte aligned and x "
+                         "16-byte aligned (contiguous tensors from lowbit.quantize_nvfp4 are)")
+    y = x.new_empty((m, n))
+    s2 = scale_2.reshape(()).contiguous()
+    lib.call("nvfp4_plain_gemv", [ptr(x), ptr(packed), ptr(scales), packed.stride(0), scales.stride(0), ptr(s2), ptr(y),
+                                  m, n, k, _stream(x.device)], dtype=x.dtype)
+    return y
+
+
+def _k_major(t: torch.Tensor, align: int) -> torch.Tensor:
+    """t [R, C, L] with dim 1 contiguous and the pointer and other strides ``align``-byte multiples (a fresh
+    [L, R, C] copy viewed back if the given one is not; with K % 32 == 0 the copy always is)."""
+    if (t.shape[1] == 1 or t.stride(1) == 1) and _aligned(t, align, (t.stride(0), t.stride(2))):
+        return t
+    return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+@ops.nvfp4_w4a4_gemv.register_kernel("cuda")
+def _(a, b, sfa, sfb):
+    m, k, l_ = ops.check_w4a4_args(a, b, sfa, sfb)
+    a, b = ops._as_codes(a), ops._as_codes(b)
+    lib = library_or_none(a.device)
+    if lib is None:
+        return nvfp4.w4a4_gemv_reference(a, b, sfa, sfb)
+    c = torch.empty((l_, m, 1), dtype=torch.float16, device=a.device).permute(1, 2, 0)
+    if m == 0 or l_ == 0:
+        return c
+    # codes: 16-byte rows; scales: 2-byte (K % 32 == 0 makes K/16 even), copied into shape if needed
+    a, b = _k_major(a, 16), _k_major(b, 16)
+    sfa, sfb = (_k_major(t.view(torch.uint8), 2) for t in (sfa, sfb))
+    lib.call("nvfp4_w4a4_gemv", [ptr(a), ptr(sfa), ptr(b), ptr(sfb), ptr(c), m, k, l_, a.stride(0), a.stride(2),
+                                 sfa.stride(0), sfa.stride(2), b.stride(2), sfb.stride(2), c.stride(0), c.stride(2),
+                                 _stream(a.device)])
+    return c
+
+
+@ops.nvfp4_quantize_act.register_kernel("cuda")
+def _(x, scale_2):
+    rows, k = ops.check_quantize_act_args(x, scale_2)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return nvfp4.quantize_blocks(x, scale_2)
+    x = x.contiguous()
+    codes = torch.empty((rows, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((rows, k // 16), dtype=torch.uint8, device=x.device)
+    if rows:
+        s2 = scale_2.reshape(()).to(torch.float32).contiguous()
+        lib.call("nvfp4_quantize", [ptr(x), k, ptr(codes), k // 2, ptr(scales), k // 16, ptr(s2), rows, k,
+                                    _stream(x.device)], dtype=x.dtype)
+    return codes, scales.view(torch.float8_e4m3fn)

@@ -1,0 +1,203 @@
+"""NVFP4 kernels on the checkpoint layout (csrc/nvfp4_gemv.cu, csrc/nvfp4_quantize.cu) against the format
+reference: the W4A16 GEMV (no repack), GPU MODE's W4A4 batched GEMV, and the activation quantizer.
+
+W4A16 / W4A4: fp64 references of the exactly decoded operands; the kernels' fragments are exact
+(E2M1 x E4M3 / 256 fits fp16 and bf16), so only fp32 sums and the output rounding differ: bounds as
+kbit_check.BOUND (fp16 1e-3, bf16 8e-3), and GPU MODE's own check (rtol = atol = 1e-3) for W4A4.
+Quantizer: bit-identical codes and scales. NaN never passes (the relative error is NaN then).
+"""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import ops
+from lowbit.formats import nvfp4
+
+from .kbit_check import BOUND, DTYPES
+from .kbit_check import dtype_id as ids
+from .kbit_check import rel as _rel
+
+pytestmark = pytest.mark.gpu
+
+
+def _ref(x, q):
+    return x.cpu().double() @ q.to("cpu").dequantize(torch.float64).t()
+
+
+def _weight(n, k, gen):
+    """Rows e^+-3 apart: block scales across the E4M3 range, outputs within fp16."""
+    w = torch.randn(n, k, generator=gen) * 0.02 * torch.exp(torch.randn(n, 1, generator=gen))
+    return lowbit.quantize_nvfp4(w).to("cuda")
+
+
+# K: one lane chunk, not a multiple of the 1024-value step, one warp, 16 warps, > 16 steps (warps with
+# two steps); N: odd, one row, a few CTAs' worth and more
+SHAPES = [(1, 32), (37, 32 * 33), (513, 1024), (255, 4096 + 96), (2049, 16384), (64, 20480 + 32)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [1, 3])
+def test_plain_gemv_matches_reference(dtype, m, gen):
+    for n, k in SHAPES:
+        q = _weight(n, k, gen)
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        y = ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2)
+        assert y.shape == (m, n) and y.dtype == dtype
+        err = _rel(y, _ref(x, q))
+        assert err <= BOUND[dtype], f"N={n} K={k} M={m}: rel err {err:.2e}"
+        assert torch.equal(y, ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2))  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_plain_gemv_every_code_and_scale_extremes(dtype, gen):
+    """Every E2M1 code (incl. -0 and the subnormal +-0.5) in every position, E4M3 scales 448, the smallest
+    subnormal (2^-9) and 0; each extreme row checked on its own norm."""
+    n, k = 64, 2048
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    codes[3] = torch.arange(k) % 16
+    raw = torch.randint(0, 127, (n, k // 16), generator=gen, dtype=torch.uint8)
+    raw[0], raw[1], raw[2] = 126, 1, 0
+    q = nvfp4.NvFp4Weight(nvfp4.pack(codes), raw.view(torch.float8_e4m3fn), torch.tensor(1 / 16)).to("cuda")
+    x = torch.randn(1, k, generator=gen).to(dtype).cuda()
+    y, ref = ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2), _ref(x, q)
+    assert _rel(y, ref) <= BOUND[dtype]
+    for row in (1, 3):
+        assert _rel(y[:, row], ref[:, row]) <= BOUND[dtype], f"row {row}"
+    assert (y[:, 2] == 0).all()
+
+
+def test_plain_gemv_in_cuda_graph(gen):
+    q = _weight(1000, 8192, gen)
+    x = torch.randn(1, 8192, generator=gen).half().cuda()
+    run = lambda: ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2)  # noqa: E731
+    y0 = run()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        y = run()
+    x.copy_(torch.randn(1, 8192, generator=gen).half())
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(y, _ref(x, q)) <= BOUND[torch.float16] and not torch.equal(y, y0)
+
+
+def test_plain_gemv_bad_input():
+    q = lowbit.quantize_nvfp4(torch.randn(8, 48)).to("cuda")
+    x = torch.randn(1, 48).half().cuda()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2)
+    q = lowbit.quantize_nvfp4(torch.randn(8, 64)).to("cuda")
+    with pytest.raises(ValueError, match="x must have shape"):
+        ops.nvfp4_plain_gemv(torch.randn(1, 32).half().cuda(), q.packed, q.scales, q.scale_2)
+    with pytest.raises(ValueError, match="scales must be"):
+        ops.nvfp4_plain_gemv(torch.randn(1, 64).half().cuda(), q.packed, q.scales[:, :2].contiguous(), q.scale_2)
+
+
+# ------------------------------------------------------------------ W4A4 (GPU MODE nvfp4_gemv)
+def _gpumode_operands(m, k, l_, gen, full_range):
+    """GPU MODE's layout: tensors allocated [L, M, K/2] and permuted to [M, K/2, L]. full_range: every
+    code (negatives, high nibbles) and scales across E4M3; otherwise small positive codes and scales
+    as its reference generator draws them."""
+    def codes(rows):
+        if full_range:
+            return torch.randint(0, 256, (l_, rows, k // 2), generator=gen, dtype=torch.uint8)
+        lo = torch.randint(0, 4, (l_, rows, k // 2), generator=gen, dtype=torch.uint8)
+        return lo | (torch.randint(0, 4, lo.shape, generator=gen, dtype=torch.uint8) << 4)
+
+    def scales(rows):
+        hi = 0x60 if full_range else 0x40  # 0x60 = 64: sums stay inside fp16 for K <= 16384
+        lo = 0x18 if full_range else 0x30
+        return torch.randint(lo, hi, (l_, rows, k // 16), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+
+    a, b, sfa, sfb = codes(m), codes(1), scales(m), scales(1)
+    return tuple(t.cuda().permute(1, 2, 0) for t in (a, b, sfa, sfb))
+
+
+@pytest.mark.parametrize("full_range", [False, True], ids=["gpumode-data", "full-range"])
+@pytest.mark.parametrize("mkl", [(7168 // 16, 16384, 1), (4096 // 16, 7168, 8), (7168 // 16, 2048, 4), (33, 32, 3),
+                                 (1, 1024 + 64, 2), (301, 20480, 1)])
+def test_w4a4_gemv_matches_reference(mkl, full_range, gen):
+    m, k, l_ = mkl
+    a, b, sfa, sfb = _gpumode_operands(m, k, l_, gen, full_range)
+    c = ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)
+    assert c.shape == (m, 1, l_) and c.dtype == torch.float16
+    ref = nvfp4.w4a4_gemv_reference(a.cpu(), b.cpu(), sfa.cpu(), sfb.cpu())
+    torch.testing.assert_close(c.cpu(), ref, rtol=1e-3, atol=1e-3)  # GPU MODE's check
+    exact = torch.bmm(nvfp4.decode_blocks(a.cpu().permute(2, 0, 1).contiguous(), sfa.cpu().permute(2, 0, 1).contiguous()).double(),
+                      nvfp4.decode_blocks(b.cpu().permute(2, 0, 1).contiguous(), sfb.cpu().permute(2, 0, 1).contiguous()).double().transpose(1, 2))
+    assert _rel(c.cpu().permute(2, 0, 1), exact) <= 1e-3
+    assert torch.equal(c, ops.nvfp4_w4a4_gemv(a, b, sfa, sfb))  # deterministic
+
+
+def test_w4a4_gemv_other_layouts(gen):
+    """Contiguous [M, K/2, L] operands (L innermost: copied into K-major) and float4_e2m1fn_x2 codes."""
+    m, k, l_ = 100, 2048, 3
+    a, b, sfa, sfb = _gpumode_operands(m, k, l_, gen, True)
+    want = ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)
+    got = ops.nvfp4_w4a4_gemv(a.contiguous(), b.contiguous(), sfa.contiguous(), sfb.contiguous())
+    assert torch.equal(got, want)
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4 is not None:
+        assert torch.equal(ops.nvfp4_w4a4_gemv(a.view(fp4), b.view(fp4), sfa, sfb), want)
+
+
+def test_w4a4_gemv_in_cuda_graph(gen):
+    a, b, sfa, sfb = _gpumode_operands(512, 4096, 2, gen, True)
+    run = lambda: ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)  # noqa: E731
+    c0 = run()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        c = run()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(c, c0)
+
+
+def test_w4a4_bad_input(gen):
+    a, b, sfa, sfb = _gpumode_operands(8, 64, 1, gen, True)
+    with pytest.raises(ValueError, match="b must be"):
+        ops.nvfp4_w4a4_gemv(a, a, sfa, sfb)
+    with pytest.raises(ValueError, match="sfa / sfb"):
+        ops.nvfp4_w4a4_gemv(a, b, sfb, sfb)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.nvfp4_w4a4_gemv(a.to(torch.int8), b, sfa, sfb)
+    with pytest.raises(ValueError, match="K-major"):
+        ops.nvfp4_w4a4_gemv(torch.empty(1, 32, 8, dtype=torch.uint8, device="cuda").permute(2, 1, 0), b, sfa, sfb)
+
+
+# ------------------------------------------------------------------ activation quantizer
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_quantize_act_bit_identical(dtype, gen):
+    """Random rows at every magnitude, exact midpoints (ties), zero and all-equal blocks, a saturating
+    tensor scale (block scales > 448) and one that sends small blocks to the subnormal scales."""
+    rows, k = 7, 4096
+    x = torch.randn(rows, k, generator=gen) * torch.exp(3 * torch.randn(rows, 1, generator=gen))
+    x[1, :16] = 0
+    x[1, 16:32] = -3.0
+    mids = torch.tensor(nvfp4._MIDPOINTS)
+    x[2, :] = mids[torch.randint(0, 7, (k,), generator=gen)] * torch.sign(torch.randn(k, generator=gen))
+    x[2, ::16] = 6.0  # amax 6 -> block scale 1: the midpoints land exactly on ties
+    x = x.to(dtype).cuda()
+    for s2 in (1.0, 1e-3, 5.0, 448.0):
+        scale_2 = torch.tensor(s2, device="cuda")
+        codes, scales = ops.nvfp4_quantize_act(x, scale_2)
+        ref_codes, ref_scales = nvfp4.quantize_blocks(x.cpu(), torch.tensor(s2))
+        assert torch.equal(codes.cpu(), ref_codes), f"scale_2={s2}"
+        assert torch.equal(scales.cpu().view(torch.uint8), ref_scales.view(torch.uint8)), f"scale_2={s2}"
+
+
+def test_quantize_then_w4a4_matches_fp16_product(gen):
+    """The W4A4 pipeline: NVFP4 weights x activations quantized on the fly vs the fp16 product."""
+    n, k = 1024, 4096
+    w = torch.randn(n, k, generator=gen).cuda()
+    q = lowbit.quantize_nvfp4(w)
+    x = torch.randn(1, k, generator=gen).half().cuda()
+    codes, scales = ops.nvfp4_quantize_act(x, torch.ones((), device="cuda"))
+    c = ops.nvfp4_w4a4_gemv(q.packed[:, :, None], codes[:, :, None], q.scales[:, :, None], scales[:, :, None])
+    y = c[:, 0, 0].float() * q.scale_2
+    ref = (x.float() @ q.dequantize(torch.float32).t())[0]
+    assert _rel(y, ref) < 0.15  # activation quantization error (4-bit), not kernel error

@@ -1,0 +1,100 @@
+"""The NVFP4 ops on the checkpoint layout, on CPU (their reference paths) and their argument checks:
+nvfp4_plain_gemv (W4A16), nvfp4_w4a4_gemv (GPU MODE nvfp4_gemv semantics), nvfp4_quantize_act."""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import ops
+from lowbit.formats import nvfp4
+
+
+def test_plain_gemv_cpu_is_the_reference(gen):
+    q = lowbit.quantize_nvfp4(torch.randn(37, 96, generator=gen))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(3, 96, generator=gen).to(dtype)
+        y = ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2)
+        assert y.dtype == dtype and torch.equal(y, nvfp4.linear_reference(x, q))
+
+
+def test_plain_gemv_rejects_bad_input(gen):
+    q = lowbit.quantize_nvfp4(torch.randn(8, 64, generator=gen))
+    x = torch.randn(1, 64, generator=gen)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q48 = lowbit.quantize_nvfp4(torch.randn(8, 48, generator=gen))
+        ops.nvfp4_plain_gemv(torch.randn(1, 48), q48.packed, q48.scales, q48.scale_2)
+    with pytest.raises(TypeError, match="packed must have dtype"):
+        ops.nvfp4_plain_gemv(x, q.packed.to(torch.int8), q.scales, q.scale_2)
+    with pytest.raises(TypeError, match="scales must have dtype"):
+        ops.nvfp4_plain_gemv(x, q.packed, q.scales.view(torch.uint8), q.scale_2)
+    with pytest.raises(ValueError, match="scales must be"):
+        ops.nvfp4_plain_gemv(x, q.packed, q.scales[:, :3].contiguous(), q.scale_2)
+    with pytest.raises(ValueError, match="x must have shape"):
+        ops.nvfp4_plain_gemv(torch.randn(1, 32), q.packed, q.scales, q.scale_2)
+    with pytest.raises(ValueError, match="scale_2 must be one value"):
+        ops.nvfp4_plain_gemv(x, q.packed, q.scales, torch.ones(2))
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.nvfp4_plain_gemv(x, torch.cat([q.packed, q.packed], 1)[:, ::2], q.scales, q.scale_2)
+
+
+def _operands(m, k, l_, gen):
+    a = torch.randint(0, 256, (l_, m, k // 2), generator=gen, dtype=torch.uint8).permute(1, 2, 0)
+    b = torch.randint(0, 256, (l_, 1, k // 2), generator=gen, dtype=torch.uint8).permute(1, 2, 0)
+    sfa = torch.randint(0, 0x7f, (l_, m, k // 16), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn).permute(1, 2, 0)
+    sfb = torch.randint(0, 0x7f, (l_, 1, k // 16), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn).permute(1, 2, 0)
+    return a, b, sfa, sfb
+
+
+def test_w4a4_cpu_is_the_reference(gen):
+    a, b, sfa, sfb = _operands(5, 64, 3, gen)
+    c = ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)
+    assert c.shape == (5, 1, 3) and c.dtype == torch.float16
+    assert torch.equal(c, nvfp4.w4a4_gemv_reference(a, b, sfa, sfb))
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4 is not None:
+        assert torch.equal(ops.nvfp4_w4a4_gemv(a.view(fp4), b.view(fp4), sfa, sfb), c)
+
+
+def test_w4a4_rejects_bad_input(gen):
+    a, b, sfa, sfb = _operands(5, 64, 3, gen)
+    with pytest.raises(ValueError, match="b must be"):
+        ops.nvfp4_w4a4_gemv(a, a, sfa, sfb)
+    with pytest.raises(ValueError, match="sfa / sfb"):
+        ops.nvfp4_w4a4_gemv(a, b, sfa[:, :2], sfb)
+    with pytest.raises(TypeError, match="a must have dtype"):
+        ops.nvfp4_w4a4_gemv(a.view(torch.int8), b, sfa, sfb)
+    with pytest.raises(TypeError, match="sfa must have dtype"):
+        ops.nvfp4_w4a4_gemv(a, b, sfa.view(torch.uint8), sfb)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.nvfp4_w4a4_gemv(a[:, :8], b[:, :8], sfa[:, :1], sfb[:, :1])
+    with pytest.raises(ValueError, match="K-major"):
+        ops.nvfp4_w4a4_gemv(torch.zeros(3, 32, 5, dtype=torch.uint8).permute(2, 1, 0), b, sfa, sfb)
+    with pytest.raises(ValueError, match="3-D"):
+        ops.nvfp4_w4a4_gemv(a[:, :, 0], b, sfa, sfb)
+
+
+def test_quantize_act_cpu_is_the_reference(gen):
+    x = torch.randn(4, 64, generator=gen).half()
+    codes, scales = ops.nvfp4_quantize_act(x, torch.tensor(0.5))
+    rc, rs = nvfp4.quantize_blocks(x, 0.5)
+    assert torch.equal(codes, rc) and torch.equal(scales.view(torch.uint8), rs.view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        ops.nvfp4_quantize_act(torch.randn(2, 40), torch.tensor(1.0))
+    with pytest.raises(ValueError, match="scale_2 must be one value"):
+        ops.nvfp4_quantize_act(x, torch.ones(2))
+    with pytest.raises(TypeError, match="x must have dtype"):
+        ops.nvfp4_quantize_act(x.to(torch.int32), torch.tensor(1.0))
+
+
+def test_ops_trace_with_fake_tensors(gen):
+    """register_fake: shapes and dtypes without running (torch.compile / meta)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = lowbit.quantize_nvfp4(torch.randn(8, 64, generator=gen))
+    a, b, sfa, sfb = _operands(5, 64, 3, gen)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y = ops.nvfp4_plain_gemv(torch.randn(2, 64), q.packed, q.scales, q.scale_2)
+        c = ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)
+        codes, scales = ops.nvfp4_quantize_act(torch.randn(2, 64), torch.tensor(1.0))
+    assert y.shape == (2, 8) and c.shape == (5, 1, 3) and c.dtype == torch.float16
+    assert codes.shape == (2, 32) and scales.shape == (2, 4) and scales.dtype == torch.float8_e4m3fn
