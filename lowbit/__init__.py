@@ -11,7 +11,8 @@ the compiled kernels where one exists):
     y = lowbit.dense_linear(x, weight)            # fp16/bf16 weight, tuned decode GEMV for M <= 4
     q = lowbit.quantize_nvfp4(weight)             # NvFp4Weight (E2M1 + E4M3 per 16 + fp32 scale)
     W = lowbit.dequantize_nvfp4(q, torch.bfloat16)
-    y = lowbit.nvfp4_linear(x, q)                 # dequantize + matmul (tensor-core kernels: lowbit.ops.nvfp4_gemv/_gemm)
+    y = lowbit.nvfp4_linear(x, q)                 # dispatched: checkpoint-layout GEMV (M <= 8), GEMM, dequantize + cuBLAS
+    c = lowbit.ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)  # GPU MODE nvfp4_gemv (W4A4); ops.nvfp4_quantize_act: x -> NVFP4
 
 Models:
 
@@ -138,8 +139,10 @@ def dequantize_nvfp4(w: NvFp4Weight, dtype: torch.dtype = torch.float16) -> torc
 
 
 def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
-    """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype: W decoded to x's dtype, then a matmul (cuBLAS
-    on CUDA; fp32 products rounded once to x's dtype on CPU)."""
+    """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype. CUDA fp16/bf16: the path the dispatcher picks
+    (``lowbit.dispatch.nvfp4_path``: the checkpoint-layout GEMV for M <= 8, the tensor-core GEMM on the
+    tiled layout -- built on first use and kept on ``w`` -- up to the crossover, dequantize + cuBLAS
+    beyond); CPU: fp32 products rounded once to x's dtype (the reference)."""
     _check_nvfp4(w)
     check_tensor("x", x, dtypes=(torch.float32, torch.float16, torch.bfloat16))
     n, k = w.shape
@@ -148,11 +151,7 @@ def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     if x.device != w.device:
         raise ValueError(f"x is on {x.device} but the weight is on {w.device}")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if x.is_cuda:
-        y = torch.nn.functional.linear(x2, w.dequantize(x.dtype))
-    else:
-        y = nvfp4.linear_reference(x2, w)
+    y = dispatch.nvfp4_linear_op(x.reshape(-1, k).contiguous(), w)
     return y.reshape(*lead, n)
 
 

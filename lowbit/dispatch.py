@@ -15,6 +15,15 @@ Paths today:
   ``"grouped_gemm"`` (the tensor-core GEMM over (expert, chunk of rows) items: prefill, large
   batches) from there; CPU and fp32 -> the reference, expert by expert.
 
+NVFP4 (:func:`nvfp4_linear_op`, weights in the checkpoint layout): ``"gemv"`` -- M <= GEMV_MAX_M: the
+checkpoint-layout GEMV (csrc/nvfp4_gemv.cu, no repack) for M <= :data:`NVFP4_PLAIN_MAX_M`, the kbit
+GEMV's NVFP4 instance on the tiled layout above (measured: the checkpoint-layout kernel is the faster
+one at M = 1 only, BENCHMARKS.md issue 15); ``"gemm"`` -- the kbit GEMM's NVFP4 instance up to kbit
+K=4's crossover (the same kernel); ``"dequant_matmul"`` -- the NVFP4 dequantize kernel + cuBLAS; the
+reference on CPU, for fp32 and for K % 32 != 0. The tiled layout is built on first use and kept on
+the weight (a second copy of it). An sm_100 (tcgen05 block-scaled MMA) kernel would be one more path
+here, chosen by the device's compute capability.
+
 The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` per GPU name and weight-size
 class (written by ``lowbit tune --kbit-crossover``; a user file overrides it),
 :data:`GEMM_MAX_M_DEFAULT` on GPUs it does not list; likewise the grouped GEMV/GEMM crossover
@@ -40,6 +49,8 @@ from . import ops
 
 #: largest batch the kbit decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
 GEMV_MAX_M = 8
+#: NVFP4: largest M for the checkpoint-layout GEMV (the tiled-layout GEMV above it, to GEMV_MAX_M).
+NVFP4_PLAIN_MAX_M = 1
 #: largest batch lowbit's tuned fp16/bf16 GEMV (``dense_linear``) takes; cuBLAS above.
 DENSE_GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
@@ -213,6 +224,37 @@ def choose_path(is_cuda: bool, dtype: torch.dtype, m: int, gemm_max: int, forced
     if kernel_ok and m <= gemm_max:
         return "gemm"
     return "dequant_matmul"
+
+
+def nvfp4_path(x2: torch.Tensor, n: int, k: int) -> str:
+    """The path for ``x2 [M, K] @ W^T`` with an NVFP4 weight ``[n, k]``: "gemv", "gemm",
+    "dequant_matmul" or "reference" (CPU, fp32, no rows, K % 32 != 0)."""
+    m = x2.shape[0]
+    if not (x2.is_cuda and x2.dtype in GEMV_DTYPES and m >= 1) or k % ops.PLAIN_K_MULTIPLE:
+        return "reference"
+    gemm_max = gemm_max_m(x2.device, n * k) if m > GEMV_MAX_M else GEMV_MAX_M
+    return choose_path(True, x2.dtype, m, gemm_max, _forced)
+
+
+def nvfp4_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
+    """``x2 [M, K] @ W^T`` for an :class:`~lowbit.formats.nvfp4.NvFp4Weight`, through the custom ops."""
+    n, k = w.shape
+    path = nvfp4_path(x2, n, k)
+    if path == "gemv" and x2.shape[0] <= NVFP4_PLAIN_MAX_M:
+        return ops.nvfp4_plain_gemv(x2, w.packed, w.scales, w.scale_2)
+    if path == "gemv":
+        qw, qs = w.tiled()
+        return ops.nvfp4_gemv(x2, qw, qs, w.scale_2, n, k)
+    if path == "gemm":
+        qw, qs = w.tiled()
+        return ops.nvfp4_gemm(x2, qw, qs, w.scale_2, n, k)
+    if path == "dequant_matmul":
+        return torch.nn.functional.linear(x2, ops.nvfp4_dequantize(w.packed, w.scales, w.scale_2, x2.dtype))
+    if x2.is_cuda:
+        return torch.nn.functional.linear(x2, w.dequantize(x2.dtype))
+    from .formats import nvfp4
+
+    return nvfp4.linear_reference(x2, w)
 
 
 def grouped_path(x2: torch.Tensor, experts: int) -> str:

@@ -380,19 +380,14 @@ def check_nvfp4_plain_args(x, packed, scales, scale_2) -> tuple[int, int, int]:
 
 def nvfp4_plain_reference(x, packed, scales, scale_2) -> Tensor:
     """``x @ W^T`` in fp32 from the plain layout (e2m1 * scale * scale_2, exact), rounded once to x's dtype."""
-    from .formats import nvfp4
-
-    n = packed.shape[0]
-    vals = nvfp4.decode_e2m1(nvfp4.unpack(packed)).reshape(n, -1, nvfp4.BLOCK)
-    w = (vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]).reshape(n, -1)
-    return (x.to(torch.float32) @ w.t()).to(x.dtype)
+    return (x.to(torch.float32) @ _plain_weight(packed, scales, scale_2).t()).to(x.dtype)
 
 
 @torch.library.custom_op("lowbit::nvfp4_plain_gemv", mutates_args=())
 def nvfp4_plain_gemv(x: Tensor, packed: Tensor, scales: Tensor, scale_2: Tensor) -> Tensor:
     """``x [M, K] @ W^T`` for an NVFP4 weight in the checkpoint layout (packed uint8 [N, K/2], E4M3 scales
-    [N, K/16], fp32 scale_2), no repack: the decode GEMV of csrc/nvfp4_gemv.cu on CUDA fp16/bf16 (one
-    pass over W per row of x: meant for M = 1); CPU and fp32: the reference."""
+    [N, K/16], fp32 scale_2), no repack: the decode GEMV of csrc/nvfp4_gemv.cu on CUDA fp16/bf16 (up to
+    8 rows of x per pass over W: meant for M <= 8); CPU and fp32: the reference."""
     check_nvfp4_plain_args(x, packed, scales, scale_2)
     return nvfp4_plain_reference(x, packed, scales, scale_2)
 
@@ -406,6 +401,46 @@ def _(x, packed, scales, scale_2):
 _FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
+@torch.library.custom_op("lowbit::nvfp4_dequantize", mutates_args=())
+def nvfp4_dequantize(packed: Tensor, scales: Tensor, scale_2: Tensor, dtype: torch.dtype) -> Tensor:
+    """NVFP4 weight in the checkpoint layout -> dense ``[N, K]`` of ``dtype`` (e2m1 * scale * scale_2 in
+    fp32, rounded once: bit-identical to the reference). CUDA fp16/bf16 with K % 32 == 0:
+    csrc/nvfp4_dequant.cu; otherwise the reference."""
+    n, k = check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
+    return _plain_weight(packed, scales, scale_2).to(dtype)
+
+
+@nvfp4_dequantize.register_fake
+def _(packed, scales, scale_2, dtype):
+    n, k = check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
+    return packed.new_empty((n, k), dtype=dtype)
+
+
+def check_nvfp4_dequantize_args(packed, scales, scale_2, dtype) -> tuple[int, int]:
+    check_tensor("packed", packed, dtypes=(torch.uint8,), dim=2)
+    check_tensor("scales", scales, dtypes=(torch.float8_e4m3fn,), dim=2)
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,))
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    n, half = packed.shape
+    if tuple(scales.shape) != (n, 2 * half // 16) or (2 * half) % 16:
+        raise ValueError(f"packed [N, K/2] / scales [N, K/16] with K % 16 == 0, got {tuple(packed.shape)} / "
+                         f"{tuple(scales.shape)}")
+    if scale_2.numel() != 1:
+        raise ValueError(f"scale_2 must be one value, got shape {tuple(scale_2.shape)}")
+    check_same_device(packed=packed, scales=scales, scale_2=scale_2)
+    return n, 2 * half
+
+
+def _plain_weight(packed, scales, scale_2) -> Tensor:
+    """fp32 [N, K] of the plain layout (the reference's arithmetic)."""
+    from .formats import nvfp4
+
+    n = packed.shape[0]
+    vals = nvfp4.decode_e2m1(nvfp4.unpack(packed)).reshape(n, -1, nvfp4.BLOCK)
+    return (vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]).reshape(n, -1)
+
+
 def _as_codes(t):
     """uint8 view of packed E2M1 given as torch.float4_e2m1fn_x2 (other dtypes pass through, checked later)."""
     return t.view(torch.uint8) if isinstance(t, torch.Tensor) and _FP4X2 is not None and t.dtype == _FP4X2 else t
@@ -413,7 +448,7 @@ def _as_codes(t):
 
 def check_w4a4_args(a, b, sfa, sfb) -> tuple[int, int, int]:
     """(M, K, L) of GPU MODE nvfp4_gemv operands: a [M, K/2, L], b [1, K/2, L] packed E2M1, sfa [M, K/16, L],
-    sfb [1, K/16, L] float8_e4m3fn, each with K contiguous (stride 1 in dim 1)."""
+    sfb [1, K/16, L] float8_e4m3fn, any strides (K-major ones, as GPU MODE allocates them, run without a copy)."""
     a, b = _as_codes(a), _as_codes(b)
     for name, t in (("a", a), ("b", b)):
         check_tensor(name, t, dtypes=(torch.uint8,), dim=3, contiguous=False)
@@ -428,9 +463,6 @@ def check_w4a4_args(a, b, sfa, sfb) -> tuple[int, int, int]:
     if tuple(sfa.shape) != (m, k // 16, l_) or tuple(sfb.shape) != (1, k // 16, l_):
         raise ValueError(f"sfa / sfb must be [{m}, {k // 16}, {l_}] / [1, {k // 16}, {l_}], got "
                          f"{tuple(sfa.shape)} / {tuple(sfb.shape)}")
-    for name, t in (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)):
-        if t.shape[1] > 1 and t.stride(1) != 1:
-            raise ValueError(f"{name} must be K-major (stride 1 along dim 1), got strides {t.stride()}")
     check_same_device(a=a, b=b, sfa=sfa, sfb=sfb)
     return m, k, l_
 

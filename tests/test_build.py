@@ -39,7 +39,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
                                "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
-                               "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "dense_gemv", "dense_gemv_scalar"}
+                               "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     from lowbit.kernels.cuda_kbit import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
@@ -50,6 +50,7 @@ def test_library_builds_and_exports_symbols(built_library):
             assert hasattr(lib, f"lowbit_nvfp4_gemm_occupancy_{dt}_t{nt}_r{r}")
         assert hasattr(lib, f"lowbit_nvfp4_split_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_split_gemv_occupancy_{dt}")
         assert hasattr(lib, f"lowbit_nvfp4_plain_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_quantize_{dt}")
+        assert hasattr(lib, f"lowbit_nvfp4_dequant_{dt}")
         for m in (1, 2, 3, 4, 8):
             assert hasattr(lib, f"lowbit_nvfp4_gemv_{dt}_m{m}") and hasattr(lib, f"lowbit_nvfp4_gemv_occupancy_{dt}_m{m}")
         for m in (1, 2, 3, 4):

@@ -67,8 +67,8 @@ def test_w4a4_rejects_bad_input(gen):
         ops.nvfp4_w4a4_gemv(a, b, sfa.view(torch.uint8), sfb)
     with pytest.raises(ValueError, match="multiple of 32"):
         ops.nvfp4_w4a4_gemv(a[:, :8], b[:, :8], sfa[:, :1], sfb[:, :1])
-    with pytest.raises(ValueError, match="K-major"):
-        ops.nvfp4_w4a4_gemv(torch.zeros(3, 32, 5, dtype=torch.uint8).permute(2, 1, 0), b, sfa, sfb)
+    # any strides: an [M, K/2, L]-contiguous a (not K-major) gives the same result
+    assert torch.equal(ops.nvfp4_w4a4_gemv(a.contiguous(), b, sfa, sfb), ops.nvfp4_w4a4_gemv(a, b, sfa, sfb))
     with pytest.raises(ValueError, match="3-D"):
         ops.nvfp4_w4a4_gemv(a[:, :, 0], b, sfa, sfb)
 
@@ -98,3 +98,26 @@ def test_ops_trace_with_fake_tensors(gen):
         codes, scales = ops.nvfp4_quantize_act(torch.randn(2, 64), torch.tensor(1.0))
     assert y.shape == (2, 8) and c.shape == (5, 1, 3) and c.dtype == torch.float16
     assert codes.shape == (2, 32) and scales.shape == (2, 4) and scales.dtype == torch.float8_e4m3fn
+
+
+def test_nvfp4_dispatch_rule():
+    """Which path nvfp4_linear takes, from (device, dtype, M, K) only."""
+    from lowbit import dispatch
+
+    class FakeCuda:  # the rule reads is_cuda / dtype / shape / device only
+        def __init__(self, m, dtype=torch.float16):
+            self.shape, self.dtype, self.is_cuda, self.device = (m, 4096), dtype, True, torch.device("cuda", 0)
+
+    assert dispatch.nvfp4_path(torch.zeros(4, 64), 8, 64) == "reference"  # CPU
+    assert dispatch.nvfp4_path(FakeCuda(1), 4096, 4096) == "gemv"
+    assert dispatch.nvfp4_path(FakeCuda(8, torch.bfloat16), 4096, 4096) == "gemv"
+    assert dispatch.nvfp4_path(FakeCuda(8, torch.float32), 4096, 4096) == "reference"
+    assert dispatch.nvfp4_path(FakeCuda(1), 4096, 4096 + 16) == "reference"  # K % 32 != 0
+    assert dispatch.nvfp4_path(FakeCuda(0), 4096, 4096) == "reference"
+
+
+def test_nvfp4_linear_cpu_matches_reference(gen):
+    q = lowbit.quantize_nvfp4(torch.randn(40, 64, generator=gen))
+    x = torch.randn(2, 3, 64, generator=gen)
+    y = lowbit.nvfp4_linear(x, q)
+    assert y.shape == (2, 3, 40) and torch.equal(y, nvfp4.linear_reference(x.reshape(-1, 64), q).reshape(2, 3, 40))

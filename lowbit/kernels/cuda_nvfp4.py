@@ -56,6 +56,9 @@ def _(x, qweight, qscales, scale_2, n, k):
 
 
 # ------------------------------------------------------------------ the checkpoint-layout kernels
+#: Tokens per pass of csrc/nvfp4_gemv.cu's W4A16 GEMV (more rows of x: passes of 8).
+PLAIN_MAX_M = 8
+
 def _aligned(t: torch.Tensor, align: int, strides=()) -> bool:
     return t.data_ptr() % align == 0 and all(s % align == 0 for s in strides)
 
@@ -80,8 +83,10 @@ def _(x, packed, scales, scale_2):
                          "16-byte aligned (contiguous tensors from lowbit.quantize_nvfp4 are)")
     y = x.new_empty((m, n))
     s2 = scale_2.reshape(()).contiguous()
-    lib.call("nvfp4_plain_gemv", [ptr(x), ptr(packed), ptr(scales), packed.stride(0), scales.stride(0), ptr(s2), ptr(y),
-                                  m, n, k, _stream(x.device)], dtype=x.dtype)
+    for i in range(0, m, PLAIN_MAX_M):
+        rows = min(PLAIN_MAX_M, m - i)
+        lib.call("nvfp4_plain_gemv", [ptr(x[i:]), ptr(packed), ptr(scales), packed.stride(0), scales.stride(0), ptr(s2),
+                                      ptr(y[i:]), rows, n, k, _stream(x.device)], dtype=x.dtype)
     return y
 
 
@@ -126,3 +131,17 @@ def _(x, scale_2):
         lib.call("nvfp4_quantize", [ptr(x), k, ptr(codes), k // 2, ptr(scales), k // 16, ptr(s2), rows, k,
                                     _stream(x.device)], dtype=x.dtype)
     return codes, scales.view(torch.float8_e4m3fn)
+
+
+@ops.nvfp4_dequantize.register_kernel("cuda")
+def _(packed, scales, scale_2, dtype):
+    n, k = ops.check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
+    lib = library_or_none(packed.device)
+    if lib is None or dtype == torch.float32 or k % ops.PLAIN_K_MULTIPLE:
+        return ops._plain_weight(packed, scales, scale_2).to(dtype)
+    if not (_aligned(packed, 16, (packed.stride(0),)) and _aligned(scales, 2, (scales.stride(0),))):
+        packed, scales = packed.contiguous(), scales.contiguous()
+    out = torch.empty((n, k), dtype=dtype, device=packed.device)
+    lib.call("nvfp4_dequant", [ptr(packed), packed.stride(0), ptr(scales), scales.stride(0),
+                               ptr(scale_2.reshape(()).contiguous()), ptr(out), n, k, _stream(packed.device)], dtype=dtype)
+    return out

@@ -50,10 +50,12 @@ SIGNATURES: dict[str, list] = {
     "nvfp4_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "nvfp4_split_gemv_occupancy": [_I],
     # NVFP4 on the checkpoint layout (csrc/nvfp4_gemv.cu): x, packed, scales, packed row stride, scales row
-    # stride (bytes), scale_2, y, m, n, k, stream
+    # stride (bytes), scale_2, y, m (1..8), n, k, stream
     "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
     # a, sfa, b, sfb, c, m, k, l, strides (a m/l, sfa m/l, b l, sfb l: bytes; c m/l: elements), stream
     "nvfp4_w4a4_gemv": [_P, _P, _P, _P, _P, _I, _I, _I, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P],
+    # packed, its row stride, scales, their row stride (bytes), scale_2, out [n, k], n, k, stream
+    "nvfp4_dequant": [_P, _I64, _P, _I64, _P, _P, _I, _I, _P],
     # x, x row stride (elements), codes, codes row stride, scales, scales row stride (bytes), scale_2, rows, k,
     # stream (csrc/nvfp4_quantize.cu)
     "nvfp4_quantize": [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, _P],
