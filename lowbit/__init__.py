@@ -13,6 +13,8 @@ the compiled kernels where one exists):
     W = lowbit.dequantize_nvfp4(q, torch.bfloat16)
     y = lowbit.nvfp4_linear(x, q)                 # dispatched: checkpoint-layout GEMV (M <= 8), GEMM, dequantize + cuBLAS
     c = lowbit.ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)  # GPU MODE nvfp4_gemv (W4A4); ops.nvfp4_quantize_act: x -> NVFP4
+    e = lowbit.quantize_nvfp4_experts(W)          # W: [E, N, K]
+    y = lowbit.nvfp4_grouped_linear(x_sorted, offsets, e)       # MoE, one launch
 
 Models:
 
@@ -28,7 +30,7 @@ import torch
 from . import dispatch, ops
 from ._checks import check_tensor
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
-from .formats import e4m4, kbit, nvfp4
+from .formats import e4m4, kbit, nvfp4, nvfp4_tiled
 from .formats.nvfp4 import NvFp4Weight
 from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
@@ -155,8 +157,27 @@ def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     return y.reshape(*lead, n)
 
 
+def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4_tiled.NvFp4Experts":
+    """NVFP4 of a stack of expert weights ``[E, N, K]`` (K % 32 == 0) in the tiled layout, for
+    :func:`nvfp4_grouped_linear`."""
+    check_tensor("weights", weights, dtypes=(torch.float32, torch.float16, torch.bfloat16), dim=3)
+    return nvfp4_tiled.NvFp4Experts.from_weights(quantize_nvfp4(w) for w in weights)
+
+
+def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: "nvfp4_tiled.NvFp4Experts") -> torch.Tensor:
+    """MoE rows ``x [tokens, K]`` sorted by expert (``expert_offsets`` int64 [E + 1]) times their NVFP4
+    experts, one launch on CUDA fp16/bf16 (the grouped decode GEMV; rows beyond 8 per expert are taken
+    8 at a time), the reference elsewhere."""
+    if not isinstance(experts, nvfp4_tiled.NvFp4Experts):
+        raise TypeError(f"experts must be an NvFp4Experts (lowbit.quantize_nvfp4_experts), got {type(experts).__name__}")
+    return ops.nvfp4_grouped_gemv(x, expert_offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n,
+                                  experts.k)
+
+
 __all__ = [
     "NvFp4Weight",
+    "nvfp4_grouped_linear",
+    "quantize_nvfp4_experts",
     "dequantize_nvfp4",
     "nvfp4",
     "nvfp4_linear",

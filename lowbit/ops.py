@@ -352,6 +352,57 @@ def _(x, qweight, qscales, scale_2, n, k):
     return x.new_empty((m, n))
 
 
+def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k) -> int:
+    from .formats import nvfp4_tiled
+
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor("qweight", qweight, dtypes=(torch.int32,))
+    check_tensor("qscales", qscales, dtypes=(torch.uint8,))
+    check_tensor("scale_2", scale_2, dtypes=(torch.float32,), dim=1)
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
+    if not (isinstance(n, int) and isinstance(k, int) and n >= 1 and k >= 32 and k % 32 == 0):
+        raise ValueError(f"n >= 1 and k (a multiple of 32) must be ints, got n={n!r}, k={k!r}")
+    e = qweight.shape[0] if qweight.dim() == 6 else -1
+    t, g = nvfp4_tiled.tiled_shape(n, k)
+    if e < 1 or tuple(qweight.shape) != (e, t, g, 4, 32, 4) or tuple(qscales.shape) != (e, t, g, nvfp4_tiled.SCALE_BYTES):
+        raise ValueError(f"qweight / qscales must be [E, {t}, {g}, 4, 32, 4] / [E, {t}, {g}, {nvfp4_tiled.SCALE_BYTES}], "
+                         f"got {tuple(qweight.shape)} / {tuple(qscales.shape)}")
+    if tuple(scale_2.shape) != (e,) or expert_offsets.shape[0] != e + 1:
+        raise ValueError(f"scale_2 [E={e}] and expert_offsets [E + 1] expected, got {tuple(scale_2.shape)} / "
+                         f"{tuple(expert_offsets.shape)}")
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [tokens, K={k}], got {tuple(x.shape)}")
+    check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight, qscales=qscales, scale_2=scale_2)
+    return e
+
+
+@torch.library.custom_op("lowbit::nvfp4_grouped_gemv", mutates_args=())
+def nvfp4_grouped_gemv(x: Tensor, expert_offsets: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor,
+                       n: int, k: int) -> Tensor:
+    """MoE rows ``x [tokens, K]`` sorted by expert (``expert_offsets`` int64 [E + 1]) times their NVFP4 expert
+    weights (tiled layout, :class:`lowbit.formats.nvfp4_tiled.NvFp4Experts`), one launch: the kbit grouped
+    GEMV's NVFP4 instance on CUDA fp16/bf16; CPU and fp32: the reference, expert by expert."""
+    check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    return nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+
+
+def nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k) -> Tensor:
+    off = expert_offsets.tolist()
+    if off[0] != 0 or off[-1] != x.shape[0] or any(b < a for a, b in zip(off, off[1:])):
+        raise ValueError(f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {off}")
+    y = x.new_empty((x.shape[0], n))
+    for e in range(qweight.shape[0]):
+        if off[e + 1] > off[e]:
+            y[off[e]:off[e + 1]] = nvfp4_tiled_reference(x[off[e]:off[e + 1]], qweight[e], qscales[e], scale_2[e], n, k)
+    return y
+
+
+@nvfp4_grouped_gemv.register_fake
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k):
+    check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    return x.new_empty((x.shape[0], n))
+
+
 # ------------------------------------------------------------------ NVFP4 on the checkpoint layout
 #: K granularity of the checkpoint-layout kernels (a lane's 32 values; the format needs 16)
 PLAIN_K_MULTIPLE = 32

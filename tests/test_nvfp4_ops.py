@@ -121,3 +121,20 @@ def test_nvfp4_linear_cpu_matches_reference(gen):
     x = torch.randn(2, 3, 64, generator=gen)
     y = lowbit.nvfp4_linear(x, q)
     assert y.shape == (2, 3, 40) and torch.equal(y, nvfp4.linear_reference(x.reshape(-1, 64), q).reshape(2, 3, 40))
+
+
+def test_nvfp4_grouped_cpu_reference_and_checks(gen):
+    w = torch.randn(3, 20, 64, generator=gen)
+    experts = lowbit.quantize_nvfp4_experts(w)
+    x = torch.randn(7, 64, generator=gen)
+    off = torch.tensor([0, 2, 2, 7])
+    y = lowbit.nvfp4_grouped_linear(x, off, experts)
+    for e, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist())):
+        assert torch.equal(y[a:b], nvfp4.linear_reference(x[a:b], experts.weight(e)))
+        assert torch.equal(experts.weight(e).packed, lowbit.quantize_nvfp4(w[e]).packed)
+    with pytest.raises(ValueError, match="expert_offsets must rise"):
+        lowbit.nvfp4_grouped_linear(x, torch.tensor([0, 3, 2, 7]), experts)
+    with pytest.raises(ValueError, match=r"scale_2 \[E=3\] and expert_offsets"):
+        lowbit.nvfp4_grouped_linear(x, torch.tensor([0, 7]), experts)
+    with pytest.raises(TypeError, match="NvFp4Experts"):
+        lowbit.nvfp4_grouped_linear(x, off, [experts.weight(0)])

@@ -65,3 +65,42 @@ def unpack(qweight: torch.Tensor, qscales: torch.Tensor, scale_2: torch.Tensor, 
 def dequantize(qweight, qscales, scale_2, n: int, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dense ``[n, k]`` straight from the tiled layout (the reference's arithmetic)."""
     return unpack(qweight, qscales, scale_2, n, k).dequantize(dtype)
+
+
+class NvFp4Experts:
+    """A stack of E NVFP4 expert weights ``[E, N, K]`` in the tiled layout, for the grouped (MoE) GEMV:
+    ``qweight`` int32 [E, T, G, 4, 32, 4], ``qscales`` uint8 [E, T, G, 256], ``scale_2`` fp32 [E]."""
+
+    def __init__(self, qweight: torch.Tensor, qscales: torch.Tensor, scale_2: torch.Tensor, n: int, k: int):
+        t_count, g_count = tiled_shape(n, k)
+        e = qweight.shape[0]
+        if tuple(qweight.shape) != (e, t_count, g_count, 4, 32, 4) or tuple(qscales.shape) != (e, t_count, g_count, SCALE_BYTES):
+            raise ValueError(f"qweight / qscales must be {(e, t_count, g_count, 4, 32, 4)} / {(e, t_count, g_count, SCALE_BYTES)}, "
+                             f"got {tuple(qweight.shape)} / {tuple(qscales.shape)}")
+        if scale_2.dtype != torch.float32 or tuple(scale_2.shape) != (e,):
+            raise ValueError(f"scale_2 must be fp32 [{e}], got {scale_2.dtype} {tuple(scale_2.shape)}")
+        self.qweight, self.qscales, self.scale_2, self.n, self.k = qweight, qscales, scale_2, n, k
+
+    @classmethod
+    def from_weights(cls, weights) -> "NvFp4Experts":
+        """Stack :class:`nvfp4.NvFp4Weight` experts of one shape (repacked to the tiled layout)."""
+        weights = list(weights)
+        if not weights or any(not isinstance(w, nvfp4.NvFp4Weight) for w in weights):
+            raise TypeError("weights must be a non-empty sequence of NvFp4Weight")
+        shapes = {w.shape for w in weights}
+        if len(shapes) != 1:
+            raise ValueError(f"experts must share one shape, got {sorted(shapes)}")
+        n, k = weights[0].shape
+        packed = [pack(w) for w in weights]
+        return cls(torch.stack([q for q, _ in packed]), torch.stack([s for _, s in packed]),
+                   torch.stack([w.scale_2.reshape(()) for w in weights]).to(torch.float32), n, k)
+
+    @property
+    def experts(self) -> int:
+        return self.qweight.shape[0]
+
+    def weight(self, e: int) -> nvfp4.NvFp4Weight:
+        return unpack(self.qweight[e], self.qscales[e], self.scale_2[e], self.n, self.k)
+
+    def to(self, device) -> "NvFp4Experts":
+        return NvFp4Experts(self.qweight.to(device), self.qscales.to(device), self.scale_2.to(device), self.n, self.k)

@@ -272,7 +272,8 @@ class GroupedLauncher:
 
     def _plan(self, dtype):
         c_int = ctypes.c_int
-        fn = self.lib.raw_symbol("kbit_split_gemv", bits=self.bits, dtype=dtype)
+        op, sym = weight_symbol("split_gemv", self.bits)  # bits="nvfp4": the NVFP4 instance
+        fn = self.lib.raw_symbol(op, **sym, dtype=dtype)
         ctas = split_max_ctas(self.lib, self.device, self.bits, dtype, self.experts)
         plan = (fn, (c_int(0), *self.ptrs), (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
         self._plans[dtype] = plan
@@ -289,7 +290,7 @@ class GroupedLauncher:
         err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
                  n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
         if err:
-            self.lib.raise_error("kbit_grouped_gemv", err)
+            self.lib.raise_error(weight_symbol("grouped_gemv", self.bits)[0], err)
         return y
 
 

@@ -10,7 +10,7 @@ import torch
 
 from .. import ops
 from ..formats import nvfp4
-from .cuda_kbit import GemmLauncher, GemvLauncher, _with_bias
+from .cuda_kbit import GemmLauncher, GemvLauncher, GroupedLauncher, _with_bias
 from .library import library_or_none, ptr
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
@@ -145,3 +145,13 @@ def _(packed, scales, scale_2, dtype):
     lib.call("nvfp4_dequant", [ptr(packed), packed.stride(0), ptr(scales), scales.stride(0),
                                ptr(scale_2.reshape(()).contiguous()), ptr(out), n, k, _stream(packed.device)], dtype=dtype)
     return out
+
+
+@ops.nvfp4_grouped_gemv.register_kernel("cuda")
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k):
+    ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), "nvfp4", n, k)
+    return launch(x.contiguous(), expert_offsets.contiguous())

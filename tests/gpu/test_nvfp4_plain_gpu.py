@@ -235,3 +235,19 @@ def test_nvfp4_linear_every_path(dtype, gen):
             with dispatch.forced_path(forced):
                 x = torch.randn(5, k, generator=gen).to(dtype).cuda()
                 assert _rel(lowbit.nvfp4_linear(x, q), _ref(x, q)) <= BOUND[dtype], f"forced {forced}"
+
+
+# ------------------------------------------------------------------ grouped (MoE) NVFP4 GEMV
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_nvfp4_grouped_gemv(dtype, gen):
+    """Empty first/last experts, a 1-row expert, one with 19 rows (3 passes of 8), odd N, K % 256 != 0."""
+    e, n, k = 6, 16 * 9 - 5, 32 * 27
+    w = torch.randn(e, n, k, generator=gen) * 0.02 * torch.exp(torch.randn(e, n, 1, generator=gen))
+    experts = lowbit.quantize_nvfp4_experts(w).to("cuda")
+    counts = [0, 1, 19, 4, 7, 0]
+    off = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), device="cuda")
+    x = torch.randn(sum(counts), k, generator=gen).to(dtype).cuda()
+    y = lowbit.nvfp4_grouped_linear(x, off, experts)
+    ref = torch.cat([_ref(x[a:b], experts.weight(i)) for i, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist()))])
+    assert _rel(y, ref) <= BOUND[dtype]
+    assert torch.equal(y, lowbit.nvfp4_grouped_linear(x, off, experts))  # deterministic
