@@ -11,7 +11,7 @@ import torch
 from .. import ops
 from ..formats import nvfp4
 from .cuda_kbit import GemmLauncher, GemvLauncher, GroupedLauncher, _with_bias
-from .library import library_or_none, ptr
+from .library import library_or_none, ptr, stream_of
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
 
@@ -63,12 +63,6 @@ def _aligned(t: torch.Tensor, align: int, strides=()) -> bool:
     return t.data_ptr() % align == 0 and all(s % align == 0 for s in strides)
 
 
-def _stream(device):
-    from .library import stream_of
-
-    return stream_of(device)
-
-
 @ops.nvfp4_plain_gemv.register_kernel("cuda")
 def _(x, packed, scales, scale_2):
     m, n, k = ops.check_nvfp4_plain_args(x, packed, scales, scale_2)
@@ -86,7 +80,7 @@ def _(x, packed, scales, scale_2):
     for i in range(0, m, PLAIN_MAX_M):
         rows = min(PLAIN_MAX_M, m - i)
         lib.call("nvfp4_plain_gemv", [ptr(x[i:]), ptr(packed), ptr(scales), packed.stride(0), scales.stride(0), ptr(s2),
-                                      ptr(y[i:]), rows, n, k, _stream(x.device)], dtype=x.dtype)
+                                      ptr(y[i:]), rows, n, k, stream_of(x.device)], dtype=x.dtype)
     return y
 
 
@@ -113,7 +107,7 @@ def _(a, b, sfa, sfb):
     sfa, sfb = (_k_major(t.view(torch.uint8), 2) for t in (sfa, sfb))
     lib.call("nvfp4_w4a4_gemv", [ptr(a), ptr(sfa), ptr(b), ptr(sfb), ptr(c), m, k, l_, a.stride(0), a.stride(2),
                                  sfa.stride(0), sfa.stride(2), b.stride(2), sfb.stride(2), c.stride(0), c.stride(2),
-                                 _stream(a.device)])
+                                 stream_of(a.device)])
     return c
 
 
@@ -129,7 +123,7 @@ def _(x, scale_2):
     if rows:
         s2 = scale_2.reshape(()).to(torch.float32).contiguous()
         lib.call("nvfp4_quantize", [ptr(x), k, ptr(codes), k // 2, ptr(scales), k // 16, ptr(s2), rows, k,
-                                    _stream(x.device)], dtype=x.dtype)
+                                    stream_of(x.device)], dtype=x.dtype)
     return codes, scales.view(torch.float8_e4m3fn)
 
 
@@ -143,7 +137,7 @@ def _(packed, scales, scale_2, dtype):
         packed, scales = packed.contiguous(), scales.contiguous()
     out = torch.empty((n, k), dtype=dtype, device=packed.device)
     lib.call("nvfp4_dequant", [ptr(packed), packed.stride(0), ptr(scales), scales.stride(0),
-                               ptr(scale_2.reshape(()).contiguous()), ptr(out), n, k, _stream(packed.device)], dtype=dtype)
+                               ptr(scale_2.reshape(()).contiguous()), ptr(out), n, k, stream_of(packed.device)], dtype=dtype)
     return out
 
 
