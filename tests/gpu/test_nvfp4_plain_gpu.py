@@ -251,3 +251,19 @@ def test_nvfp4_grouped_gemv(dtype, gen):
     ref = torch.cat([_ref(x[a:b], experts.weight(i)) for i, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist()))])
     assert _rel(y, ref) <= BOUND[dtype]
     assert torch.equal(y, lowbit.nvfp4_grouped_linear(x, off, experts))  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_nvfp4_linear_module_on_cuda(dtype, gen):
+    """lowbit.nn.NvFp4Linear (written after the last device call of issue 15: first run pending)."""
+    from torch import nn
+
+    from lowbit.nn import NvFp4Linear
+
+    lin = nn.Linear(2048, 300).to(dtype)
+    mod = NvFp4Linear.from_linear(lin).cuda()
+    q = mod.nvfp4_weight()
+    for m in (1, 4, 40):
+        x = torch.randn(m, 2048, generator=gen).to(dtype).cuda()
+        ref = _ref(x, q) + lin.bias.detach().double()
+        assert _rel(mod(x), ref) <= BOUND[dtype], f"M={m}"

@@ -1,0 +1,149 @@
+"""``NvFp4Linear``: a drop-in for ``nn.Linear`` with an NVFP4 weight, and two ways to get a model of them:
+:func:`quantize_model_nvfp4` (quantize the linears of any model) and :func:`load_nvfp4_checkpoint`
+(install the NVFP4 tensors of a ModelOpt or compressed-tensors checkpoint).
+
+The module keeps the checkpoint layout itself (ModelOpt's names: ``weight`` packed uint8 [N, K/2],
+``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32), so ``state_dict`` / ``load_state_dict``
+speak that convention. Its forward is :func:`lowbit.dispatch.nvfp4_linear_op` (the checkpoint-layout
+GEMV at M = 1, the tiled kernels above it -- their layout is built on first use and kept -- and the
+reference on CPU). Inference only.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from .. import dispatch
+from ..formats import nvfp4
+
+
+class NvFp4Linear(nn.Module):
+    """``y = x @ W^T + b`` with W in NVFP4 (E2M1 + E4M3 per 16 + fp32 tensor scale). Build one with
+    :meth:`from_linear` or :meth:`from_weight`; ``NvFp4Linear(in, out, bias)`` is an empty skeleton
+    for ``load_state_dict``. Output dtype = x's dtype; fp32 accumulation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        if not (isinstance(in_features, int) and isinstance(out_features, int) and in_features > 0 and out_features > 0):
+            raise ValueError(f"in_features and out_features must be positive ints, got {in_features}, {out_features}")
+        if in_features % nvfp4.BLOCK:
+            raise ValueError(f"NVFP4 needs in_features % {nvfp4.BLOCK} == 0, got {in_features}")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros((out_features, in_features // 2), dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.zeros((out_features, in_features // nvfp4.BLOCK),
+                                                         dtype=torch.float8_e4m3fn, device=device))
+        self.register_buffer("weight_scale_2", torch.ones((), dtype=torch.float32, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self._w = None  # NvFp4Weight over the buffers (and its tiled copy), rebuilt when they change
+        self._w_src = None  # the buffers it was built from
+
+    @classmethod
+    def from_weight(cls, w: nvfp4.NvFp4Weight, bias: torch.Tensor | None = None) -> "NvFp4Linear":
+        if not isinstance(w, nvfp4.NvFp4Weight):
+            raise TypeError(f"w must be an NvFp4Weight, got {type(w).__name__}")
+        n, k = w.shape
+        mod = cls(k, n, bias=bias is not None, device="meta")
+        mod._buffers.update(weight=w.packed, weight_scale=w.scales, weight_scale_2=w.scale_2)
+        mod._w, mod._w_src = w, (w.packed, w.scales, w.scale_2)
+        if bias is not None:
+            if tuple(bias.shape) != (n,):
+                raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+            mod.bias = nn.Parameter(bias.detach().clone().to(w.device), requires_grad=False)
+        return mod
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "NvFp4Linear":
+        """Quantize an ``nn.Linear`` (on its device) with :func:`lowbit.quantize_nvfp4`."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        return cls.from_weight(nvfp4.quantize(linear.weight.detach()), linear.bias)
+
+    def nvfp4_weight(self) -> nvfp4.NvFp4Weight:
+        """The weight as an :class:`~lowbit.formats.nvfp4.NvFp4Weight` (validated when the buffers change)."""
+        b = self._buffers
+        src = (b["weight"], b["weight_scale"], b["weight_scale_2"])
+        if self._w is None or self._w_src is None or any(a is not c for a, c in zip(self._w_src, src)):
+            self._w, self._w_src = nvfp4.NvFp4Weight(*src), src
+        return self._w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.in_features
+        if x.shape[-1] != k:
+            raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        y = dispatch.nvfp4_linear_op(x.reshape(-1, k).contiguous(), self.nvfp4_weight())
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.nvfp4_weight().dequantize(dtype)
+
+    def format_bytes(self) -> int:
+        """Bytes of the format: 4.5 bits per weight + the fp32 tensor scale."""
+        return self.out_features * self.in_features * 9 // 16 + 4
+
+    def _apply(self, fn, recurse=True):
+        # Device moves apply to everything; dtype casts (model.half()) must not touch the format's
+        # fp8 scales and fp32 tensor scale.
+        keep = {k: self._buffers[k] for k in ("weight_scale", "weight_scale_2")}
+        super()._apply(fn, recurse)
+        for k, old in keep.items():
+            new = self._buffers[k]
+            if new.dtype != old.dtype:
+                self._buffers[k] = old.to(new.device)
+        self._w = self._w_src = None
+        return self
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, format=nvfp4"
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def quantize_model_nvfp4(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> list[str]:
+    """Replace every ``nn.Linear`` of ``model`` (in place, on its device) by an :class:`NvFp4Linear`,
+    except those whose name matches a regex in ``skip`` (default: the output head) and those with
+    in_features % 16 != 0. Returns the names replaced."""
+    done = []
+    for name, mod in list(model.named_modules()):
+        if type(mod) is nn.Linear and mod.in_features % nvfp4.BLOCK == 0 and not any(re.search(p, name) for p in skip):
+            _replace(model, name, NvFp4Linear.from_linear(mod))
+            done.append(name)
+    return done
+
+
+def load_nvfp4_checkpoint(model: nn.Module, state_dict: dict) -> list[str]:
+    """Install an NVFP4 checkpoint's quantized linears into ``model``: every ``nn.Linear`` whose name has
+    NVFP4 tensors in ``state_dict`` (ModelOpt ``weight`` / ``weight_scale`` / ``weight_scale_2`` or
+    compressed-tensors ``weight_packed`` / ``weight_scale`` / ``weight_global_scale``, see
+    :func:`lowbit.formats.nvfp4.from_state_dict`) becomes an :class:`NvFp4Linear` with them (and the
+    checkpoint's bias, else the module's). Other tensors (unquantized layers, activation scales) are
+    left to the caller's ``load_state_dict(..., strict=False)``. Returns the names replaced."""
+    done = []
+    for name, mod in list(model.named_modules()):
+        if type(mod) is not nn.Linear:
+            continue
+        prefix = name + "."
+        if not (prefix + "weight_scale") in state_dict:
+            continue
+        w = nvfp4.from_state_dict(state_dict, prefix)
+        if w.shape != (mod.out_features, mod.in_features):
+            raise ValueError(f"{name}: checkpoint weight is {w.shape}, the module is "
+                             f"{(mod.out_features, mod.in_features)}")
+        bias = state_dict.get(prefix + "bias", mod.bias)
+        device = mod.weight.device if mod.weight.device.type != "meta" else w.device
+        _replace(model, name, NvFp4Linear.from_weight(w.to(device), None if bias is None else bias.to(device)))
+        done.append(name)
+    return done

@@ -1,0 +1,84 @@
+"""NvFp4Linear and the two ways to a model of them (quantize, load an NVFP4 checkpoint), on CPU."""
+
+import pytest
+import torch
+from torch import nn
+
+import lowbit
+from lowbit.formats import nvfp4
+from lowbit.nn import NvFp4Linear, load_nvfp4_checkpoint, quantize_model_nvfp4
+
+
+def _mlp(gen):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 48, bias=False), nn.Linear(48, 8))
+
+
+def test_module_matches_reference(gen):
+    lin = nn.Linear(64, 40)
+    mod = NvFp4Linear.from_linear(lin)
+    x = torch.randn(2, 3, 64, generator=gen)
+    w = nvfp4.quantize(lin.weight.detach())
+    ref = (x.reshape(-1, 64) @ w.dequantize().t() + lin.bias.detach()).reshape(2, 3, 40)
+    torch.testing.assert_close(mod(x), ref, rtol=0, atol=1e-5)
+    assert torch.equal(mod.weight, w.packed) and mod.format_bytes() == 40 * 64 * 9 // 16 + 4
+
+
+def test_state_dict_is_modelopt_layout_and_round_trips(gen):
+    mod = NvFp4Linear.from_linear(nn.Linear(64, 40))
+    sd = mod.state_dict()
+    assert set(sd) == {"weight", "weight_scale", "weight_scale_2", "bias"}
+    assert sd["weight"].dtype == torch.uint8 and sd["weight_scale"].dtype == torch.float8_e4m3fn
+    w = nvfp4.from_state_dict(sd)  # the ModelOpt reader takes the module's own state dict
+    assert torch.equal(w.packed, mod.weight)
+    empty = NvFp4Linear(64, 40)
+    empty.load_state_dict(sd)
+    x = torch.randn(5, 64, generator=gen)
+    assert torch.equal(empty(x), mod(x))
+
+
+def test_dtype_casts_keep_the_format(gen):
+    mod = NvFp4Linear.from_linear(nn.Linear(64, 40)).half()
+    assert mod.weight_scale.dtype == torch.float8_e4m3fn and mod.weight_scale_2.dtype == torch.float32
+    assert mod.bias.dtype == torch.float16
+    assert mod(torch.randn(2, 64, generator=gen).half()).dtype == torch.float16
+
+
+def test_quantize_model_nvfp4(gen):
+    model = _mlp(gen)
+    x = torch.randn(4, 64, generator=gen)
+    ref = model(x)
+    names = quantize_model_nvfp4(model, skip=(r"^3$",))
+    assert names == ["0", "2"] and type(model[3]) is nn.Linear
+    y = model(x)
+    assert (y - ref).norm() / ref.norm() < 0.2  # 4-bit weights
+
+
+def test_load_checkpoint_both_conventions(gen):
+    src = _mlp(gen)
+    quantize_model_nvfp4(src, skip=())
+    x = torch.randn(3, 64, generator=gen)
+    want = src(x)
+    for layout in ("modelopt", "compressed-tensors"):
+        sd = {}
+        for name in ("0", "2", "3"):
+            mod = src.get_submodule(name)
+            sd.update(nvfp4.to_state_dict(mod.nvfp4_weight(), layout, prefix=name + "."))
+            if mod.bias is not None:
+                sd[name + ".bias"] = mod.bias
+        dst = _mlp(gen)
+        assert load_nvfp4_checkpoint(dst, sd) == ["0", "2", "3"]
+        torch.testing.assert_close(dst(x), want, rtol=1e-6, atol=1e-6)
+
+
+def test_load_checkpoint_rejects_wrong_shape(gen):
+    sd = nvfp4.to_state_dict(lowbit.quantize_nvfp4(torch.randn(40, 64)), "modelopt", prefix="0.")
+    with pytest.raises(ValueError, match="checkpoint weight is"):
+        load_nvfp4_checkpoint(_mlp(gen), sd)
+
+
+def test_bad_construction():
+    with pytest.raises(ValueError, match="in_features % 16"):
+        NvFp4Linear(40, 8)
+    with pytest.raises(TypeError, match="torch.nn.Linear"):
+        NvFp4Linear.from_linear(nn.Conv1d(4, 4, 1))
