@@ -98,3 +98,13 @@ def test_gqa_sdpa_switch_on_cpu_keeps_logits():
         assert torch.equal(model(ids).logits, want)
         assert torch.equal(model(ids, attention_mask=mask).logits, want_pad)
         assert not attention.use_gqa_sdpa(model)  # already switched
+
+
+def test_generate_nvfp4_on_cpu():
+    from lowbit.hf.generate import generate
+
+    r = generate("random:tiny-llama", max_new_tokens=4, compare=True, device="cpu", quiet=True, fmt="nvfp4")
+    assert r["quantized"]["tokens_per_s"] > 0 and r["quality"]["tokens"] == 4 and r["quality"]["kl"] >= 0
+    with pytest.raises(ValueError, match="kbit options"):
+        generate("random:tiny-llama", max_new_tokens=2, device="cpu", quiet=True, fmt="nvfp4", lm_head_bits=4)
+    assert make_parser().parse_args(["generate", "--format", "nvfp4"]).fmt == "nvfp4"

@@ -57,7 +57,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None, fuse: bool = True) -> dict:
+             lm_head_bits: int | None = None, fuse: bool = True, fmt: str = "kbit") -> dict:
     """The main job as a function; returns every number it prints (see the module docstring)."""
     import lowbit
 
@@ -65,6 +65,11 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
 
     if batch < 1 or max_new_tokens < 1:
         raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
+    if fmt not in ("kbit", "nvfp4"):
+        raise ValueError(f"fmt must be 'kbit' or 'nvfp4', got {fmt!r}")
+    if fmt == "nvfp4" and (load or save or codebook or lm_head_bits):
+        raise ValueError("fmt='nvfp4' quantizes every linear but the output head to NVFP4; load / save / codebook / "
+                         "lm_head_bits are kbit options")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     say = (lambda *a: None) if quiet else print
@@ -96,6 +101,11 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         lowbit.load_quantized(net, load, device=device)
         result["quantize_s"] = None
         label = f"kbit (loaded from {load})"
+    elif fmt == "nvfp4":
+        names = lowbit.nn.quantize_model_nvfp4(net)
+        result["quantize_s"] = time.perf_counter() - t0
+        label = "nvfp4"
+        say(f"NVFP4: {len(names)} linears in {result['quantize_s']:.1f} s (output head kept)")
     else:
         report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
                                        bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
@@ -165,6 +175,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
+    p.add_argument("--format", dest="fmt", choices=("kbit", "nvfp4"), default="kbit",
+                   help="weight format: kbit (--bits) or nvfp4 (E2M1 + E4M3 per 16; every linear but the output head)")
     p.set_defaults(func=_cmd)
     return p
 
@@ -174,5 +186,5 @@ def _cmd(args) -> int:
              compare=args.compare, device=args.device, compile=args.compile,
              codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,
              chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits,
-             fuse=args.fuse)
+             fuse=args.fuse, fmt=args.fmt)
     return 0
