@@ -449,9 +449,6 @@ def _(x, packed, scales, scale_2):
     return x.new_empty((m, n))
 
 
-_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
-
-
 @torch.library.custom_op("lowbit::nvfp4_dequantize", mutates_args=())
 def nvfp4_dequantize(packed: Tensor, scales: Tensor, scale_2: Tensor, dtype: torch.dtype) -> Tensor:
     """NVFP4 weight in the checkpoint layout -> dense ``[N, K]`` of ``dtype`` (e2m1 * scale * scale_2 in
@@ -492,6 +489,9 @@ def _plain_weight(packed, scales, scale_2) -> Tensor:
     return (vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]).reshape(n, -1)
 
 
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
 def _as_codes(t):
     """uint8 view of packed E2M1 given as torch.float4_e2m1fn_x2 (other dtypes pass through, checked later)."""
     return t.view(torch.uint8) if isinstance(t, torch.Tensor) and _FP4X2 is not None and t.dtype == _FP4X2 else t
@@ -521,7 +521,7 @@ def check_w4a4_args(a, b, sfa, sfb) -> tuple[int, int, int]:
 @torch.library.custom_op("lowbit::nvfp4_w4a4_gemv", mutates_args=())
 def nvfp4_w4a4_gemv(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor) -> Tensor:
     """GPU MODE ``nvfp4_gemv``: ``c [M, 1, L] = A_l @ b_l`` for NVFP4 ``a [M, K/2, L]`` / ``b [1, K/2, L]``
-    (uint8 or float4_e2m1fn_x2, K-major) with E4M3 scales ``sfa [M, K/16, L]`` / ``sfb [1, K/16, L]``,
+    (uint8 or float4_e2m1fn_x2, any strides; K-major runs without a copy) with E4M3 scales ``sfa [M, K/16, L]`` / ``sfb [1, K/16, L]``,
     fp32 accumulation, fp16 out (stored [L, M]-major, as GPU MODE allocates c). CUDA: csrc/nvfp4_gemv.cu;
     CPU: the reference (lowbit.formats.nvfp4.w4a4_gemv_reference)."""
     from .formats import nvfp4
@@ -552,7 +552,8 @@ def nvfp4_quantize_act(x: Tensor, scale_2: Tensor) -> tuple[Tensor, Tensor]:
     """NVFP4 of activations ``x [rows, K]`` with a given tensor scale (multiplier; the W4A4 input side):
     (packed uint8 [rows, K/2], float8_e4m3fn scales [rows, K/16]), bit-identical to
     lowbit.formats.nvfp4.quantize_blocks (the reference, which is also the CPU path). The CUDA kernel
-    (csrc/nvfp4_quantize.cu, fp16/bf16) does not check for non-finite values: their codes are unspecified."""
+    (csrc/nvfp4_quantize.cu, fp16/bf16) checks neither x nor scale_2 (a device scalar; reading it back would
+    sync): non-finite values, or a scale_2 <= 0, give unspecified codes."""
     from .formats import nvfp4
 
     check_quantize_act_args(x, scale_2)
