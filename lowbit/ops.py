@@ -274,16 +274,21 @@ def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, 
     return y.to(x.dtype)
 
 
-def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
+    """The grouped references: rows ``[off[e], off[e+1])`` of x through ``linear(e, rows)`` expert by expert."""
     off = expert_offsets.tolist()
     if off[0] != 0 or off[-1] != x.shape[0] or any(b < a for a, b in zip(off, off[1:])):
         raise ValueError(f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {off}")
     y = x.new_empty((x.shape[0], n))
-    for e in range(qweight.shape[0]):
+    for e in range(experts):
         if off[e + 1] > off[e]:
-            y[off[e]:off[e + 1]] = tiled_linear_reference(
-                x[off[e]:off[e + 1]], qweight[e], qabsmax[e], codebook, scales[e], bits, n, k_in)
+            y[off[e]:off[e + 1]] = linear(e, x[off[e]:off[e + 1]])
     return y
+
+
+def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+    return per_expert(x, expert_offsets, n, qweight.shape[0], lambda e, rows: tiled_linear_reference(
+        rows, qweight[e], qabsmax[e], codebook, scales[e], bits, n, k_in))
 
 
 @kbit_grouped_gemv.register_fake
@@ -387,14 +392,8 @@ def nvfp4_grouped_gemv(x: Tensor, expert_offsets: Tensor, qweight: Tensor, qscal
 
 
 def nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k) -> Tensor:
-    off = expert_offsets.tolist()
-    if off[0] != 0 or off[-1] != x.shape[0] or any(b < a for a, b in zip(off, off[1:])):
-        raise ValueError(f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {off}")
-    y = x.new_empty((x.shape[0], n))
-    for e in range(qweight.shape[0]):
-        if off[e + 1] > off[e]:
-            y[off[e]:off[e + 1]] = nvfp4_tiled_reference(x[off[e]:off[e + 1]], qweight[e], qscales[e], scale_2[e], n, k)
-    return y
+    return per_expert(x, expert_offsets, n, qweight.shape[0],
+                      lambda e, rows: nvfp4_tiled_reference(rows, qweight[e], qscales[e], scale_2[e], n, k))
 
 
 @nvfp4_grouped_gemv.register_fake
@@ -454,7 +453,7 @@ def nvfp4_dequantize(packed: Tensor, scales: Tensor, scale_2: Tensor, dtype: tor
     """NVFP4 weight in the checkpoint layout -> dense ``[N, K]`` of ``dtype`` (e2m1 * scale * scale_2 in
     fp32, rounded once: bit-identical to the reference). CUDA fp16/bf16 with K % 32 == 0:
     csrc/nvfp4_dequant.cu; otherwise the reference."""
-    n, k = check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
+    check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
     return _plain_weight(packed, scales, scale_2).to(dtype)
 
 

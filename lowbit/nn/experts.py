@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import kbit, kbit_tiled
+from .linear import apply_keeping_dtypes
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
 _QUANT_CHUNK_WEIGHTS = 1 << 26
@@ -201,11 +202,7 @@ class KbitMoeExperts(nn.Module):
         return w * self.bits // 8 + w // 32
 
     def _apply(self, fn, recurse=True):
-        keep = {k: self._buffers[k] for k in ("codebook", "gate_up_scales", "down_scales")}
-        super()._apply(fn, recurse)
-        for k, old in keep.items():
-            if self._buffers[k].dtype != old.dtype:
-                self._buffers[k] = old.to(self._buffers[k].device)
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("codebook", "gate_up_scales", "down_scales"))
         self._launchers = None
         self._cpu_weights = {}
         return self

@@ -24,6 +24,17 @@ def _check_features(in_features: int, out_features: int) -> None:
         raise ValueError(f"features must be < 2^31, got {in_features}, {out_features}")
 
 
+def apply_keeping_dtypes(module: nn.Module, apply, fn, recurse: bool, names) -> None:
+    """``apply(fn, recurse)`` (nn.Module._apply) that moves the buffers ``names`` to the new device but
+    keeps their dtypes: the format's own tensors survive ``model.half()`` and friends."""
+    keep = {k: module._buffers[k] for k in names}
+    apply(fn, recurse)
+    for k, old in keep.items():
+        new = module._buffers[k]
+        if new.dtype != old.dtype:
+            module._buffers[k] = old.to(new.device)
+
+
 class KbitLinear(nn.Module):
     """``y = x @ W^T + b`` with W in kbit (K = 2..5 bits, blocks of 32, E4M4 absmax).
 
@@ -127,12 +138,7 @@ class KbitLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         # Device moves apply to everything; dtype casts (model.half(), .to(bfloat16)) must not
         # touch the fp32 codebook and scale, which are part of the format.
-        keep = {k: self._buffers[k] for k in ("codebook", "scale")}
-        super()._apply(fn, recurse)
-        for k, old in keep.items():
-            new = self._buffers[k]
-            if new.dtype != old.dtype:
-                self._buffers[k] = old.to(new.device)
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("codebook", "scale"))
         self._launcher = self._cpu_weight = None
         return self
 

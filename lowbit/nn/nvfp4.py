@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import nvfp4
+from .linear import apply_keeping_dtypes
 
 
 class NvFp4Linear(nn.Module):
@@ -94,12 +95,7 @@ class NvFp4Linear(nn.Module):
     def _apply(self, fn, recurse=True):
         # Device moves apply to everything; dtype casts (model.half()) must not touch the format's
         # fp8 scales and fp32 tensor scale.
-        keep = {k: self._buffers[k] for k in ("weight_scale", "weight_scale_2")}
-        super()._apply(fn, recurse)
-        for k, old in keep.items():
-            new = self._buffers[k]
-            if new.dtype != old.dtype:
-                self._buffers[k] = old.to(new.device)
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("weight_scale", "weight_scale_2"))
         self._w = self._w_src = None
         return self
 

@@ -26,3 +26,13 @@ def rel(y, expected):
     y = y.cpu().double()
     assert not y.isnan().any(), "NaN in output"
     return ((y - expected).norm() / expected.norm()).item()
+
+
+def capture(run):
+    """Capture ``run()`` in a CUDA graph on a side stream: (graph, the output tensor replays write)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        out = run()
+    return g, out

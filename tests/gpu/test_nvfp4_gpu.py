@@ -13,7 +13,7 @@ from lowbit.formats import nvfp4
 from lowbit.kernels import cuda_kbit, cuda_nvfp4
 from lowbit.kernels.library import get_library, ptr, stream_of
 
-from .kbit_check import BOUND, DTYPES
+from .kbit_check import BOUND, DTYPES, capture
 from .kbit_check import dtype_id as ids
 from .kbit_check import rel as _rel
 
@@ -74,11 +74,7 @@ def test_nvfp4_gemm_op_deterministic_and_in_cuda_graph(gen):
     ys = [run() for _ in range(3)]
     assert all(torch.equal(ys[0], y) for y in ys[1:])
     assert _rel(ys[0], _ref(x, q)) <= BOUND[torch.float16]
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g):
-        y = run()
+    g, y = capture(run)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, ys[0])

@@ -14,7 +14,7 @@ import lowbit
 from lowbit import ops
 from lowbit.formats import nvfp4
 
-from .kbit_check import BOUND, DTYPES
+from .kbit_check import BOUND, DTYPES, capture
 from .kbit_check import dtype_id as ids
 from .kbit_check import rel as _rel
 
@@ -72,11 +72,7 @@ def test_plain_gemv_in_cuda_graph(gen):
     x = torch.randn(1, 8192, generator=gen).half().cuda()
     run = lambda: ops.nvfp4_plain_gemv(x, q.packed, q.scales, q.scale_2)  # noqa: E731
     y0 = run()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g):
-        y = run()
+    g, y = capture(run)
     x.copy_(torch.randn(1, 8192, generator=gen).half())
     g.replay()
     torch.cuda.synchronize()
@@ -153,11 +149,7 @@ def test_w4a4_gemv_in_cuda_graph(gen):
     a, b, sfa, sfb = _gpumode_operands(512, 4096, 2, gen, True)
     run = lambda: ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)  # noqa: E731
     c0 = run()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g):
-        c = run()
+    g, c = capture(run)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(c, c0)
