@@ -290,6 +290,11 @@ int launch(Params p, void* stream) {
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         auto smem_for = [&](int c) { return size_t((groups + c - 1) / c) * group_bytes; };
         constexpr size_t kMaxSmem = 96 * 1024;
+        // The attribute is per function and device, shared by every plan of this instance: set it to
+        // the largest any plan uses, never to a plan's own size (a smaller plan made later would lower
+        // it under an earlier, larger one, whose launches then fail with "invalid argument").
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)) != cudaSuccess)
+            return static_cast<int>(cudaGetLastError());
         int per_sm = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
         for (int it = 0; it < 2; ++it) {
@@ -299,16 +304,10 @@ int launch(Params p, void* stream) {
             const int min_cpb = int((int64_t(groups) * group_bytes + kMaxSmem - 1) / kMaxSmem);
             cpb = cpb > min_cpb ? cpb : min_cpb;
             smem = smem_for(cpb);
-            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
-                return static_cast<int>(cudaErrorInvalidValue);
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
         }
         std::lock_guard<std::mutex> lock(mu);
         plans[key] = {cpb, smem};
-    } else if (smem > 48 * 1024) {
-        // the attribute is per function and device: set it again (cheap) in case another plan lowered it
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
-            return static_cast<int>(cudaErrorInvalidValue);
     }
     p.ctas_per_batch = cpb;
     kernel<<<unsigned(int64_t(cpb) * p.batches), threads, smem, static_cast<cudaStream_t>(stream)>>>(p);

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch, ops
-from ._checks import check_tensor
+from ._checks import check_tensor, check_x, offsets_for
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
 from .formats import e4m4, kbit, nvfp4, nvfp4_tiled
 from .formats.nvfp4 import NvFp4Weight
@@ -67,9 +67,7 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     The kernel is chosen by :mod:`lowbit.dispatch`.
     """
     _check_weight(w)
-    check_tensor("x", x, contiguous=True)
-    if x.dim() < 1:
-        raise ValueError(f"x must have at least 1 dimension [..., K_in], got shape {tuple(x.shape)}")
+    check_x(x, w.shape[1], w.device, contiguous=True)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     path = dispatch.kbit_path(x2, w.shape[0])
@@ -100,10 +98,10 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     M = 1..4 rows on CUDA run lowbit's tuned GEMV (``lowbit tune`` re-tunes for a new GPU); larger
     M runs cuBLAS; CPU runs the fp32 reference. Leading dimensions of x are flattened.
     """
-    check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)
-    check_tensor("x", x, dtypes=(weight.dtype,))
-    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x must have shape [..., K={weight.shape[1]}], got {tuple(x.shape)}")
+    check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2, contiguous=False)
+    check_x(x, weight.shape[1], weight.device, dtypes=(weight.dtype,), what="K")
+    x = x.contiguous()
+    weight = weight.contiguous()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if 1 <= x2.shape[0] <= DENSE_GEMV_MAX_M:
@@ -124,9 +122,11 @@ def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: 
     if not isinstance(experts, KbitExperts):
         raise TypeError(f"experts must be a lowbit KbitExperts (from lowbit.quantize_kbit_experts), got {type(experts).__name__}")
     e, n, k_in = experts.shape
+    check_x(x, k_in, experts.device)
+    offsets, check = offsets_for(expert_offsets, x, e)
     qweight, qabsmax = experts.tiled()
-    return dispatch.kbit_grouped_op(x, expert_offsets, qweight, qabsmax, experts.codebook, experts.scales,
-                                    experts.bits, n, k_in)
+    return dispatch.kbit_grouped_op(x, offsets, qweight, qabsmax, experts.codebook, experts.scales,
+                                    experts.bits, n, k_in, check)
 
 
 def _check_nvfp4(w: object) -> NvFp4Weight:
@@ -146,12 +146,8 @@ def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     tiled layout -- built on first use and kept on ``w`` -- up to the crossover, dequantize + cuBLAS
     beyond); CPU: fp32 products rounded once to x's dtype (the reference)."""
     _check_nvfp4(w)
-    check_tensor("x", x, dtypes=(torch.float32, torch.float16, torch.bfloat16))
     n, k = w.shape
-    if x.dim() < 1 or x.shape[-1] != k:
-        raise ValueError(f"x must have K={k} features in its last dimension, got {tuple(x.shape)}")
-    if x.device != w.device:
-        raise ValueError(f"x is on {x.device} but the weight is on {w.device}")
+    check_x(x, k, w.device, what="K")
     lead = x.shape[:-1]
     y = dispatch.nvfp4_linear_op(x.reshape(-1, k).contiguous(), w)
     return y.reshape(*lead, n)
@@ -170,8 +166,10 @@ def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts:
     8 at a time), the reference elsewhere."""
     if not isinstance(experts, nvfp4_tiled.NvFp4Experts):
         raise TypeError(f"experts must be an NvFp4Experts (lowbit.quantize_nvfp4_experts), got {type(experts).__name__}")
-    return ops.nvfp4_grouped_gemv(x, expert_offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n,
-                                  experts.k)
+    check_x(x, experts.k, experts.qweight.device, what="K")
+    offsets, check = offsets_for(expert_offsets, x, experts.qweight.shape[0])
+    return ops.nvfp4_grouped_gemv(x, offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n,
+                                  experts.k, check)
 
 
 __all__ = [

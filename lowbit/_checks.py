@@ -47,3 +47,33 @@ def check_finite(name: str, t: torch.Tensor) -> None:
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         n_bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} must be finite; found {n_bad} NaN/Inf value(s)")
+
+
+def check_x(x: object, k: int, device: torch.device, *, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
+            contiguous: bool = False, what: str = "K_in") -> torch.Tensor:
+    """An activation ``x [..., k]`` for a weight with ``k`` input features on ``device``: the one check
+    every path runs before choosing a kernel (CPU reference, CUDA kernels, the modules' eager launchers),
+    so bad input fails the same way on every device."""
+    check_tensor("x", x, dtypes=dtypes, contiguous=contiguous)
+    assert isinstance(x, torch.Tensor)
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x must have shape [..., {what}={k}] to match the weight, got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"x is on {x.device} but the weight is on {device}")
+    return x
+
+
+def offsets_for(expert_offsets: object, x: torch.Tensor, experts: int) -> tuple[torch.Tensor, bool]:
+    """Expert offsets ready for a grouped call on x's device, and whether the device must still check their
+    values. Offsets from the host are checked there (cheap, exact message) and copied over; offsets already
+    on the GPU are checked on the GPU by the op (a device-side assertion: reading them back would synchronize)."""
+    from .ops import check_offsets_values
+
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1, contiguous=False)
+    assert isinstance(expert_offsets, torch.Tensor)
+    if expert_offsets.shape[0] != experts + 1:
+        raise ValueError(f"expert_offsets must have E + 1 = {experts + 1} entries, got {expert_offsets.shape[0]}")
+    if expert_offsets.device.type == "cpu":
+        check_offsets_values(expert_offsets, x.shape[0] if x.dim() >= 1 else 0)
+        return expert_offsets.to(x.device), False
+    return expert_offsets, True

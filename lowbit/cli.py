@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
+from .errors import UsageError
 from .kernels import build as _build
 
 
@@ -21,8 +23,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what is wrong and where to look (exit status 2, no usage dump)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lowbit", description="low-bit weight kernels for LLM decoding")
+    p = _Parser(prog="lowbit", description="low-bit weight kernels for LLM decoding")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile the CUDA library (cached by source hash and arch)")
     b.add_argument("--arch", default="default", help="comma-separated archs, e.g. sm_90a,sm_89 (default: %(default)s = sm_80,sm_89,sm_90a)")
@@ -45,5 +54,19 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. A user's mistake (:class:`lowbit.errors.UsageError`) prints one line and returns 2;
+    anything else unexpected prints its traceback and a line asking to report it."""
     args = make_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"lowbit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lowbit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(f"lowbit {args.command}: internal error (traceback above). This is a bug in lowbit: please report it "
+              "with the command line you ran.", file=sys.stderr)
+        return 1

@@ -28,6 +28,7 @@ class LayerReport:
     bytes_after: int       # the module's tensors after (tiled layout incl. padding, codebook, scales, bias)
     format_bytes: int      # nominal kbit bytes, (bits + 1/4) per weight
     bits: int = 0          # this layer's bits (``bits_for`` may differ from the report's)
+    linears: int = 1       # nn.Linear modules it replaces (several for "fused", none for "experts")
 
 
 @dataclass
@@ -48,10 +49,24 @@ class QuantizeReport:
     def bytes_after(self) -> int:
         return sum(x.bytes_after for x in self.layers)
 
+    @property
+    def linears(self) -> int:
+        """nn.Linear modules quantized (a fused group counts each of its members)."""
+        return sum(x.linears for x in self.layers)
+
+    def summary(self) -> str:
+        """One line: what was quantized, in the words every lowbit report uses."""
+        experts = sum(x.kind == "experts" for x in self.layers)
+        fused = [x for x in self.layers if x.kind == "fused"]
+        what = f"{self.linears} linear layers" + (f" and {experts} MoE expert blocks" if experts else "")
+        stored = (f" (stored as {len(self.layers) - experts} weights: {sum(x.linears for x in fused)} of them fused "
+                  f"into {len(fused)})" if fused else "")
+        return f"quantized {what} to kbit{self.bits}{stored} in {self.seconds:.2f} s on {self.device}"
+
     def __str__(self) -> str:
         gib = 2.0**30
         lines = [
-            f"lowbit.quantize_model: {len(self.layers)} layers to kbit{self.bits} in {self.seconds:.2f} s on {self.device}",
+            f"lowbit.quantize_model: {self.summary()}",
             f"  quantized layers: {self.bytes_before / gib:.3f} GiB -> {self.bytes_after / gib:.3f} GiB "
             f"({self.bytes_before / max(1, self.bytes_after):.2f}x smaller)",
             *(["  other bits: " + ", ".join(f"{x.name} kbit{x.bits}" for x in self.layers if x.bits != self.bits)]
@@ -210,7 +225,8 @@ def quantize_model(
             install(parent, g, new)
             before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
             report.layers.append(LayerReport(name, kind, (new.out_features, new.in_features), before,
-                                             _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b))
+                                             _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b,
+                                             linears=len(mods)))
             del mods, mod
             continue
         b = layer_bits(name) or bits
@@ -227,7 +243,8 @@ def quantize_model(
         new.train(mod.training)
         for parent, cname in parents.get(id(mod), []):
             setattr(parent, cname, new)
-        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b))
+        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b,
+                                         linears=int(kind == "linear")))
         del mod
     if sync:
         torch.cuda.synchronize()

@@ -284,10 +284,12 @@ def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: in
     return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
-def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int) -> torch.Tensor:
-    """Grouped MoE matmul through the custom ops (the ops' CPU default is the reference)."""
+def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int,
+                    check_offsets: bool = True) -> torch.Tensor:
+    """Grouped MoE matmul through the custom ops (the ops' CPU default is the reference).
+    ``check_offsets=False``: offsets built by lowbit (valid by construction), no device-side check."""
     op = ops.kbit_grouped_gemm if grouped_path(x2, qweight.shape[0]) == "grouped_gemm" else ops.kbit_grouped_gemv
-    return op(x2, offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
+    return op(x2, offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets)
 
 
 # ------------------------------------------------------------------ eager fast path

@@ -231,14 +231,15 @@ def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scale
 @torch.library.custom_op("lowbit::kbit_grouped_gemv", mutates_args=())
 def kbit_grouped_gemv(
     x: Tensor, expert_offsets: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
-    bits: int, n: int, k_in: int,
+    bits: int, n: int, k_in: int, check_offsets: bool = True,
 ) -> Tensor:
     """MoE experts in one call: rows ``offsets[e]:offsets[e+1]`` of x (sorted by expert) use expert e.
 
     fp16/bf16 x runs the grouped CUDA kernel on GPUs; fp32 x (and CPU) the reference, expert by expert.
 
-    ``expert_offsets`` must be non-decreasing with ``offsets[0] = 0`` and ``offsets[E] = tokens``
-    (the CUDA kernel trusts it; the reference checks it).
+    ``expert_offsets`` must be non-decreasing with ``offsets[0] = 0`` and ``offsets[E] = tokens``: the
+    reference checks them on the host, the CUDA path on the device (a device-side assertion, one tiny
+    launch) unless ``check_offsets=False`` (offsets lowbit built itself, e.g. ``KbitMoeExperts``).
     """
     check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     return grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
@@ -247,7 +248,7 @@ def kbit_grouped_gemv(
 @torch.library.custom_op("lowbit::kbit_grouped_gemm", mutates_args=())
 def kbit_grouped_gemm(
     x: Tensor, expert_offsets: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
-    bits: int, n: int, k_in: int,
+    bits: int, n: int, k_in: int, check_offsets: bool = True,
 ) -> Tensor:
     """MoE experts in one call on tensor cores (prefill, large decode batches); same contract as
     :func:`kbit_grouped_gemv`. CPU and fp32: the reference."""
@@ -256,7 +257,7 @@ def kbit_grouped_gemm(
 
 
 @kbit_grouped_gemm.register_fake
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
     check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     return x.new_empty((x.shape[0], n))
 
@@ -274,11 +275,20 @@ def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, 
     return y.to(x.dtype)
 
 
+def check_offsets_values(expert_offsets: Tensor, rows: int) -> list[int]:
+    """The values of host (CPU) expert offsets: 0 first, non-decreasing, ``rows`` last; returns them as a list.
+    Offsets on a GPU are checked there instead (``lowbit::check_expert_offsets``: a device-side assertion,
+    no synchronization), the same rule."""
+    off = expert_offsets.tolist()
+    if off[0] != 0 or off[-1] != rows or any(b < a for a, b in zip(off, off[1:])):
+        shown = off if len(off) <= 12 else [*off[:6], "...", *off[-3:]]
+        raise ValueError(f"expert_offsets must rise from 0 to the row count {rows} (non-decreasing), got {shown}")
+    return off
+
+
 def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
     """The grouped references: rows ``[off[e], off[e+1])`` of x through ``linear(e, rows)`` expert by expert."""
-    off = expert_offsets.tolist()
-    if off[0] != 0 or off[-1] != x.shape[0] or any(b < a for a, b in zip(off, off[1:])):
-        raise ValueError(f"expert_offsets must rise from 0 to tokens={x.shape[0]}, got {off}")
+    off = check_offsets_values(expert_offsets, x.shape[0])
     y = x.new_empty((x.shape[0], n))
     for e in range(experts):
         if off[e + 1] > off[e]:
@@ -292,7 +302,7 @@ def grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bit
 
 
 @kbit_grouped_gemv.register_fake
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
     check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     return x.new_empty((x.shape[0], n))
 
@@ -383,10 +393,11 @@ def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
 
 @torch.library.custom_op("lowbit::nvfp4_grouped_gemv", mutates_args=())
 def nvfp4_grouped_gemv(x: Tensor, expert_offsets: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor,
-                       n: int, k: int) -> Tensor:
+                       n: int, k: int, check_offsets: bool = True) -> Tensor:
     """MoE rows ``x [tokens, K]`` sorted by expert (``expert_offsets`` int64 [E + 1]) times their NVFP4 expert
     weights (tiled layout, :class:`lowbit.formats.nvfp4_tiled.NvFp4Experts`), one launch: the kbit grouped
-    GEMV's NVFP4 instance on CUDA fp16/bf16; CPU and fp32: the reference, expert by expert."""
+    GEMV's NVFP4 instance on CUDA fp16/bf16; CPU and fp32: the reference, expert by expert. Offsets: as
+    :func:`kbit_grouped_gemv`."""
     check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     return nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
 
@@ -397,7 +408,7 @@ def nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k) 
 
 
 @nvfp4_grouped_gemv.register_fake
-def _(x, expert_offsets, qweight, qscales, scale_2, n, k):
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     return x.new_empty((x.shape[0], n))
 

@@ -312,6 +312,10 @@ class KbitExperts:
     def shape(self) -> tuple[int, int, int]:
         return (self.planes.shape[0], self.planes.shape[1], self.planes.shape[2] * BLOCK)
 
+    @property
+    def device(self) -> torch.device:
+        return self.planes.device
+
     def expert(self, e: int) -> KbitWeight:
         return KbitWeight(self.planes[e], self.absmax[e], self.codebook, self.scales[e], self.bits)
 

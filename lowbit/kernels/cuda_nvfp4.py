@@ -10,7 +10,7 @@ import torch
 
 from .. import ops
 from ..formats import nvfp4
-from .cuda_kbit import GemmLauncher, GemvLauncher, GroupedLauncher, _with_bias
+from .cuda_kbit import GemmLauncher, GemvLauncher, GroupedLauncher, _with_bias, check_offsets_on_device
 from .library import library_or_none, ptr, stream_of
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
@@ -142,10 +142,13 @@ def _(packed, scales, scale_2, dtype):
 
 
 @ops.nvfp4_grouped_gemv.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qscales, scale_2, n, k):
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     lib = library_or_none(x.device)
     if lib is None or x.dtype == torch.float32:
         return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    offsets = expert_offsets.contiguous()
+    if check_offsets:
+        check_offsets_on_device(lib, offsets, x.shape[0])
     launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), "nvfp4", n, k)
-    return launch(x.contiguous(), expert_offsets.contiguous())
+    return launch(x.contiguous(), offsets)

@@ -16,7 +16,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int).
@@ -63,6 +63,8 @@ SIGNATURES: dict[str, list] = {
     "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
     # x, w, y, n, k, stream
     "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
+    # expert_offsets int64 [E + 1] (device), E, rows, stream: a device-side assertion unless valid
+    "check_expert_offsets": [_P, _I, _I64, _P],
 }
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
