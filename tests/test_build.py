@@ -39,8 +39,10 @@ def test_library_builds_and_exports_symbols(built_library):
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
                                "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
-                               "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar"}
+                               "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
+                               "check_expert_offsets"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
+    assert hasattr(lib, "lowbit_check_expert_offsets")
     from lowbit.kernels.cuda_kbit import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
