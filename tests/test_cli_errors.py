@@ -1,0 +1,31 @@
+"""The command line as a user types it: every mistake is one line on stderr, exit status 2, before any model
+is loaded (each of these returns in the time it takes to import torch)."""
+
+import subprocess
+import sys
+
+import pytest
+
+CASES = [
+    ("generate --model /nonexistent", "neither an existing path nor a hub name"),
+    ("generate --model random:foo", "unknown random model 'random:foo'"),
+    ("generate --max-new-tokens -5", "argument --max-new-tokens: must be >= 1, got -5"),
+    ("generate --batch 0", "argument --batch: must be >= 1"),
+    ("generate --load {empty}", "no lowbit_model.json there"),
+    ("generate --format nvfp4 --lm-head-bits 4", "--lm-head-bits: kbit options"),
+    ("generate --layers 2", "--layers takes a count >= 1 and applies to random:<name> models only"),
+    ("generate --device tpu", "is not a device"),
+    ("eval --bits 7", "--bits takes comma-separated numbers from 2..5, got '7'"),
+    ("eval --bits 4,x", "--bits takes comma-separated numbers from 2..5"),
+    ("generate --bits 7", "argument --bits: invalid choice"),
+]
+
+
+@pytest.mark.parametrize("args, message", CASES, ids=[c[0] for c in CASES])
+def test_user_error_is_one_line_exit_2(args, message, tmp_path):
+    cmd = [sys.executable, "-m", "lowbit", *args.format(empty=tmp_path).split()]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
