@@ -11,6 +11,7 @@ from lowbit.hf import decode, quality, sources  # noqa: E402
 
 
 def test_static_decode_equals_transformers_generate():
+    torch.manual_seed(0)  # a fixed model too: an unseeded one hit a kbit3 near-tie in ~1 of 6 runs
     model, tok, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu")
     # fixed ids: a random tiny model has near-tied logits for ~3% of random prompts (and may emit its
     # EOS, after which generate pads), where two correct fp32 implementations can pick different tokens

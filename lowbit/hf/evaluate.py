@@ -110,7 +110,14 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     ref_answers = [_answer(base, tok, p) for p in FACTUAL_PROMPTS] if prompts else None
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
-    for name, spec in _variants(bits_list, fit, baselines, lm_head, fuse):
+    variants = _variants(bits_list, fit, baselines, lm_head, fuse)
+    print(f"lowbit eval: {desc} on {device}; {len(variants)} variants, each scored teacher-forced over "
+          f"{result['tokens']} tokens of {quality.text_info()} against the unquantized model "
+          f"(ppl {quality.compare(ref_logits, ref_logits, ids[1:])['ppl_ref']:.3f})", flush=True)
+    bar = _bar(len(variants))
+    for name, spec in variants:
+        if bar is not None:
+            bar.set_description(f"scoring {name}")
         m = copy.deepcopy(base)
         _apply(m, spec)
         row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
@@ -130,7 +137,20 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
                  f"{row['correct_where_reference_correct']})  same first sentence {row['same_first_sentence']}"
                  if prompts else ""), flush=True)
         del m
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     return result
+
+
+def _bar(total: int):
+    """A progress bar over the variants on stderr (rows print on stdout as they finish); None without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="variant", leave=False)
 
 
 @torch.no_grad()
