@@ -98,10 +98,9 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     M = 1..4 rows on CUDA run lowbit's tuned GEMV (``lowbit tune`` re-tunes for a new GPU); larger
     M runs cuBLAS; CPU runs the fp32 reference. Leading dimensions of x are flattened.
     """
-    check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2, contiguous=False)
+    check_tensor("weight", weight, dtypes=(torch.float16, torch.bfloat16), dim=2)
     check_x(x, weight.shape[1], weight.device, dtypes=(weight.dtype,), what="K")
     x = x.contiguous()
-    weight = weight.contiguous()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if 1 <= x2.shape[0] <= DENSE_GEMV_MAX_M:

@@ -63,12 +63,21 @@ def check_x(x: object, k: int, device: torch.device, *, dtypes: Iterable[torch.d
     return x
 
 
+def check_offsets_values(expert_offsets: torch.Tensor, rows: int) -> list[int]:
+    """The values of host (CPU) expert offsets: 0 first, non-decreasing, ``rows`` last; returns them as a list.
+    Offsets on a GPU are checked there instead (``lowbit::check_expert_offsets``: a device-side assertion,
+    no synchronization), the same rule."""
+    off = expert_offsets.tolist()
+    if off[0] != 0 or off[-1] != rows or any(b < a for a, b in zip(off, off[1:])):
+        shown = off if len(off) <= 12 else [*off[:6], "...", *off[-3:]]
+        raise ValueError(f"expert_offsets must rise from 0 to the row count {rows} (non-decreasing), got {shown}")
+    return off
+
+
 def offsets_for(expert_offsets: object, x: torch.Tensor, experts: int) -> tuple[torch.Tensor, bool]:
     """Expert offsets ready for a grouped call on x's device, and whether the device must still check their
     values. Offsets from the host are checked there (cheap, exact message) and copied over; offsets already
     on the GPU are checked on the GPU by the op (a device-side assertion: reading them back would synchronize)."""
-    from .ops import check_offsets_values
-
     check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1, contiguous=False)
     assert isinstance(expert_offsets, torch.Tensor)
     if expert_offsets.shape[0] != experts + 1:

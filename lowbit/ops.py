@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from ._checks import FLOAT_DTYPES, check_offsets_values, check_same_device, check_tensor
 from .formats import kbit, kbit_tiled
 
 
@@ -273,17 +273,6 @@ def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, 
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype)
-
-
-def check_offsets_values(expert_offsets: Tensor, rows: int) -> list[int]:
-    """The values of host (CPU) expert offsets: 0 first, non-decreasing, ``rows`` last; returns them as a list.
-    Offsets on a GPU are checked there instead (``lowbit::check_expert_offsets``: a device-side assertion,
-    no synchronization), the same rule."""
-    off = expert_offsets.tolist()
-    if off[0] != 0 or off[-1] != rows or any(b < a for a, b in zip(off, off[1:])):
-        shown = off if len(off) <= 12 else [*off[:6], "...", *off[-3:]]
-        raise ValueError(f"expert_offsets must rise from 0 to the row count {rows} (non-decreasing), got {shown}")
-    return off
 
 
 def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
