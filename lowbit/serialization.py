@@ -5,8 +5,14 @@ A saved model is a directory::
     lowbit_model.json                 index: format name + version, lowbit version, the quantized
                                       modules (type, bits, shapes), every tensor's file, dtype,
                                       shape and CRC-32, and tied tensors (aliases)
-    model-00001-of-0000N.safetensors  the state dict (quantized buffers + unquantized parameters),
+    model-00001-of-0000N.safetensors  the state dict (quantized weights + unquantized tensors),
                                       sharded by size; each file's metadata names the format too
+
+Quantized weights are stored compact, not in the GPU layout the modules hold: kbit codes as bit
+planes ``planes [..., N, K_in/32, bits]`` (int32) and absmax codes ``absmax [..., N, K_in/32]``
+(uint8), exactly (bits + 8/32) bits per weight with no tile padding. The loader re-tiles them on
+the target device (``kbit_tiled.repack``). Unquantized tensors are stored in the dtype asked for
+(``save_quantized(..., dtype=torch.bfloat16)``) or as the model holds them.
 
 ``load_quantized(model, dir)`` turns a skeleton (e.g. a transformers model built from its config)
 into the saved quantized model: it checks everything first -- format and version, that every
@@ -25,11 +31,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .formats import kbit, kbit_tiled
 from .nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, fused_experts_layout
 from .nn.fused import fused_name, install
 
 FORMAT_NAME = "lowbit"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compact bit planes instead of the tiled GPU layout
 INDEX_FILE = "lowbit_model.json"
 DEFAULT_SHARD_BYTES = 2 * 2**30
 
@@ -69,18 +76,59 @@ def _module_config(mod: nn.Module) -> dict:
             "hidden_dim": mod.hidden_dim, "intermediate_dim": mod.intermediate_dim}
 
 
-def save_quantized(model: nn.Module, directory: str | os.PathLike, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
-    """Write ``model`` (quantized by :func:`lowbit.quantize_model`) to ``directory``; returns the index path."""
+def _compact_pairs(mod: nn.Module) -> list[tuple[str, str, str, str, int, int]]:
+    """For each quantized weight of ``mod``: (tiled codes key, tiled absmax key, stored planes key,
+    stored absmax key, N, K_in)."""
+    if isinstance(mod, KbitMoeExperts):
+        return [(f"{p}_qweight", f"{p}_qabsmax", f"{p}_planes", f"{p}_absmax", *mod._shape(p)) for p in ("gate_up", "down")]
+    return [("qweight", "qabsmax", "planes", "absmax", mod.out_features, mod.in_features)]
+
+
+def _compact_shapes(mod: nn.Module, n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    lead = (mod.num_experts,) if isinstance(mod, KbitMoeExperts) else ()
+    return (*lead, n, k // kbit.BLOCK, mod.bits), (*lead, n, k // kbit.BLOCK)
+
+
+_REPACK_CHUNK_WEIGHTS = 1 << 26  # bounds the int64 temporaries of a repack (~1 GB) for stacked experts
+
+
+def _repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compact planes + absmax -> the tiled layout, a few experts at a time."""
+    if planes.dim() == 3:
+        return kbit_tiled.repack(planes, absmax, bits)
+    per = max(1, _REPACK_CHUNK_WEIGHTS // (planes.shape[1] * planes.shape[2] * kbit.BLOCK))
+    parts = [kbit_tiled.repack(planes[i:i + per], absmax[i:i + per], bits) for i in range(0, planes.shape[0], per)]
+    return torch.cat([q for q, _ in parts]), torch.cat([a for _, a in parts])
+
+
+def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                   max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+    """Write ``model`` (quantized by :func:`lowbit.quantize_model`) to ``directory``; returns the index path.
+
+    ``dtype``: store the unquantized floating-point tensors (embeddings, norms, biases, kept
+    linears) in this dtype, e.g. ``torch.bfloat16`` for a model that ran in fp32 on the CPU;
+    default: as the model holds them. Quantized weights are always stored compact (see above).
+    """
     from . import __version__
 
     _, save_file = _safetensors()
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    modules = {name: _module_config(m) for name, m in model.named_modules() if isinstance(m, (KbitLinear, KbitMoeExperts))}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, (KbitLinear, KbitMoeExperts))}
+    modules = {name: _module_config(m) for name, m in quantized.items()}
 
     state = model.state_dict()
+    format_keys = {f"{name}.{k}" for name, m in quantized.items() for k in m.state_dict()
+                   if k != "bias"}  # codebook, scales, codes: never cast
+    compact: dict[str, torch.Tensor] = {}
+    for name, m in quantized.items():
+        for qkey, akey, pkey, skey, n, k in _compact_pairs(m):
+            planes, absmax = kbit_tiled.unpack(state.pop(f"{name}.{qkey}"), state.pop(f"{name}.{akey}"), m.bits, n, k)
+            compact[f"{name}.{pkey}"], compact[f"{name}.{skey}"] = planes, absmax
     aliases, tensors, seen = {}, {}, {}
     for key, t in state.items():
         ident = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
@@ -88,7 +136,10 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, max_shard_
             aliases[key] = seen[ident]
             continue
         seen[ident] = key
+        if dtype is not None and t.is_floating_point() and key not in format_keys:
+            t = t.to(dtype)
         tensors[key] = t.detach().to("cpu").contiguous()
+    tensors.update((key, t.to("cpu").contiguous()) for key, t in compact.items())
 
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -127,7 +178,8 @@ def _read_index(directory: Path) -> dict:
         raise LoadError(f"{path}: format is {index.get('format') if isinstance(index, dict) else None!r}, expected {FORMAT_NAME!r}")
     if index.get("format_version") != FORMAT_VERSION:
         raise LoadError(f"{path}: format version {index.get('format_version')!r} is not supported "
-                        f"(this lowbit reads version {FORMAT_VERSION}; saved by lowbit {index.get('lowbit_version')})")
+                        f"(this lowbit reads version {FORMAT_VERSION}; saved by lowbit {index.get('lowbit_version')}): "
+                        "quantize and save the model again with this lowbit")
     for k in ("modules", "tensors", "aliases"):
         if not isinstance(index.get(k), dict):
             raise LoadError(f"{path}: missing or malformed {k!r}")
@@ -194,7 +246,13 @@ def _expected_state(model: nn.Module, replaced: dict[str, nn.Module]) -> dict[st
     prefixes = tuple(n + "." for n in _replaced_names(replaced))
     expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.startswith(prefixes)}
     for name, mod in replaced.items():
-        for k, v in mod.state_dict(keep_vars=True).items():
+        state = mod.state_dict(keep_vars=True)
+        for qkey, akey, pkey, skey, n, k in _compact_pairs(mod):
+            del state[qkey], state[akey]
+            planes, absmax = _compact_shapes(mod, n, k)
+            state[pkey] = torch.empty(planes, dtype=torch.int32, device="meta")
+            state[skey] = torch.empty(absmax, dtype=torch.uint8, device="meta")
+        for k, v in state.items():
             expected[f"{name}.{k}"] = v
     return expected
 
@@ -206,14 +264,19 @@ def _dtype_fits(saved: str, want: torch.dtype, quantized: bool) -> bool:
     return not quantized and want.is_floating_point and saved in ("float16", "bfloat16", "float32", "float64")
 
 
-def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: str | torch.device | None = None) -> nn.Module:
+def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: str | torch.device | None = None,
+                   dtype: torch.dtype | None = None) -> nn.Module:
     """Load a model saved by :func:`save_quantized` into the skeleton ``model`` (in place; returned).
 
     ``device``: where the tensors go (default: the skeleton's device, or CPU for a skeleton on
-    the meta device). Raises :class:`LoadError` naming the tensor, module or file on a mismatch,
-    a missing or unexpected tensor, a truncated file or a checksum failure; the model is then unchanged.
+    the meta device); the quantized weights are re-tiled there (fastest on a GPU).
+    ``dtype``: the dtype of the unquantized floating-point tensors (default: as saved).
+    Raises :class:`LoadError` naming the tensor, module or file on a mismatch, a missing or
+    unexpected tensor, a truncated file or a checksum failure; the model is then unchanged.
     """
     safe_open, _ = _safetensors()
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     directory = Path(directory)
     index = _read_index(directory)
     if device is None:
@@ -224,7 +287,7 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
     replaced = {name: _skeleton_module(model, name, cfg) for name, cfg in index["modules"].items()}
     expected = _expected_state(model, replaced)
     entries, aliases = index["tensors"], index["aliases"]
-    quantized_keys = {f"{n}.{k}" for n, m in replaced.items() for k in m.state_dict()}
+    quantized_keys = {f"{n}.{k}" for n, m in replaced.items() for k in m.state_dict() if k != "bias"}
 
     for key in expected:
         if key not in entries and key not in aliases:
@@ -285,8 +348,13 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
     moved = {}
     for key, t in staged.items():  # to the device (may run out of memory: still before any change)
         if id(t) not in moved:
-            moved[id(t)] = t.to(device)
+            cast = dtype is not None and t.is_floating_point() and key not in quantized_keys
+            moved[id(t)] = t.to(device, dtype if cast else t.dtype)
     staged = {k: moved[id(t)] for k, t in staged.items()}
+    for name, mod in replaced.items():  # compact -> the tiled layout the kernels read
+        for qkey, akey, pkey, skey, _, _ in _compact_pairs(mod):
+            planes, absmax = staged.pop(f"{name}.{pkey}"), staged.pop(f"{name}.{skey}")
+            staged[f"{name}.{qkey}"], staged[f"{name}.{akey}"] = _repack(planes, absmax, mod.bits)
 
     # Commit: nothing below can fail on the data.
     for name, new in replaced.items():

@@ -141,7 +141,7 @@ def test_save_load_round_trip_bit_exact(name, tmp_path, gen):
     shards = sorted(tmp_path.glob("model-*.safetensors"))
     assert len(shards) > 2
     index = json.loads((tmp_path / INDEX_FILE).read_text())
-    assert index["format"] == "lowbit" and index["format_version"] == 1 and index["lowbit_version"] == lowbit.__version__
+    assert index["format"] == "lowbit" and index["format_version"] == 2 and index["lowbit_version"] == lowbit.__version__
     assert all(cfg["bits"] == 3 for cfg in index["modules"].values())
     skeleton = build(name, seed + 1, dtype=torch.bfloat16)  # a fresh skeleton (other random weights)
     lowbit.load_quantized(skeleton, tmp_path)
@@ -149,6 +149,36 @@ def test_save_load_round_trip_bit_exact(name, tmp_path, gen):
     ids = _ids(gen)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, skeleton(ids).logits)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_saved_size_is_format_bytes_plus_bf16(name, tmp_path, gen):
+    """No tile padding and no fp32 on disk: a model run in fp32 and saved with dtype=bf16 stores
+    exactly its format bytes (+ fp32 codebooks / scales) + 2 bytes per unquantized value. Llama is
+    built 160 wide / 352 deep, so every layer's K_in is padded in the tiled layout (to 256 / 512)."""
+    seed = _seed(gen)
+    kw = {"hidden": 160, "inter": 352} if name == "llama" else {}
+    model = build(name, seed, **kw)
+    lowbit.quantize_model(model, bits=3, progress=False)
+    lowbit.save_quantized(model, tmp_path, dtype=torch.bfloat16)
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, (KbitLinear, KbitMoeExperts))}
+    own = {f"{n}.{k}" for n, m in quantized.items() for k in m.state_dict() if k != "bias"}
+    fmt = sum(m.format_bytes() for m in quantized.values())
+    fmt += sum(v.nbytes for k, v in model.state_dict().items() if k in own and ("scale" in k or "codebook" in k))
+    plain = sum(v.numel() * 2 for k, v in model.state_dict().items() if k not in own)  # no tied tensors here
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    stored = sum(torch.empty(e["shape"], dtype=getattr(torch, e["dtype"]), device="meta").nbytes
+                 for e in index["tensors"].values())
+    assert stored == fmt + plain
+    on_disk = sum(f.stat().st_size for f in tmp_path.glob("model-*.safetensors"))
+    assert stored < on_disk < stored + 64 * 1024  # + the safetensors headers
+    assert {e["dtype"] for k, e in index["tensors"].items() if "norm" in k or "embed" in k} == {"bfloat16"}
+
+    skeleton = build(name, seed + 1, **kw)
+    lowbit.load_quantized(skeleton, tmp_path, dtype=torch.float32)  # bf16 on disk, fp32 in the model again
+    for (k, a), (k2, b) in zip(model.state_dict().items(), skeleton.state_dict().items()):
+        assert k == k2 and a.dtype == b.dtype, k
+        assert torch.equal(a.to(torch.bfloat16).to(a.dtype) if a.is_floating_point() and k not in own else a, b), k
 
 
 def test_save_load_tied_embeddings(tmp_path, gen):
@@ -204,8 +234,8 @@ def _edit_index(path, fn):
 
 def test_refuses_wrong_version(saved):
     path, seed = saved
-    _edit_index(path, lambda ix: ix.update(format_version=2))
-    _refused(path, seed, "format version 2")
+    _edit_index(path, lambda ix: ix.update(format_version=99))
+    _refused(path, seed, "format version 99")
 
 
 def test_refuses_truncated_file(saved):
@@ -219,7 +249,7 @@ def test_refuses_truncated_file(saved):
 def test_refuses_tampered_bytes(saved):
     path, seed = saved
     index = json.loads((path / INDEX_FILE).read_text())
-    key = "model.layers.1.mlp.experts.down_qweight"
+    key = "model.layers.1.mlp.experts.down_planes"
     shard = path / index["tensors"][key]["file"]
     data = bytearray(shard.read_bytes())
     data[-5] ^= 0x10  # a flipped bit near the end of the data section
@@ -229,14 +259,14 @@ def test_refuses_tampered_bytes(saved):
 
 def test_refuses_missing_tensor(saved):
     path, seed = saved
-    _edit_index(path, lambda ix: ix["tensors"].pop("model.layers.0.self_attn.q_proj.qabsmax"))
-    _refused(path, seed, "model.layers.0.self_attn.q_proj.qabsmax.*missing")
+    _edit_index(path, lambda ix: ix["tensors"].pop("model.layers.0.self_attn.q_proj.absmax"))
+    _refused(path, seed, "model.layers.0.self_attn.q_proj.absmax.*missing")
 
 
 def test_refuses_wrong_bits(saved):
     path, seed = saved
     _edit_index(path, lambda ix: ix["modules"]["model.layers.0.self_attn.k_proj"].update(bits=3))
-    _refused(path, seed, "model.layers.0.self_attn.k_proj.qweight")
+    _refused(path, seed, "model.layers.0.self_attn.k_proj.(planes|codebook)")
 
 
 def test_refuses_tampered_shape(saved):

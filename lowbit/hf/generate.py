@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,7 +39,7 @@ def _text(tok, tokens: torch.Tensor) -> str:
     ids = tokens.tolist()
     if tok.eos_token_id is not None and tok.eos_token_id in ids:
         ids = ids[: ids.index(tok.eos_token_id)]
-    return tok.decode(ids, skip_special_tokens=True).strip()
+    return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
 
 
 def _linear_bytes(model) -> int:
@@ -110,8 +111,10 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
                                  "mode": ref_r.mode}
     t0 = time.perf_counter()
     if load:
-        lowbit.load_quantized(net, load, device=device)
+        lowbit.load_quantized(net, load, device=device, dtype=dtype)
         result["quantize_s"] = None
+        result["load_s"] = time.perf_counter() - t0
+        say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
         label = f"kbit (loaded from {load})"
     elif fmt == "nvfp4":
         names = lowbit.nn.quantize_model_nvfp4(net)
@@ -125,8 +128,13 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
         say(str(report))
     if save:
-        lowbit.save_quantized(net, save)
-        say(f"saved to {save}")
+        # Unquantized tensors go to disk in half precision: a CPU run upcasts them to fp32 only to compute.
+        save_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        t_save = time.perf_counter()
+        lowbit.save_quantized(net, save, dtype=save_dtype)
+        size = sum(f.stat().st_size for f in Path(save).glob("*.safetensors"))
+        say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
+            f"in {time.perf_counter() - t_save:.1f} s")
     q_r, q_text = run(label)
     result["quantized"] = {"text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
                            "mode": q_r.mode, "prefill_s": q_r.prefill_s}
@@ -148,7 +156,6 @@ def expected_quality(label: str) -> str | None:
     """What ``lowbit eval`` measured for this variant (shipped in lowbit/data/quality.json), as one line,
     with a warning where round-to-nearest ruins the model; None if nothing was measured for it."""
     import json
-    from pathlib import Path
 
     data = json.loads((Path(__file__).resolve().parents[1] / "data" / "quality.json").read_text())
     row = data["rows"].get(label)
@@ -229,7 +236,6 @@ def _positive(text: str) -> int:
 
 def check_args(args) -> None:
     """Every mistake the command line can catch before a model is loaded (UsageError: one line, exit 2)."""
-    from pathlib import Path
 
     from ..errors import UsageError
     from . import sources
