@@ -33,3 +33,19 @@ def test_weight_bytes_count_expert_blocks():
     lowbit.quantize_model(model, bits=4, progress=False)
     after = _linear_bytes(model)
     assert 0 < after < linears_only + experts
+
+
+def test_eval_rows_view_prints_each_row_then_the_table(capsys):
+    """Not a terminal (a log, a pipe): a plain line per finished row, then the rich table."""
+    from lowbit.hf.evaluate import _RowsView
+
+    view = _RowsView(2, prompts=False)
+    rows = {"kbit4": {"ppl": 17.25, "ppl_ref": 13.5, "kl": 0.246, "top1": 0.76},
+            "kbit5": {"ppl": 14.1, "ppl_ref": 13.5, "kl": 0.076, "top1": 0.87}}
+    for name, row in rows.items():
+        view.scoring(name)
+        view.add(name, row, None)
+        assert name in capsys.readouterr().out.splitlines()[-1]
+    view.close()
+    table = capsys.readouterr().out
+    assert "KL (nats)" in table and "0.2460" in table and "0.0760" in table and "87.0%" in table

@@ -111,13 +111,12 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
     variants = _variants(bits_list, fit, baselines, lm_head, fuse)
-    print(f"lowbit eval: {desc} on {device}; {len(variants)} variants, each scored teacher-forced over "
+    print(f"lowbit eval: {desc} on {device}; {len(variants)} variant{'s' if len(variants) != 1 else ''}, each scored teacher-forced over "
           f"{result['tokens']} tokens of {quality.text_info()} against the unquantized model "
           f"(ppl {quality.compare(ref_logits, ref_logits, ids[1:])['ppl_ref']:.3f})", flush=True)
-    bar = _bar(len(variants))
+    view = _RowsView(len(variants), prompts)
     for name, spec in variants:
-        if bar is not None:
-            bar.set_description(f"scoring {name}")
+        view.scoring(name)
         m = copy.deepcopy(base)
         _apply(m, spec)
         row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
@@ -132,25 +131,72 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
             result["reference_correct"] = sum(ok_ref)
             row["answers"] = answers
         result["rows"][name] = row
-        print(f"{name:10s} ppl {row['ppl']:8.3f} (ref {row['ppl_ref']:.3f})  KL {row['kl']:.4f}  top-1 {row['top1']:.1%}"
-              + (f"  correct {row['correct']}/{len(FACTUAL)} (ref {result['reference_correct']}; both "
-                 f"{row['correct_where_reference_correct']})  same first sentence {row['same_first_sentence']}"
-                 if prompts else ""), flush=True)
+        view.add(name, row, result.get("reference_correct"))
         del m
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    view.close()
     return result
 
 
-def _bar(total: int):
-    """A progress bar over the variants on stderr (rows print on stdout as they finish); None without tqdm."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="variant", leave=False)
+class _RowsView:
+    """The results as they finish: on a terminal, a rich table that grows under a progress bar;
+    otherwise (a log, a pipe) one plain line per row, then the table. Plain lines without rich."""
+
+    def __init__(self, total: int, prompts: bool):
+        self.prompts, self.rows, self.live = prompts, [], None
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        except ImportError:
+            self.console = None
+            return
+        self.console = Console()
+        if self.console.is_terminal:
+            from rich.console import Group
+            from rich.live import Live
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.console)
+            self.task = self.progress.add_task("", total=total)
+            self.live = Live(Group(self._table(), self.progress), console=self.console, refresh_per_second=4)
+            self.live.start()
+
+    def _table(self):
+        from rich.table import Table
+
+        t = Table(title="quality against the unquantized model")
+        for col in ["variant", "ppl", "KL (nats)", "top-1"] + (["correct", "same 1st sentence"] if self.prompts else []):
+            t.add_column(col, justify="left" if col == "variant" else "right")
+        for name, row, _ in self.rows:
+            cells = [name, f"{row['ppl']:.3f}", f"{row['kl']:.4f}", f"{row['top1']:.1%}"]
+            if self.prompts:
+                cells += [f"{row['correct']}/{len(FACTUAL)}", str(row["same_first_sentence"])]
+            t.add_row(*cells)
+        return t
+
+    def scoring(self, name: str) -> None:
+        if self.live is not None:
+            self.progress.update(self.task, description=f"scoring {name}")
+
+    def add(self, name: str, row: dict, reference_correct) -> None:
+        self.rows.append((name, row, reference_correct))
+        if self.live is not None:
+            from rich.console import Group
+
+            self.progress.advance(self.task)
+            self.live.update(Group(self._table(), self.progress))
+            return
+        print(f"{name:10s} ppl {row['ppl']:8.3f} (ref {row['ppl_ref']:.3f})  KL {row['kl']:.4f}  top-1 {row['top1']:.1%}"
+              + (f"  correct {row['correct']}/{len(FACTUAL)} (ref {reference_correct}; both "
+                 f"{row['correct_where_reference_correct']})  same first sentence {row['same_first_sentence']}"
+                 if self.prompts else ""), flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.progress.update(self.task, description="done")
+            self.live.update(self._table())  # the finished table stays, the bar goes
+            self.live.stop()
+        elif self.console is not None and self.rows:
+            self.console.print(self._table())
 
 
 @torch.no_grad()
