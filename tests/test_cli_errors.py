@@ -18,6 +18,9 @@ CASES = [
     ("eval --bits 7", "--bits takes comma-separated numbers from 2..5, got '7'"),
     ("eval --bits 4,x", "--bits takes comma-separated numbers from 2..5"),
     ("generate --bits 7", "argument --bits: invalid choice"),
+    ("generate --format int4", "--format takes kbit or nvfp4, or several comma-separated, got 'int4'"),
+    ("generate --format kbit,kbit", "--format takes kbit or nvfp4"),
+    ("generate --format kbit,nvfp4 --save {empty}", "--load / --save take one --format"),
 ]
 
 

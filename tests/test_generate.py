@@ -109,3 +109,18 @@ def test_generate_nvfp4_on_cpu():
     with pytest.raises(ValueError, match="kbit options"):
         generate("random:tiny-llama", max_new_tokens=2, device="cpu", quiet=True, fmt="nvfp4", lm_head_bits=4)
     assert make_parser().parse_args(["generate", "--format", "nvfp4"]).fmt == "nvfp4"
+
+
+def test_generate_formats_side_by_side_on_cpu(capsys):
+    """--format kbit,nvfp4: each format quantizes its own copy; one table with a row and a quality per format."""
+    from lowbit.hf.generate import generate
+
+    r = generate("random:tiny-llama", max_new_tokens=4, compare=True, device="cpu", fmt="kbit,nvfp4")
+    assert list(r["variants"]) == ["kbit4", "nvfp4"]
+    assert [v["format"] for v in r["variants"].values()] == ["kbit", "nvfp4"]
+    for v in r["variants"].values():
+        assert v["tokens_per_s"] > 0 and v["quality"]["tokens"] == 4 and v["quality"]["kl"] >= 0
+    assert r["quality"] == r["variants"]["kbit4"]["quality"]
+    out = capsys.readouterr().out
+    assert "[kbit4]" in out and "[nvfp4]" in out and "top-1" in out
+    assert "nvfp4 vs unquantized over its 4 generated tokens" in out

@@ -3,6 +3,7 @@
     lowbit generate                                  # SmolLM2-135M-Instruct, kbit4, on the GPU if any
     lowbit generate --bits 3 --compare --prompt "What is the capital of Egypt?"
     lowbit generate --model random:llama-3-8b --compile --max-new-tokens 128   # speed only
+    lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4   # formats side by side
 
 With ``--compare`` the unquantized model decodes first; both outputs are printed with their
 tokens/s, and the quantized model is scored teacher-forced on the unquantized model's own
@@ -66,23 +67,43 @@ def _linear_bytes(model) -> int:
     return total
 
 
+FORMATS = ("kbit", "nvfp4")
+
+
+def parse_formats(fmt) -> list[str]:
+    """``"kbit"``, ``"kbit,nvfp4"`` or a sequence of names -> the list (ValueError on unknown or repeated)."""
+    fmts = [f.strip() for f in fmt.split(",")] if isinstance(fmt, str) else list(fmt)
+    bad = [f for f in fmts if f not in FORMATS]
+    if not fmts or bad or len(set(fmts)) != len(fmts):
+        raise ValueError(f"formats must be distinct names from {', '.join(FORMATS)} (comma-separated), got {fmt!r}")
+    return fmts
+
+
 def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 48,
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None, fuse: bool = True, fmt: str = "kbit") -> dict:
-    """The main job as a function; returns every number it prints (see the module docstring)."""
+             lm_head_bits: int | None = None, fuse: bool = True, fmt="kbit") -> dict:
+    """The main job as a function; returns every number it prints (see the module docstring).
+
+    ``fmt``: ``"kbit"``, ``"nvfp4"``, or several (``"kbit,nvfp4"``): each quantizes its own copy of
+    the model and decodes the same prompt, so the formats are timed side by side in one process.
+    ``result["quantized"]`` / ``result["quality"]`` describe the first; ``result["variants"]`` all.
+    """
+    import copy
+
     import lowbit
 
     from . import decode, quality, sources
 
     if batch < 1 or max_new_tokens < 1:
         raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
-    if fmt not in ("kbit", "nvfp4"):
-        raise ValueError(f"fmt must be 'kbit' or 'nvfp4', got {fmt!r}")
-    if fmt == "nvfp4" and (load or save or codebook or lm_head_bits):
+    fmts = parse_formats(fmt)
+    if "nvfp4" in fmts and (load or save or codebook or lm_head_bits):
         raise ValueError("fmt='nvfp4' quantizes every linear but the output head to NVFP4; load / save / codebook / "
                          "lm_head_bits are kbit options")
+    if len(fmts) > 1 and (load or save):
+        raise ValueError("load / save take one format")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     say = (lambda *a: None) if quiet else print
@@ -93,61 +114,73 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     ids = _input_ids(tok, prompt, batch, net.config.vocab_size, chat)
     eos = tok.eos_token_id if tok is not None else None
     result = {"model": desc, "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bits": bits,
-              "batch": batch, "prompt": prompt, "load_s": load_s}
+              "batch": batch, "prompt": prompt, "load_s": load_s, "variants": {}}
     rows = []
 
-    def run(label):
-        r = decode.greedy_decode(net, ids, max_new_tokens, graph=graph, compile=compile, eos_token_id=eos)
+    def run(m, label):
+        r = decode.greedy_decode(m, ids, max_new_tokens, graph=graph, compile=compile, eos_token_id=eos)
         text = _text(tok, r.tokens[0])
         say(f"\n[{label}] {text}")
-        rows.append((label, r, _linear_bytes(net)))
+        rows.append([label, r, _linear_bytes(m), None])
         return r, text
 
     if compare:
-        ref_r, ref_text = run("unquantized")
+        ref_r, ref_text = run(net, "unquantized")
         seq = torch.cat([ids[0], ref_r.tokens[0]])
         ref_logits = quality.logits_over(net, seq)
         result["unquantized"] = {"text": ref_text, "tokens_per_s": ref_r.tokens_per_s(), "ms_per_step": ref_r.ms_per_step(),
                                  "mode": ref_r.mode}
-    t0 = time.perf_counter()
-    if load:
-        lowbit.load_quantized(net, load, device=device, dtype=dtype)
-        result["quantize_s"] = None
-        result["load_s"] = time.perf_counter() - t0
-        say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
-        label = f"kbit (loaded from {load})"
-    elif fmt == "nvfp4":
-        names = lowbit.nn.quantize_model_nvfp4(net)
-        result["quantize_s"] = time.perf_counter() - t0
-        label = "nvfp4"
-        say(f"quantized {len(names)} linear layers to NVFP4 in {result['quantize_s']:.2f} s on {device} (output head kept)")
-    else:
-        report = lowbit.quantize_model(net, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
-                                       bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
-        result["quantize_s"] = report.seconds
-        label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
-        say(str(report))
-    if save:
-        # Unquantized tensors go to disk in half precision: a CPU run upcasts them to fp32 only to compute.
-        save_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-        t_save = time.perf_counter()
-        lowbit.save_quantized(net, save, dtype=save_dtype)
-        size = sum(f.stat().st_size for f in Path(save).glob("*.safetensors"))
-        say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
-            f"in {time.perf_counter() - t_save:.1f} s")
-    q_r, q_text = run(label)
-    result["quantized"] = {"text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
-                           "mode": q_r.mode, "prefill_s": q_r.prefill_s}
-    if not compare and not quiet and fmt == "kbit" and not load:
-        note = expected_quality(f"kbit{bits}")
-        if note:
-            print(note)
-    if compare:
-        n_prompt = ids.shape[1]
-        q_logits = quality.logits_over(net, seq)
-        m = quality.compare(ref_logits[n_prompt - 1:], q_logits[n_prompt - 1:], seq[n_prompt:])
-        m["same_text"] = q_text == ref_text
-        result["quality"] = m
+    for i, f in enumerate(fmts):
+        m = net if i == len(fmts) - 1 else copy.deepcopy(net)  # the last format may take the original
+        t0 = time.perf_counter()
+        if load:
+            lowbit.load_quantized(m, load, device=device, dtype=dtype)
+            quantize_s = None
+            result["load_s"] = time.perf_counter() - t0
+            say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
+            label = f"kbit (loaded from {load})"
+        elif f == "nvfp4":
+            names = lowbit.nn.quantize_model_nvfp4(m)
+            quantize_s = time.perf_counter() - t0
+            label = "nvfp4"
+            say(f"quantized {len(names)} linear layers to NVFP4 in {quantize_s:.2f} s on {device} (output head kept)")
+        else:
+            report = lowbit.quantize_model(m, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
+                                           bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
+            quantize_s = report.seconds
+            label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
+            say(str(report))
+        if save:
+            # Unquantized tensors go to disk in half precision: a CPU run upcasts them to fp32 only to compute.
+            save_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+            t_save = time.perf_counter()
+            lowbit.save_quantized(m, save, dtype=save_dtype)
+            size = sum(p.stat().st_size for p in Path(save).glob("*.safetensors"))
+            say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
+                f"in {time.perf_counter() - t_save:.1f} s")
+        q_r, q_text = run(m, label)
+        variant = {"format": f, "text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
+                   "mode": q_r.mode, "prefill_s": q_r.prefill_s, "quantize_s": quantize_s}
+        if not compare and not quiet and f == "kbit" and not load:
+            note = expected_quality(f"kbit{bits}")
+            if note:
+                print(note)
+        if compare:
+            n_prompt = ids.shape[1]
+            q_logits = quality.logits_over(m, seq)
+            q = quality.compare(ref_logits[n_prompt - 1:], q_logits[n_prompt - 1:], seq[n_prompt:])
+            q["same_text"] = q_text == ref_text
+            variant["quality"] = rows[-1][3] = q
+        result["variants"][label] = variant
+        if i == 0:
+            result["quantized"] = {k: v for k, v in variant.items() if k not in ("quality", "quantize_s", "format")}
+            result["quantize_s"] = quantize_s
+            if compare:
+                result["quality"] = variant["quality"]
+        if m is not net:
+            del m
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     _table(rows, result, quiet)
     return result
 
@@ -177,23 +210,38 @@ def _table(rows, result, quiet):
         from rich.console import Console
         from rich.table import Table
     except ImportError:  # rich is optional: plain lines
-        for label, r, nbytes in rows:
-            print(f"{label}: {r.tokens_per_s():.1f} tok/s ({r.ms_per_step():.2f} ms/step, {r.mode}), linears {nbytes / 2**20:.1f} MiB")
+        for label, r, nbytes, q in rows:
+            print(f"{label}: {r.tokens_per_s():.1f} tok/s ({r.ms_per_step():.2f} ms/step, {r.mode}), "
+                  f"linears {nbytes / 2**20:.1f} MiB" + (f", KL {q['kl']:.4f}, top-1 {q['top1']:.1%}" if q else ""))
         return
-    t = Table(title=f"lowbit generate: {result['model']}, batch {result['batch']}, {result['device']}")
-    for col in ("variant", "tokens/s", "ms / step", "prefill ms", "linear + expert weights", "mode"):
-        t.add_column(col, justify="right" if col != "variant" else "left")
-    base = rows[0][1].tokens_per_s() if len(rows) > 1 else None
-    for label, r, nbytes in rows:
+    compared = "unquantized" in result
+    modes = {r.mode for _, r, _, _ in rows}
+    one_mode = len(modes) == 1
+    t = Table(title=f"lowbit generate: {result['model']}, batch {result['batch']}, {result['device']}"
+                    + (f", {modes.pop()}" if one_mode else ""),
+              caption="weights: linear and MoE expert weights" + ("; KL (nats) and top-1 agreement vs unquantized,"
+                                                                  " teacher-forced" if compared else ""))
+    cols = ["variant", "tok/s", "ms/step", "prefill ms", "weights"] + ([] if one_mode else ["mode"])
+    for col in cols + (["KL", "top-1"] if compared else []):
+        t.add_column(col, justify="right" if col != "variant" else "left", no_wrap=True)
+    base = rows[0][1].tokens_per_s() if compared else None
+    for label, r, nbytes, q in rows:
         tps = r.tokens_per_s()
         speed = f"{tps:.1f}" + (f" ({tps / base:.2f}x)" if base and r is not rows[0][1] else "")
-        t.add_row(label, speed, f"{r.ms_per_step():.2f}", f"{r.prefill_s * 1e3:.1f}", f"{nbytes / 2**20:.1f} MiB", r.mode)
-    Console().print(t)
-    if "quality" in result:
-        q = result["quality"]
-        print(f"quality vs unquantized over its {q['tokens']} generated tokens (teacher-forced): "
-              f"KL {q['kl']:.4f} nats, top-1 agreement {q['top1']:.1%}, perplexity {q['ppl_ref']:.2f} -> {q['ppl']:.2f}, "
-              f"same text: {q['same_text']}")
+        cells = [label, speed, f"{r.ms_per_step():.2f}", f"{r.prefill_s * 1e3:.1f}", f"{nbytes / 2**20:.1f} MiB"]
+        cells += [] if one_mode else [r.mode]
+        if compared:
+            cells += [f"{q['kl']:.4f}", f"{q['top1']:.1%}"] if q else ["", ""]
+        t.add_row(*cells)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: no need to squeeze the table into 80 columns
+        console = Console(width=max(console.width, 120))
+    console.print(t)
+    for label, _, _, q in rows:
+        if q:
+            print(f"{label} vs unquantized over its {q['tokens']} generated tokens (teacher-forced): "
+                  f"KL {q['kl']:.4f} nats, top-1 agreement {q['top1']:.1%}, perplexity {q['ppl_ref']:.2f} -> {q['ppl']:.2f}, "
+                  f"same text: {q['same_text']}")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -218,8 +266,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
-    p.add_argument("--format", dest="fmt", choices=("kbit", "nvfp4"), default="kbit",
-                   help="weight format: kbit (--bits) or nvfp4 (E2M1 + E4M3 per 16; every linear but the output head)")
+    p.add_argument("--format", dest="fmt", default="kbit",
+                   help="weight format: kbit (--bits) or nvfp4 (E2M1 + E4M3 per 16; every linear but the output "
+                        "head); several, comma-separated (kbit,nvfp4), are timed side by side (default %(default)s)")
     p.set_defaults(func=_cmd)
     return p
 
@@ -248,7 +297,13 @@ def check_args(args) -> None:
             raise UsageError(f"--device {args.device!r} is not a device (cuda, cuda:1, cpu)") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: this machine has no CUDA GPU visible to torch (use --device cpu)")
-    if args.fmt == "nvfp4":
+    try:
+        fmts = parse_formats(args.fmt)
+    except ValueError:
+        raise UsageError(f"--format takes {' or '.join(FORMATS)}, or several comma-separated, got {args.fmt!r}") from None
+    if len(fmts) > 1 and (args.load or args.save):
+        raise UsageError("--load / --save take one --format")
+    if "nvfp4" in fmts:
         given = [o for o, v in (("--load", args.load), ("--save", args.save), ("--lm-head-bits", args.lm_head_bits),
                                 ("--codebook fit", args.codebook == "fit")) if v]
         if given:
