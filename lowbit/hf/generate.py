@@ -114,7 +114,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     ids = _input_ids(tok, prompt, batch, net.config.vocab_size, chat)
     eos = tok.eos_token_id if tok is not None else None
     result = {"model": desc, "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bits": bits,
-              "batch": batch, "prompt": prompt, "load_s": load_s, "variants": {}}
+              "batch": batch, "prompt": prompt, "load_s": load_s, "variants": {},
+              "random_weights": tok is None}  # random init: speed only, its logits are near-flat
     rows = []
 
     def run(m, label):
@@ -215,14 +216,15 @@ def _table(rows, result, quiet):
                   f"linears {nbytes / 2**20:.1f} MiB" + (f", KL {q['kl']:.4f}, top-1 {q['top1']:.1%}" if q else ""))
         return
     compared = "unquantized" in result
+    scored = compared and not result["random_weights"]
     modes = {r.mode for _, r, _, _ in rows}
     one_mode = len(modes) == 1
     t = Table(title=f"lowbit generate: {result['model']}, batch {result['batch']}, {result['device']}"
                     + (f", {modes.pop()}" if one_mode else ""),
               caption="weights: linear and MoE expert weights" + ("; KL (nats) and top-1 agreement vs unquantized,"
-                                                                  " teacher-forced" if compared else ""))
+                                                                  " teacher-forced" if scored else ""))
     cols = ["variant", "tok/s", "ms/step", "prefill ms", "weights"] + ([] if one_mode else ["mode"])
-    for col in cols + (["KL", "top-1"] if compared else []):
+    for col in cols + (["KL", "top-1"] if scored else []):
         t.add_column(col, justify="right" if col != "variant" else "left", no_wrap=True)
     base = rows[0][1].tokens_per_s() if compared else None
     for label, r, nbytes, q in rows:
@@ -230,13 +232,17 @@ def _table(rows, result, quiet):
         speed = f"{tps:.1f}" + (f" ({tps / base:.2f}x)" if base and r is not rows[0][1] else "")
         cells = [label, speed, f"{r.ms_per_step():.2f}", f"{r.prefill_s * 1e3:.1f}", f"{nbytes / 2**20:.1f} MiB"]
         cells += [] if one_mode else [r.mode]
-        if compared:
+        if scored:
             cells += [f"{q['kl']:.4f}", f"{q['top1']:.1%}"] if q else ["", ""]
         t.add_row(*cells)
     console = Console()
     if not console.is_terminal:  # a log or a pipe: no need to squeeze the table into 80 columns
         console = Console(width=max(console.width, 120))
     console.print(t)
+    if compared and result["random_weights"]:
+        print("quality not scored: random-init weights give near-flat logits, so KL and top-1 against the "
+              "unquantized model mean little (they are in the returned numbers); use a real --model to judge quality")
+        return
     for label, _, _, q in rows:
         if q:
             print(f"{label} vs unquantized over its {q['tokens']} generated tokens (teacher-forced): "
