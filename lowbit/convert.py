@@ -278,4 +278,4 @@ def _progress(items: list, enabled: bool, bits: int):
         from tqdm.auto import tqdm
     except ImportError:  # progress bars are optional (lowbit[hf] installs tqdm)
         return items
-    return tqdm(items, desc=f"quantizing to kbit{bits}", unit="layer", leave=False)
+    return tqdm(items, desc=f"quantizing to kbit{bits}", unit="weight", leave=False)
