@@ -9,12 +9,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="no CUDA GPU on this machine (run `pytest -m gpu` on a GPU machine)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="no CUDA GPU on this machine (run `pytest -m gpu` on a GPU machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        # Other workers share the GPU: a bandwidth or a time measured now says nothing.
+        skip = pytest.mark.skip(reason="times the GPU: run `pytest -m timing` without -n")
+        for item in items:
+            if "timing" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -15,12 +15,14 @@ def read_bw():
     return measure_read_bandwidth(1 << 30, replays=5)
 
 
+@pytest.mark.timing
 def test_bandwidth_probe_plausible(read_bw):
     copy_bw = measure_copy_bandwidth(1 << 29, replays=5)
     print(f"read {read_bw / 1e12:.3f} TB/s, copy {copy_bw / 1e12:.3f} TB/s")
     assert 0.3e12 < read_bw < 10e12 and 0.3e12 < copy_bw < 10e12
 
 
+@pytest.mark.timing
 def test_cublas_cold_not_faster_than_hot(read_bw):
     """4096x4096 fp16 (32 MiB) fits in L2: hot must not be slower than cold."""
     r = Runner([all_methods()["cublas-fp16"]], read_bw, replays=10).linear("t", Linear("q", 4096, 4096), 1, all_methods()["cublas-fp16"])
