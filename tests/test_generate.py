@@ -125,3 +125,12 @@ def test_generate_formats_side_by_side_on_cpu(capsys):
     assert "[kbit4]" in out and "[nvfp4]" in out and "nvfp4" in out.split("[nvfp4]")[1]
     # random weights: the quality numbers are returned but not shown as a verdict
     assert "quality not scored: random-init weights" in out and "top-1 agreement" not in out
+
+
+def test_generate_warns_before_the_text_at_3_bits(capsys):
+    from lowbit.hf.generate import generate
+
+    generate("random:tiny-llama", bits=3, max_new_tokens=2, device="cpu")
+    out = capsys.readouterr().out
+    assert "WARNING: round-to-nearest at this many bits breaks models" in out
+    assert out.index("WARNING") < out.index("[kbit3]")

@@ -159,13 +159,13 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             size = sum(p.stat().st_size for p in Path(save).glob("*.safetensors"))
             say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
                 f"in {time.perf_counter() - t_save:.1f} s")
-        q_r, q_text = run(m, label)
-        variant = {"format": f, "text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
-                   "mode": q_r.mode, "prefill_s": q_r.prefill_s, "quantize_s": quantize_s}
-        if not compare and not quiet and f == "kbit" and not load:
+        if not compare and not quiet and f == "kbit" and not load:  # before the text it qualifies
             note = expected_quality(f"kbit{bits}")
             if note:
                 print(note)
+        q_r, q_text = run(m, label)
+        variant = {"format": f, "text": q_text, "tokens_per_s": q_r.tokens_per_s(), "ms_per_step": q_r.ms_per_step(),
+                   "mode": q_r.mode, "prefill_s": q_r.prefill_s, "quantize_s": quantize_s}
         if compare:
             n_prompt = ids.shape[1]
             q_logits = quality.logits_over(m, seq)
