@@ -30,7 +30,8 @@ import torch
 from . import dispatch, ops
 from ._checks import check_tensor, check_x, offsets_for
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
-from .formats import e4m4, kbit, nvfp4, nvfp4_tiled
+from .formats import e4m4, kbit, nvfp4
+from .formats.nvfp4 import tiled as nvfp4_tiled
 from .formats.nvfp4 import NvFp4Weight
 from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
@@ -152,18 +153,18 @@ def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     return y.reshape(*lead, n)
 
 
-def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4_tiled.NvFp4Experts":
+def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4.NvFp4Experts":
     """NVFP4 of a stack of expert weights ``[E, N, K]`` (K % 32 == 0) in the tiled layout, for
     :func:`nvfp4_grouped_linear`."""
     check_tensor("weights", weights, dtypes=(torch.float32, torch.float16, torch.bfloat16), dim=3)
-    return nvfp4_tiled.NvFp4Experts.from_weights(quantize_nvfp4(w) for w in weights)
+    return nvfp4.NvFp4Experts.from_weights(quantize_nvfp4(w) for w in weights)
 
 
-def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: "nvfp4_tiled.NvFp4Experts") -> torch.Tensor:
+def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: "nvfp4.NvFp4Experts") -> torch.Tensor:
     """MoE rows ``x [tokens, K]`` sorted by expert (``expert_offsets`` int64 [E + 1]) times their NVFP4
     experts, one launch on CUDA fp16/bf16 (the grouped decode GEMV; rows beyond 8 per expert are taken
     8 at a time), the reference elsewhere."""
-    if not isinstance(experts, nvfp4_tiled.NvFp4Experts):
+    if not isinstance(experts, nvfp4.NvFp4Experts):
         raise TypeError(f"experts must be an NvFp4Experts (lowbit.quantize_nvfp4_experts), got {type(experts).__name__}")
     check_x(x, experts.k, experts.qweight.device, what="K")
     offsets, check = offsets_for(expert_offsets, x, experts.qweight.shape[0])

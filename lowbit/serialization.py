@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .formats import kbit, kbit_tiled
+from .formats import kbit
+
+from .formats.kbit import tiled as kbit_tiled
 from .nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, fused_experts_layout
 from .nn.fused import fused_name, install
 

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 import lowbit
 from lowbit import ops
-from lowbit.formats import kbit, kbit_tiled
+from lowbit.formats import kbit
+from lowbit.formats.kbit import tiled as kbit_tiled
 
 
 @settings(max_examples=40, deadline=None)

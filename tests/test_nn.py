@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import lowbit
-from lowbit.formats import kbit, kbit_tiled
+from lowbit.formats import kbit
+from lowbit.formats.kbit import tiled as kbit_tiled
 from lowbit.nn import KbitLinear, KbitMoeExperts
 
 from .tiny_models import rel_err

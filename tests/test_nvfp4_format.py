@@ -317,7 +317,7 @@ def test_activation_quantize_and_w4a4_against_dense(gen):
 @given(st.integers(1, 40), st.integers(1, 12), st.integers(0, 2 ** 31 - 1))
 def test_tiled_round_trip(n, k32, seed):
     """pack -> unpack gives back the bytes, for N not a multiple of 16 and K not a multiple of 256."""
-    from lowbit.formats import nvfp4_tiled
+    from lowbit.formats.nvfp4 import tiled as nvfp4_tiled
 
     g = torch.Generator().manual_seed(seed)
     k = 32 * k32
@@ -325,16 +325,16 @@ def test_tiled_round_trip(n, k32, seed):
     qw, qs = nvfp4_tiled.pack(q)
     t, gr = nvfp4_tiled.tiled_shape(n, k)
     assert qw.shape == (t, gr, 4, 32, 4) and qs.shape == (t, gr, 256)
-    back = nvfp4_tiled.unpack(qw, qs, q.scale_2, n, k)
+    back = nvfp4.from_tiled(qw, qs, q.scale_2, n, k)
     assert torch.equal(back.packed, q.packed)
     assert torch.equal(back.scales.view(torch.uint8), q.scales.view(torch.uint8))
-    assert torch.equal(nvfp4_tiled.dequantize(qw, qs, q.scale_2, n, k), q.dequantize())
+    assert torch.equal(nvfp4.dequantize_tiled(qw, qs, q.scale_2, n, k), q.dequantize())
 
 
 def test_tiled_scale_positions():
     """Lane (g, t) of block j reads the scale of 16-column block 2 j + t // 2 for rows g and g + 8 at
     bytes 32 g + 16 (t // 2) + j and + 8 (what the kernels assume)."""
-    from lowbit.formats import nvfp4_tiled
+    from lowbit.formats.nvfp4 import tiled as nvfp4_tiled
 
     n, k = 16, 256
     q = lowbit.quantize_nvfp4(torch.randn(n, k))

@@ -7,7 +7,8 @@ import ctypes
 import torch
 
 from .. import dispatch, ops
-from ..formats import kbit, kbit_tiled
+from ..formats import kbit
+from ..formats.kbit import tiled as kbit_tiled
 from . import cuda_dense
 from .library import library_or_none as _library_or_none
 from .library import ptr, stream_of

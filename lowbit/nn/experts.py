@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from .. import dispatch
-from ..formats import kbit, kbit_tiled
+from ..formats import kbit
+from ..formats.kbit import tiled as kbit_tiled
 from .linear import apply_keeping_dtypes
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..formats import kbit, kbit_tiled
+from ..formats import kbit
+
+from ..formats.kbit import tiled as kbit_tiled
 from .linear import KbitLinear
 
 #: sibling names fused by ``quantize_model(..., fuse=True)``, each group read from one input in

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from .. import dispatch
-from ..formats import kbit, kbit_tiled
+from ..formats import kbit
+from ..formats.kbit import tiled as kbit_tiled
 
 
 def _check_features(in_features: int, out_features: int) -> None:

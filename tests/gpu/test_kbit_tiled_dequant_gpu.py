@@ -6,7 +6,8 @@ import torch
 
 import lowbit
 from lowbit import ops
-from lowbit.formats import kbit, kbit_tiled
+from lowbit.formats import kbit
+from lowbit.formats.kbit import tiled as kbit_tiled
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 pytestmark = pytest.mark.gpu

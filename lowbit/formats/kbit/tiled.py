@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import torch
 
-from . import e4m4, kbit
+from .. import e4m4
+from . import definition as kbit
 
 TILE_N = 16
 GROUP_BLOCKS = 8

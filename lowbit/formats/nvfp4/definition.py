@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import FLOAT_DTYPES, check_finite, check_same_device, check_tensor
+from ..._checks import FLOAT_DTYPES, check_finite, check_same_device, check_tensor
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -127,74 +127,6 @@ def scale_2_from(global_scale: torch.Tensor | float, convention: str) -> torch.T
     return g.clone() if convention == "modelopt" else torch.reciprocal(g)
 
 
-class NvFp4Weight:
-    """An NVFP4 weight: ``packed`` uint8 [N, K/2], ``scales`` float8_e4m3fn [N, K/16] (plain layout),
-    ``scale_2`` fp32 scalar (the multiplier). See the module doc."""
-
-    __slots__ = ("packed", "scales", "scale_2", "_tiled")
-
-    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, scale_2: torch.Tensor):
-        check_nvfp4_tensors(packed, scales, scale_2)
-        self.packed, self.scales, self.scale_2 = packed, scales, scale_2.reshape(())
-        self._tiled = None
-
-    def tiled(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(qweight, qscales) in the kernels' layout (``nvfp4_tiled``), made once and kept."""
-        if self._tiled is None:
-            from . import nvfp4_tiled
-
-            self._tiled = nvfp4_tiled.pack(self)
-        return self._tiled
-
-    @classmethod
-    def from_tensors(cls, packed, scales, global_scale, *, convention: str, scale_layout: str = "plain",
-                     k: int | None = None) -> "NvFp4Weight":
-        """From a checkpoint's tensors: ``convention`` names the global scale's meaning ("modelopt" or
-        "inverse", required); ``scale_layout`` "plain" ([N, K/16]) or "blocked" (flat swizzled, then
-        ``k`` -- the input width -- is required)."""
-        if scale_layout == "blocked":
-            if k is None:
-                raise ValueError("scale_layout='blocked' needs k (the weight's input width)")
-            if k % BLOCK:
-                raise ValueError(f"k must be a multiple of {BLOCK}, got {k}")
-            scales = from_blocked(scales, packed.shape[0], k // BLOCK)
-        elif scale_layout != "plain":
-            raise ValueError(f"scale_layout must be 'plain' or 'blocked', got {scale_layout!r}")
-        return cls(packed, scales, scale_2_from(global_scale, convention).to(packed.device))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.packed.shape[0], self.packed.shape[1] * 2
-
-    @property
-    def device(self) -> torch.device:
-        return self.packed.device
-
-    def global_scale(self, convention: str) -> torch.Tensor:
-        """The tensor scale as ``convention`` stores it."""
-        scale_2_from(1.0, convention)  # validates the name
-        return self.scale_2.clone() if convention == "modelopt" else torch.reciprocal(self.scale_2)
-
-    def blocked_scales(self) -> torch.Tensor:
-        return to_blocked(self.scales)
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.packed, self.scales, self.scale_2
-
-    def to(self, device) -> "NvFp4Weight":
-        return NvFp4Weight(self.packed.to(device), self.scales.to(device), self.scale_2.to(device))
-
-    def nbytes(self) -> int:
-        return self.packed.numel() + self.scales.numel() + 4
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize_reference(self.packed, self.scales, self.scale_2, dtype)
-
-    def __repr__(self) -> str:
-        n, k = self.shape
-        return f"NvFp4Weight(shape=({n}, {k}), scale_2={self.scale_2.item():.4g}, device={self.device})"
-
-
 def check_nvfp4_tensors(packed, scales, scale_2) -> None:
     check_tensor("packed", packed, dtypes=(torch.uint8,), dim=2)
     check_tensor("scales", scales, dtypes=(torch.float8_e4m3fn,), dim=2)
@@ -215,26 +147,6 @@ def check_nvfp4_tensors(packed, scales, scale_2) -> None:
         raise ValueError(f"scale_2 must be finite and > 0, got {s2}")
 
 
-def quantize(weight: torch.Tensor) -> NvFp4Weight:
-    """NVFP4 of a float weight ``[N, K]`` (K a multiple of 16) on its device, as the module doc says."""
-    check_tensor("weight", weight, dtypes=FLOAT_DTYPES, dim=2)
-    n, k = weight.shape
-    if k % BLOCK:
-        raise ValueError(f"K (weight.shape[1]) must be a multiple of {BLOCK} for NVFP4, got {k}")
-    check_finite("weight", weight)
-    w = weight.to(torch.float32)
-    amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
-    scale_2 = (amax / (E2M1_MAX * E4M3_MAX)) if amax > 0 else torch.ones((), device=w.device)
-    scale_2 = scale_2.to(torch.float32)
-    blocks = w.reshape(n, k // BLOCK, BLOCK)
-    scales = encode_e4m3((blocks.abs().amax(dim=-1) / E2M1_MAX) / scale_2)
-    step = scales.to(torch.float32) * scale_2
-    safe = torch.where(step > 0, step, torch.ones_like(step))
-    scaled = torch.where(step[..., None] > 0, blocks / safe[..., None], torch.zeros_like(blocks))
-    codes = encode_e2m1(scaled).reshape(n, k)
-    return NvFp4Weight(pack(codes), scales, scale_2)
-
-
 def dequantize_reference(packed, scales, scale_2, dtype=torch.float32) -> torch.Tensor:
     """``[N, K]`` in ``dtype``: e2m1 * float(scale) * scale_2 in fp32, rounded once."""
     check_nvfp4_tensors(packed, scales, scale_2)
@@ -242,47 +154,6 @@ def dequantize_reference(packed, scales, scale_2, dtype=torch.float32) -> torch.
     vals = decode_e2m1(unpack(packed)).reshape(n, -1, BLOCK)
     w = vals * (scales.to(torch.float32) * scale_2.reshape(()).to(torch.float32))[..., None]
     return w.reshape(n, -1).to(dtype)
-
-
-def linear_reference(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
-    """``x @ W^T`` in fp32 from the reference dequantization, rounded once to x's dtype."""
-    y = x.to(torch.float32) @ w.dequantize(torch.float32).to(x.device).t()
-    return y.to(x.dtype)
-
-
-# ------------------------------------------------------------------ checkpoint layouts
-#: tensor names per linear (after the module prefix) in the two checkpoint conventions
-MODELOPT_KEYS = ("weight", "weight_scale", "weight_scale_2")
-COMPRESSED_TENSORS_KEYS = ("weight_packed", "weight_scale", "weight_global_scale")
-
-
-def from_state_dict(state: dict, prefix: str = "") -> NvFp4Weight:
-    """One linear's NVFP4 weight from a checkpoint state dict: ModelOpt's ``{prefix}weight`` (uint8)
-    + ``weight_scale`` (fp8) + ``weight_scale_2`` (fp32 multiplier), or compressed-tensors'
-    ``{prefix}weight_packed`` + ``weight_scale`` + ``weight_global_scale`` (fp32 inverse). The key
-    names say which convention applies; a dict with both or neither is refused."""
-    has_mo = all(prefix + k in state for k in MODELOPT_KEYS)
-    has_ct = all(prefix + k in state for k in COMPRESSED_TENSORS_KEYS)
-    if has_mo == has_ct:
-        raise ValueError(f"{prefix!r}: expected exactly one NVFP4 layout: ModelOpt {MODELOPT_KEYS} or "
-                         f"compressed-tensors {COMPRESSED_TENSORS_KEYS} (got keys "
-                         f"{sorted(k for k in state if k.startswith(prefix))})")
-    if has_mo:
-        packed, scales, g = (state[prefix + k] for k in MODELOPT_KEYS)
-        return NvFp4Weight.from_tensors(packed, scales, g, convention="modelopt")
-    packed, scales, g = (state[prefix + k] for k in COMPRESSED_TENSORS_KEYS)
-    return NvFp4Weight.from_tensors(packed, scales, g, convention="inverse")
-
-
-def to_state_dict(w: NvFp4Weight, layout: str, prefix: str = "") -> dict:
-    """The tensors a checkpoint of ``layout`` ("modelopt" or "compressed-tensors") holds for ``w``."""
-    if layout == "modelopt":
-        return {prefix + "weight": w.packed, prefix + "weight_scale": w.scales,
-                prefix + "weight_scale_2": w.global_scale("modelopt")}
-    if layout == "compressed-tensors":
-        return {prefix + "weight_packed": w.packed, prefix + "weight_scale": w.scales,
-                prefix + "weight_global_scale": w.global_scale("inverse").reshape(1)}
-    raise ValueError(f"layout must be 'modelopt' or 'compressed-tensors', got {layout!r}")
 
 
 # ------------------------------------------------------------------ W4A4 (both operands NVFP4)
