@@ -101,9 +101,9 @@ def main():
         chosen = {"efficient": "mem_efficient"}.get(args.sdpa, args.sdpa)
         for b in ("flash", "mem_efficient", "cudnn", "math"):
             getattr(torch.backends.cuda, f"enable_{b}_sdp")(b == chosen)
-    from lowbit.kernels import cuda_kbit
+    from lowbit.kernels import tiled
 
-    cuda_kbit.DENSE_PATH = args.kbit_path
+    tiled.DENSE_PATH = args.kbit_path
     rows = []
     base = None
     for variant in args.variants.split(","):

@@ -22,7 +22,7 @@ import lowbit
 from lowbit import dispatch
 from lowbit.bench.crossover import path_time
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes
-from lowbit.kernels import cuda_kbit
+from lowbit.kernels import tiled
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 4096), (4096, 14336)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048]
@@ -69,11 +69,11 @@ def main() -> None:
                 if (path == "gemv" and m > dispatch.GEMV_MAX_M) or (path.startswith("gemm-") and not args.tiles_per_warp):
                     continue
                 p = {"dequant": "dequant_matmul", "auto": None}.get(path, path.split("-")[0])
-                cuda_kbit.GEMM_TILES_PER_WARP = int(path[-1]) if path.startswith("gemm-") else None
+                tiled.GEMM_TILES_PER_WARP = int(path[-1]) if path.startswith("gemm-") else None
                 try:
                     res[path] = path_time(x, qs, p, replays=8)
                 finally:
-                    cuda_kbit.GEMM_TILES_PER_WARP = None
+                    tiled.GEMM_TILES_PER_WARP = None
             res["auto_path"] = dispatch.kbit_path(x, n)
             if not args.no_peers:
                 res["cublas-fp16"] = cold_time([lambda v=v, x=x: torch.nn.functional.linear(x, v) for v in ws])

@@ -9,7 +9,7 @@ lookup table fewer times); ``--pdl``: every call with programmatic dependent lau
 calls of the same GEMV, as in the graph, overlap).
 
 Prints one line per (shape, bits, kernel) with us and % of measured read bandwidth, and which
-kernel the dispatch rule (lowbit.kernels.cuda_kbit.use_split) picks.
+kernel the dispatch rule (lowbit.kernels.tiled.use_split) picks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.cuda_kbit import counters, gemv_warps, split_max_ctas, use_split
+from lowbit.kernels.tiled import counters, gemv_warps, split_max_ctas, use_split
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]

@@ -21,7 +21,7 @@ import torch
 import lowbit
 from lowbit import dispatch
 from lowbit.bench.timing import graph_time
-from lowbit.kernels import cuda_kbit
+from lowbit.kernels import tiled
 from lowbit.kernels.library import library_or_none
 
 
@@ -77,7 +77,7 @@ def main() -> None:
             return {name: cls(lib, qw, qa, ex.codebook, ex.scales, args.bits, *shapes[name])
                     for name, (ex, qw, qa) in stacks.items()}
 
-        gv, gm = launchers(cuda_kbit.GroupedLauncher), launchers(cuda_kbit.GroupedGemmLauncher)
+        gv, gm = launchers(tiled.GroupedLauncher), launchers(tiled.GroupedGemmLauncher)
         cols = {"grouped-gemv": lambda nm: gv[nm](xs[nm], off), "grouped-gemm": lambda nm: gm[nm](xs[nm], off)}
         for nt in pinned:
             cols[f"grouped-gemm-t{nt}"] = lambda nm, nt=nt: gm[nm](xs[nm], off, nt=nt)

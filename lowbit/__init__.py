@@ -37,10 +37,10 @@ from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
-from .kernels import cuda_dense as _cuda_dense  # noqa: F401  (CUDA kernels register on import)
-from .kernels import cuda_kbit as _cuda_kbit  # noqa: F401
-from .kernels import cuda_nvfp4 as _cuda_nvfp4  # noqa: F401
-from .kernels.cuda_dense import programmatic_launch
+from .kernels import dense as _dense_kernels  # noqa: F401  (CUDA kernels register on import)
+from .kernels import kbit as _kbit_kernels  # noqa: F401
+from .kernels import nvfp4 as _nvfp4_kernels  # noqa: F401
+from .kernels.device import programmatic_launch
 from .convert import QuantizeReport, quantize_model
 from .serialization import load_quantized, save_quantized
 from . import nn

@@ -32,7 +32,7 @@ weight size), never on timing in the hot path, so they are the same in eager mod
 ``torch.compile`` and inside CUDA graphs.
 
 Two ways to call a path: ``*_op`` goes through the ``torch.ops.lowbit`` custom ops (what
-``torch.compile`` traces), the launchers in ``kernels.cuda_kbit`` skip the dispatcher (the modules'
+``torch.compile`` traces), the launchers in ``kernels.tiled`` skip the dispatcher (the modules'
 eager fast path). Both run the same kernels with the same decisions.
 """
 
@@ -46,6 +46,9 @@ from pathlib import Path
 import torch
 
 from . import ops
+from .kernels import tiled
+from .kernels.library import library_or_none
+from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
 
 #: largest batch the kbit decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
 GEMV_MAX_M = 8
@@ -198,12 +201,6 @@ def forced_path(path: str | None):
         _forced = prev
 
 
-def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
-    """The GEMV kernels add a bias of x's dtype, contiguous, in fp32 before rounding; any other
-    bias is added after them."""
-    return bias.dtype == x.dtype and bias.is_contiguous()
-
-
 def kbit_path(x2: torch.Tensor, n: int | None = None) -> str:
     """The path for a 2-D activation ``x2 [M, K_in]`` against a weight of ``n`` rows (None: the
     largest size class): ``"gemv"``, ``"gemm"`` or ``"dequant_matmul"``."""
@@ -301,15 +298,11 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
     """A ``GemvLauncher`` (kind "gemv"), ``GroupedLauncher`` ("grouped") or ``GroupedGemmLauncher``
     ("grouped_gemm") for the module's buffers, or None where the compiled library is unavailable
     (the op path then runs)."""
-    from .kernels import cuda_kbit
-    from .kernels.library import library_or_none
-
     if buffers["qweight"].device != x.device:
         raise ValueError(f"x is on {x.device} but the module's weights are on {buffers['qweight'].device}")
     lib = library_or_none(x.device)
     if lib is None:
         return None
-    cls = {"gemv": cuda_kbit.GemvLauncher, "grouped": cuda_kbit.GroupedLauncher,
-           "grouped_gemm": cuda_kbit.GroupedGemmLauncher}[kind]
+    cls = {"gemv": tiled.GemvLauncher, "grouped": tiled.GroupedLauncher, "grouped_gemm": tiled.GroupedGemmLauncher}[kind]
     scale = buffers["scale"] if kind == "gemv" else buffers["scales"]
-    return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, bits, n, k_in)
+    return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in)

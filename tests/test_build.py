@@ -43,7 +43,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "check_expert_offsets"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     assert hasattr(lib, "lowbit_check_expert_offsets")
-    from lowbit.kernels.cuda_kbit import GEMM_INSTANCES, GEMM_TOKEN_TILES
+    from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
     for dt in ("fp16", "bf16"):
@@ -67,7 +67,7 @@ def test_library_builds_and_exports_symbols(built_library):
             assert hasattr(lib, f"lowbit_kbit_split_gemv_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_tiled_dequant_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_split_gemv_occupancy_b{bits}_{dt}")
-            for m in (1, 2, 3, 4, 8):  # cuda_kbit.gemv_instance
+            for m in (1, 2, 3, 4, 8):  # tiled.gemv_instance
                 assert hasattr(lib, f"lowbit_kbit_gemv_b{bits}_{dt}_m{m}")
                 assert hasattr(lib, f"lowbit_kbit_gemv_occupancy_b{bits}_{dt}_m{m}")
             for nt, r in GEMM_INSTANCES:

@@ -8,7 +8,7 @@ import torch
 
 import lowbit
 from lowbit import dispatch, ops
-from lowbit.kernels import cuda_kbit
+from lowbit.kernels import tiled
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
@@ -76,20 +76,20 @@ def test_crossover_file(tmp_path):
 
 
 def test_gemv_instance():
-    assert [cuda_kbit.gemv_instance(m) for m in range(1, 9)] == [1, 2, 3, 4, 8, 8, 8, 8]
+    assert [tiled.gemv_instance(m) for m in range(1, 9)] == [1, 2, 3, 4, 8, 8, 8, 8]
     for m in (0, 9):
         with pytest.raises(ValueError):
-            cuda_kbit.gemv_instance(m)
+            tiled.gemv_instance(m)
 
 
 def test_gemm_token_tiles_and_splits():
-    assert [cuda_kbit.gemm_token_tiles(m) for m in (9, 16, 17, 32, 33, 64, 65, 2048)] == [2, 2, 4, 4, 8, 8, 8, 8]
-    assert cuda_kbit.gemm_splits(224, 1, 32, 132) == 1  # row blocks fill the GPU
-    assert cuda_kbit.gemm_splits(32, 1, 16, 264) == 8  # 4096x4096: 32 row blocks, 8-way split-K
-    assert cuda_kbit.gemm_splits(1, 1, 3, 264) == 1  # a split keeps >= 2 groups
-    assert cuda_kbit.gemm_splits(1, 1, 64, 264) == 32
-    assert cuda_kbit.gemm_splits(112, 1, 32, 132) == 1  # 85% of one wave: not two waves at 85%
-    assert cuda_kbit.gemm_splits(32, 1, 32, 132) == 4  # 128 of 132
+    assert [tiled.gemm_token_tiles(m) for m in (9, 16, 17, 32, 33, 64, 65, 2048)] == [2, 2, 4, 4, 8, 8, 8, 8]
+    assert tiled.gemm_splits(224, 1, 32, 132) == 1  # row blocks fill the GPU
+    assert tiled.gemm_splits(32, 1, 16, 264) == 8  # 4096x4096: 32 row blocks, 8-way split-K
+    assert tiled.gemm_splits(1, 1, 3, 264) == 1  # a split keeps >= 2 groups
+    assert tiled.gemm_splits(1, 1, 64, 264) == 32
+    assert tiled.gemm_splits(112, 1, 32, 132) == 1  # 85% of one wave: not two waves at 85%
+    assert tiled.gemm_splits(32, 1, 32, 132) == 4  # 128 of 132
 
 
 def test_gemm_op_cpu_is_reference_and_checks(gen):
@@ -196,28 +196,28 @@ def test_grouped_crossover_in_file(tmp_path):
 
 
 def test_gemm_tiles_per_warp_rule(monkeypatch):
-    sms, f = 132, cuda_kbit.gemm_tiles_per_warp
+    sms, f = 132, tiled.gemm_tiles_per_warp
     assert f(2, 1792, 32, 1, sms) == 1  # no two-tile instance at 16 tokens
     assert f(4, 1792, 32, 1, sms) == 2  # 8192x28672
     assert f(8, 512, 112, 1, sms) == 2  # 28672x8192: large, split-K anyway
     assert f(8, 896, 16, 1, sms) == 1   # 4096x14336 M=64: 56 CTAs of 256 rows would need split-K
     assert f(8, 896, 16, 2, sms) == 2   # M=128: 112 CTAs
     assert f(8, 256, 16, 2, sms) == 1   # 4096x4096 M=128
-    for nt, r in cuda_kbit.GEMM_INSTANCES:
-        assert nt in cuda_kbit.GEMM_TOKEN_TILES and r in (1, 2)
-    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 2)
+    for nt, r in tiled.GEMM_INSTANCES:
+        assert nt in tiled.GEMM_TOKEN_TILES and r in (1, 2)
+    monkeypatch.setattr(tiled, "GEMM_TILES_PER_WARP", 2)
     assert f(2, 1792, 32, 1, sms) == 1  # pinned to an instance that exists
     assert f(4, 256, 16, 1, sms) == 2
-    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", 1)
+    monkeypatch.setattr(tiled, "GEMM_TILES_PER_WARP", 1)
     assert f(8, 1792, 32, 1, sms) == 1
 
 
 def test_grouped_token_tiles():
-    assert cuda_kbit.grouped_token_tiles(4096, 512) == 2    # 8 rows per expert
-    assert cuda_kbit.grouped_token_tiles(16384, 512) == 4   # 32
-    assert cuda_kbit.grouped_token_tiles(32768, 512) == 8   # 64
-    assert cuda_kbit.grouped_token_tiles(10 ** 6, 512) == 8
-    assert cuda_kbit.grouped_token_tiles(5, 0) == 2
+    assert tiled.grouped_token_tiles(4096, 512) == 2    # 8 rows per expert
+    assert tiled.grouped_token_tiles(16384, 512) == 4   # 32
+    assert tiled.grouped_token_tiles(32768, 512) == 8   # 64
+    assert tiled.grouped_token_tiles(10 ** 6, 512) == 8
+    assert tiled.grouped_token_tiles(5, 0) == 2
 
 
 def test_grouped_gemm_op_cpu_is_reference_and_checks(gen):

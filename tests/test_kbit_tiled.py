@@ -109,7 +109,7 @@ def test_opcheck_tiled_ops(gen):
 def test_split_items_mirror_kernel_rule():
     """split_items (host) mirrors split_for in csrc/kbit_gemv.cu: S = min(8, groups) warps per tile,
     8 // S tiles per CTA item."""
-    from lowbit.kernels.cuda_kbit import split_items
+    from lowbit.kernels.tiled import split_items
 
     assert split_items(16, 256) == 1        # 1 tile, 1 group: S=1, 8 tiles per item
     assert split_items(16 * 9, 256) == 2    # 9 tiles at 8 per item
@@ -128,7 +128,7 @@ def test_split_items_mirror_kernel_rule():
 def test_stream_k_warps_rule(tiles, groups, resident):
     """The stream-K warp count never exceeds a wave or the units, and when it is not the whole wave
     it cuts the units into equal tile-aligned ranges (whole tiles, or an equal share of each tile)."""
-    from lowbit.kernels.cuda_kbit import ALIGNED_MIN_FILL, prefer_stream_k, stream_k_warps
+    from lowbit.kernels.tiled import ALIGNED_MIN_FILL, prefer_stream_k, stream_k_warps
 
     units = tiles * groups
     w = stream_k_warps(tiles, groups, resident)
@@ -142,7 +142,7 @@ def test_stream_k_warps_rule(tiles, groups, resident):
 
 
 def test_stream_k_warps_examples():
-    from lowbit.kernels.cuda_kbit import prefer_stream_k, stream_k_warps
+    from lowbit.kernels.tiled import prefer_stream_k, stream_k_warps
 
     # H100, 2,112 resident warps (16 per SM): the shapes the rule was measured on
     assert stream_k_warps(1792, 32, 2112) == 1792           # 8192x28672: one tile per warp

@@ -82,15 +82,15 @@ def test_torch_compile_rejects_bad_shape_at_trace(gen):
 
 
 def test_programmatic_launch_is_scoped():
-    from lowbit.kernels import cuda_dense
+    from lowbit.kernels import device
 
-    before = cuda_dense._pdl
+    before = device._pdl
     with lowbit.programmatic_launch():
-        assert cuda_dense._pdl is True
+        assert device._pdl is True
         with lowbit.programmatic_launch(False):
-            assert cuda_dense._pdl is False
-        assert cuda_dense._pdl is True
-    assert cuda_dense._pdl is before
+            assert device._pdl is False
+        assert device._pdl is True
+    assert device._pdl is before
     with pytest.raises(RuntimeError), lowbit.programmatic_launch():
         raise RuntimeError("restored on error too")
-    assert cuda_dense._pdl is before
+    assert device._pdl is before

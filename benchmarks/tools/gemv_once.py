@@ -3,7 +3,7 @@
     python3 benchmarks/tools/gemv_once.py --shapes 4096x1024,4096x4096 --bits 4 [--m 1]
 
 Shapes are K_inxN. For each: the split-in-CTA kernel and the stream-K kernel (the dispatch picks
-one of them per shape: `lowbit.kernels.cuda_kbit.use_split`, printed).
+one of them per shape: `lowbit.kernels.tiled.use_split`, printed).
 """
 
 import argparse
@@ -11,7 +11,7 @@ import argparse
 import torch
 
 import lowbit
-from lowbit.kernels import cuda_kbit
+from lowbit.kernels import tiled
 from lowbit.kernels.library import get_library
 
 
@@ -29,9 +29,9 @@ def main():
             lin = torch.nn.Linear(k_in, n, bias=False, device=dev, dtype=torch.bfloat16)
             mod = lowbit.nn.KbitLinear.from_linear(lin, bits)
             x = torch.randn(args.m, k_in, device=dev, dtype=torch.bfloat16)
-            picked = "split" if cuda_kbit.use_split(lib, dev, bits, torch.bfloat16, n, k_in) else "streamk"
+            picked = "split" if tiled.use_split(lib, dev, bits, torch.bfloat16, n, k_in) else "streamk"
             for path in ("split", "streamk"):
-                cuda_kbit.DENSE_PATH = path
+                tiled.DENSE_PATH = path
                 mod._launcher = None  # rebuilt with this schedule
                 with torch.no_grad():
                     mod(x)  # warm-up (and what the profiler sees first)
@@ -39,7 +39,7 @@ def main():
                     mod(x)
                     torch.cuda.synchronize()
                 print(f"{k_in}x{n} kbit{bits} M={args.m}: {path} (dispatch picks {picked})", flush=True)
-            cuda_kbit.DENSE_PATH = "auto"
+            tiled.DENSE_PATH = "auto"
 
 
 if __name__ == "__main__":

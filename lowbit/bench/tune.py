@@ -63,7 +63,7 @@ def shapes_for(presets: list[str] | None, extra: list[str] | None) -> list[tuple
 
 def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> tuple[tuning.GemvConfig, float, list]:
     """Check and time every candidate; returns (best config, its us, [(config, us)])."""
-    from ..kernels.cuda_dense import launch
+    from ..kernels.dense import launch
     from .timing import copies_for_cold, graph_time, l2_bytes
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -88,7 +88,7 @@ def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> t
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..kernels.cuda_dense import gpu_name
+    from ..kernels.device import gpu_name
     from ..kernels.library import get_library
 
     if not torch.cuda.is_available():
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_crossover(args: argparse.Namespace) -> int:
     from .. import dispatch
-    from ..kernels.cuda_dense import gpu_name
+    from ..kernels.device import gpu_name
     from . import crossover
     from .presets import parse_shape
 

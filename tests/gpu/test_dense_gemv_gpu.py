@@ -10,7 +10,7 @@ import torch
 
 import lowbit
 from lowbit import tuning
-from lowbit.kernels.cuda_dense import launch, vector_ok
+from lowbit.kernels.dense import launch, vector_ok
 from lowbit.kernels.library import get_library
 
 pytestmark = pytest.mark.gpu

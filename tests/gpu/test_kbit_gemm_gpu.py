@@ -11,7 +11,7 @@ import torch
 
 import lowbit
 from lowbit import dispatch
-from lowbit.kernels import cuda_kbit
+from lowbit.kernels import tiled
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 from .kbit_check import BOUND, DTYPES
@@ -34,7 +34,7 @@ def _gemm_raw(q, x, splits):
     n, k_in = q.shape
     m = x.shape[0]
     qw, qa = q.tiled()
-    launch = cuda_kbit.GemmLauncher(lib, qw, qa, q.codebook, q.scale, q.bits, n, k_in)
+    launch = tiled.GemmLauncher(lib, qw, qa, q.codebook, q.scale, q.bits, n, k_in)
     _, nt, r, splits, ws_floats, cnt = launch.plan(x.dtype, m, splits)
     buf = torch.full((m * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
     ws = torch.full((max(ws_floats, 1),), float("nan"), dtype=torch.float32, device="cuda")
@@ -54,7 +54,7 @@ def test_gemm_matches_reference(bits, dtype, m, tiles_per_warp, gen, monkeypatch
     """Every instance (M up to 16 / 32 / 64, and M > 64 in chunks; one and two 16-row tiles per warp),
     M not a multiple of the tile, odd N, partial last group; K split one way, by the rule, and as far
     as it goes."""
-    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", tiles_per_warp)
+    monkeypatch.setattr(tiled, "GEMM_TILES_PER_WARP", tiles_per_warp)
     for n, k_in in _shapes(gen):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
         x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
@@ -68,7 +68,7 @@ def test_gemm_matches_reference(bits, dtype, m, tiles_per_warp, gen, monkeypatch
 def test_gemm_rejects_bad_splits(gen):
     q = lowbit.quantize_kbit(torch.randn(48, 512, generator=gen), bits=4).to("cuda")
     qw, qa = q.tiled()
-    launch = cuda_kbit.GemmLauncher(get_library(), qw, qa, q.codebook, q.scale, 4, 48, 512)
+    launch = tiled.GemmLauncher(get_library(), qw, qa, q.codebook, q.scale, 4, 48, 512)
     with pytest.raises(ValueError, match="splits"):
         launch.plan(torch.float16, 16, splits=3)  # 2 groups
 
@@ -132,7 +132,7 @@ def _grouped_raw(ex, x, off, nt):
     lib = get_library()
     e, n, k_in = ex.shape
     qw, qa = ex.tiled()
-    launch = cuda_kbit.GroupedGemmLauncher(lib, qw, qa, ex.codebook, ex.scales, ex.bits, n, k_in)
+    launch = tiled.GroupedGemmLauncher(lib, qw, qa, ex.codebook, ex.scales, ex.bits, n, k_in)
     _, ctas = launch.plan(x.dtype, nt)
     rows = x.shape[0]
     buf = torch.full((rows * n + 64,), float("nan"), dtype=x.dtype, device="cuda")

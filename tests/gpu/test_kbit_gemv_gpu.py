@@ -12,8 +12,8 @@ import torch
 
 import lowbit
 from lowbit import dispatch
-from lowbit.kernels import cuda_kbit
-from lowbit.kernels.cuda_kbit import counters, gemv_warps, split_max_ctas
+from lowbit.kernels import tiled
+from lowbit.kernels.tiled import counters, gemv_warps, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 from .kbit_check import BOUND, DTYPES
@@ -34,7 +34,7 @@ def _shapes(gen):
 @pytest.fixture(params=["streamk", "split"])
 def dense_path(request, monkeypatch):
     """Run a dense test through each GEMV kernel (auto picks split-K-in-CTA for small shapes)."""
-    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", request.param)
+    monkeypatch.setattr(tiled, "DENSE_PATH", request.param)
     return request.param
 
 
@@ -70,7 +70,7 @@ def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                 ptr(counters(x.device, tiles)),
                 m, n, k_in, warps, pdl, stream_of(x.device)]
-        lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=cuda_kbit.gemv_instance(m))
+        lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
         torch.cuda.synchronize()
         y = buf[: m * n].view(m, n)
         assert _rel(y, _ref(x, q)) <= 1e-3
@@ -94,7 +94,7 @@ def test_streamk_every_warp_count(bits, gen):
             ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
             args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                     ptr(counters(x.device, 24)), m, n, k_in, warps, 0, stream_of(x.device)]
-            lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=cuda_kbit.gemv_instance(m))
+            lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
             torch.cuda.synchronize()
             err = _rel(buf[: m * n].view(m, n), ref)
             assert err <= 1e-3, f"warps={warps} m={m}: rel err {err:.2e}"
@@ -121,7 +121,7 @@ def test_split_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in}"
         assert buf[m * n :].isnan().all()
         if n > 40000:
-            assert cuda_kbit.split_items(n, k_in) > max_ctas
+            assert tiled.split_items(n, k_in) > max_ctas
 
 
 @pytest.mark.parametrize("bits", [3, 4])
@@ -273,7 +273,7 @@ def test_pdl_chain_in_graph_equals_serialized_chain(dense_path, gen, monkeypatch
     """Programmatic dependent launch: y2 = W2 (W1 x) (kbit GEMVs back to back, the second reading the
     first's output) and a grouped GEMV whose expert offsets come from the kernel before it, captured
     in a CUDA graph with PDL, bit-equal to the same chain launched without it."""
-    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", dense_path)
+    monkeypatch.setattr(tiled, "DENSE_PATH", dense_path)
     w1 = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(2048, 4096, bias=False), bits=4).half().cuda()
     w2 = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(4096, 1024, bias=False), bits=3).half().cuda()
     experts, n, k_in = 16, 512, 1024

@@ -10,7 +10,8 @@ import torch
 
 import lowbit
 from lowbit.formats import nvfp4
-from lowbit.kernels import cuda_kbit, cuda_nvfp4
+from lowbit.kernels import nvfp4 as cuda_nvfp4
+from lowbit.kernels import tiled
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 from .kbit_check import BOUND, DTYPES, capture
@@ -54,7 +55,7 @@ def _raw(q, x, splits):
 def test_nvfp4_gemm_matches_reference(dtype, m, tiles_per_warp, gen, monkeypatch):
     """Full-range weights (outliers: block scales across the E4M3 range), odd N, K % 256 != 0,
     K split one way, by the rule, and as far as it goes."""
-    monkeypatch.setattr(cuda_kbit, "GEMM_TILES_PER_WARP", tiles_per_warp)
+    monkeypatch.setattr(tiled, "GEMM_TILES_PER_WARP", tiles_per_warp)
     for n, k in _shapes(gen):
         w = torch.randn(n, k, generator=gen) * 0.02 * torch.exp(torch.randn(n, 1, generator=gen))  # rows e^+-3 apart: block scales across E4M3, outputs within fp16
         q = lowbit.quantize_nvfp4(w).to("cuda")
@@ -101,7 +102,7 @@ def test_nvfp4_e4m3_scale_extremes(gen):
 @pytest.mark.parametrize("path", ["streamk", "split"])
 def test_nvfp4_gemv_matches_reference(dtype, m, path, gen, monkeypatch):
     """The decode GEMV (both kernels) on NVFP4 weights: full-range scales, odd N, K % 256 != 0."""
-    monkeypatch.setattr(cuda_kbit, "DENSE_PATH", path)
+    monkeypatch.setattr(tiled, "DENSE_PATH", path)
     for n, k in [(16 * 37 - 5, 32 * 23), (4096, 1024), (300, 2048 + 96)]:
         w = torch.randn(n, k, generator=gen) * 0.02 * torch.exp(torch.randn(n, 1, generator=gen))  # rows e^+-3 apart: block scales across E4M3, outputs within fp16
         q = lowbit.quantize_nvfp4(w).to("cuda")

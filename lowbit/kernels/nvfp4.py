@@ -1,6 +1,6 @@
 """CUDA implementations of the NVFP4 ops: the kbit tensor-core GEMV and GEMM instantiated for NVFP4
 weights (``csrc/kbit_gemv.cu`` / ``kbit_gemm.cu``, FP4 = true: E2M1 lookup table, E4M3 fragment
-scales; layout ``lowbit/formats/nvfp4_tiled.py``), and the kernels on the checkpoint layout itself
+scales; layout ``lowbit/formats/nvfp4/tiled.py``), and the kernels on the checkpoint layout itself
 (``csrc/nvfp4_gemv.cu``: W4A16 GEMV and GPU MODE's W4A4 batched GEMV; ``csrc/nvfp4_quantize.cu``:
 activations to NVFP4)."""
 
@@ -10,7 +10,7 @@ import torch
 
 from .. import ops
 from ..formats import nvfp4
-from .cuda_kbit import GemmLauncher, GemvLauncher, GroupedLauncher, _with_bias, check_offsets_on_device
+from .tiled import NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, with_bias
 from .library import library_or_none, ptr, stream_of
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
@@ -24,11 +24,11 @@ def e2m1_codebook(device: torch.device) -> torch.Tensor:
 
 
 def gemm_launcher(lib, qweight, qscales, scale_2, n: int, k: int) -> GemmLauncher:
-    return GemmLauncher(lib, qweight, qscales, e2m1_codebook(qweight.device), scale_2, 4, n, k, op="nvfp4_gemm")
+    return GemmLauncher(lib, qweight, qscales, e2m1_codebook(qweight.device), scale_2, NVFP4, n, k)
 
 
 def gemv_launcher(lib, qweight, qscales, scale_2, n: int, k: int) -> GemvLauncher:
-    return GemvLauncher(lib, qweight, qscales, e2m1_codebook(qweight.device), scale_2, "nvfp4", n, k)
+    return GemvLauncher(lib, qweight, qscales, e2m1_codebook(qweight.device), scale_2, NVFP4, n, k)
 
 
 @ops.nvfp4_gemv.register_kernel("cuda")
@@ -52,7 +52,7 @@ def _(x, qweight, qscales, scale_2, n, k):
     if m == 0:
         return x.new_empty((0, n))
     launch = gemm_launcher(lib, qweight, qscales, scale_2.reshape(()).contiguous(), n, k)
-    return _with_bias(lambda b: launch(x.contiguous(), b), x, None)
+    return with_bias(lambda b: launch(x.contiguous(), b), x, None)
 
 
 # ------------------------------------------------------------------ the checkpoint-layout kernels
@@ -150,5 +150,5 @@ def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     offsets = expert_offsets.contiguous()
     if check_offsets:
         check_offsets_on_device(lib, offsets, x.shape[0])
-    launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), "nvfp4", n, k)
+    launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
     return launch(x.contiguous(), offsets)

@@ -1,46 +1,66 @@
-"""CUDA implementations of the kbit ops (registered on the ``lowbit::`` ops for device 'cuda')."""
+"""Launch planning for the tiled tensor-core kernels, shared by every format stored in the tiled
+layout (kbit; NVFP4, whose codes use kbit's K=4 tiles): GEMV (stream-K and split-K), GEMM, grouped
+(MoE) GEMV / GEMM, and the per-weight launchers that make every decision once.
+
+A :class:`TiledFormat` says which compiled instances a weight runs: ``csrc`` exports them as
+``<name>_gemv``, ``<name>_split_gemv``, ``<name>_gemm``, ... with the format's own parameters
+(kbit: its ``bits``). The format's tensors keep their meaning: ``qweight`` (codes), ``qscales``
+(per-block scales: kbit's E4M4 absmax, NVFP4's E4M3), ``values`` (the lookup values: kbit's codebook,
+the 16 E2M1 values) and ``scale`` (the fp32 tensor scale, one per expert for a stack).
+"""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
-from .. import dispatch, ops
-from ..formats import kbit
-from ..formats.kbit import tiled as kbit_tiled
-from . import cuda_dense
-from .library import library_or_none as _library_or_none
+from ..formats.kbit import tiled as kbit_tiled  # the tile geometry every tiled format shares
+from .device import pdl_enabled, pdl_supported
 from .library import ptr, stream_of
+
+
+@dataclass(frozen=True)
+class TiledFormat:
+    """A weight format's instances of the tiled kernels: symbol prefix + leading symbol parameters."""
+
+    name: str
+    params: tuple = ()
+
+    def symbol(self, op: str) -> tuple[str, dict]:
+        """(symbol op, its leading parameters) of a kernel family: ``("kbit_gemv", {"bits": 4})``."""
+        return f"{self.name}_{op}", dict(self.params)
+
+
+def kbit_format(bits: int) -> TiledFormat:
+    return TiledFormat("kbit", (("bits", int(bits)),))
+
+
+NVFP4 = TiledFormat("nvfp4")
+
+
+def tiled_format(fmt) -> TiledFormat:
+    """``fmt`` as a :class:`TiledFormat`; an int is kbit's number of bits."""
+    if isinstance(fmt, TiledFormat):
+        return fmt
+    if isinstance(fmt, int) and not isinstance(fmt, bool):
+        return kbit_format(fmt)
+    raise TypeError(f"fmt must be a TiledFormat or kbit's bits (int), got {fmt!r}")
+
 
 _PDL_ARG = (ctypes.c_int(0), ctypes.c_int(1))
 
 
 def _pdl_arg(supported: bool) -> ctypes.c_int:
     """Programmatic dependent launch for this call: ``lowbit.programmatic_launch()`` / LOWBIT_PDL, sm_90+."""
-    return _PDL_ARG[int(cuda_dense._pdl and supported)]
+    return _PDL_ARG[int(pdl_enabled() and supported)]
 
 
-@ops.kbit_dequantize.register_kernel("cuda")
-def _(planes, absmax, codebook, scale, bits, dtype):
-    n, k_in = ops.check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype)
-    lib = _library_or_none(planes.device)
-    if lib is None:
-        return kbit.dequantize_reference(planes, absmax, codebook, scale, bits, dtype)
-    out = torch.empty((n, k_in), dtype=dtype, device=planes.device)
-    args = [ptr(planes), ptr(absmax), ptr(codebook), ptr(scale), ptr(out), n * (k_in // kbit.BLOCK)]
-    lib.call("kbit_dequant", [*args, stream_of(planes.device)], bits=bits, dtype=dtype)
-    return out
-
-
-@ops.kbit_linear.register_kernel("cuda")
-def _(x, planes, absmax, codebook, scale, bits):
-    # Dequantize (kernel) to x's dtype, then cuBLAS. Right for large M; decode-sized M gets a
-    # fused GEMV once that kernel exists. Rounding W to fp16/bf16 before the product adds
-    # at most one half-ulp per weight to the fp32 reference.
-    m, n, k_in = ops.check_kbit_linear_args(x, planes, absmax, codebook, scale, bits)
-    w = ops.kbit_dequantize(planes, absmax, codebook, scale, bits, x.dtype)
-    return torch.nn.functional.linear(x, w)
+def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
+    """The kernels add a bias of x's dtype, contiguous, in fp32 before rounding; any other bias is
+    added after them."""
+    return bias.dtype == x.dtype and bias.is_contiguous()
 
 
 # ------------------------------------------------------------------ GEMV (tiled layout)
@@ -68,15 +88,6 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 _occupancy: dict[tuple, int] = {}
 
 
-def weight_symbol(op: str, bits) -> tuple[str, dict]:
-    """(symbol op, leading symbol params) of a GEMV-family op for a kbit weight of ``bits`` bits
-    or, with ``bits="nvfp4"``, an NVFP4 weight (the same kernels instantiated for E2M1 + E4M3):
-    ("kbit_gemv", {"bits": 4}) / ("nvfp4_gemv", {})."""
-    if bits == "nvfp4":
-        return "nvfp4_" + op, {}
-    return "kbit_" + op, {"bits": bits}
-
-
 def gemv_instance(m: int) -> int:
     """The compiled stream-K GEMV instance for M rows: 1..4 each their own, 5..8 share the M=8 one
     (the MMA covers 8 tokens either way)."""
@@ -85,12 +96,13 @@ def gemv_instance(m: int) -> int:
     return m if m <= 4 else 8
 
 
-def gemv_warps(lib, device: torch.device, bits: int, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
+def gemv_warps(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
     """Warps for the stream-K GEMV: at most one full wave of resident warps (stream_k_warps)."""
     m = gemv_instance(m)
-    key = (device.index, bits, dtype, m)
+    fmt = tiled_format(fmt)
+    key = (device.index, fmt, dtype, m)
     if key not in _occupancy:
-        op, sym = weight_symbol("gemv_occupancy", bits)
+        op, sym = fmt.symbol("gemv_occupancy")
         fn = lib.symbol(op, **sym, dtype=dtype, m=m)
         _occupancy[key] = max(1, fn())  # resident warps per SM
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -129,11 +141,12 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
 DENSE_PATH = "auto"
 
 
-def split_max_ctas(lib, device: torch.device, bits: int, dtype: torch.dtype, n_experts: int) -> int:
+def split_max_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, n_experts: int) -> int:
     """CTAs of the split-K kernel in one full wave (its shared memory grows with n_experts)."""
-    key = ("split", device.index, bits, dtype, n_experts)
+    fmt = tiled_format(fmt)
+    key = ("split", device.index, fmt, dtype, n_experts)
     if key not in _occupancy:
-        op, sym = weight_symbol("split_gemv_occupancy", bits)
+        op, sym = fmt.symbol("split_gemv_occupancy")
         fn = lib.symbol(op, **sym, dtype=dtype)
         occ = fn(n_experts)
         if occ < 1:
@@ -161,15 +174,15 @@ SPLIT_MAX_WAVES = 3
 STREAM_K_MIN_UNITS = 16
 
 
-def use_split(lib, device, bits, dtype, n, k_in) -> bool:
+def use_split(lib, device, fmt, dtype, n, k_in) -> bool:
     """Split-K inside a CTA for small and mid shapes: no atomics, no second pass, lowest fixed
     latency. Large shapes use stream-K, which balances any number of units over one wave of warps."""
     if DENSE_PATH != "auto":
         return DENSE_PATH == "split"
-    if split_items(n, k_in) > SPLIT_MAX_WAVES * split_max_ctas(lib, device, bits, dtype, 1):
+    if split_items(n, k_in) > SPLIT_MAX_WAVES * split_max_ctas(lib, device, fmt, dtype, 1):
         return False
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    warps = gemv_warps(lib, device, bits, dtype, 1, n, k_in)  # what stream-K would run on
+    warps = gemv_warps(lib, device, fmt, dtype, 1, n, k_in)  # what stream-K would run on
     return not prefer_stream_k(tiles, groups, warps)
 
 
@@ -193,7 +206,7 @@ _current_stream = _raw_stream_getter()
 
 
 class GemvLauncher:
-    """The kbit GEMV of one weight with every per-weight decision made once.
+    """The tiled GEMV of one weight with every per-weight decision made once.
 
     The eager forward of ``lowbit.nn`` modules calls this directly (no torch dispatcher, no
     re-checks of the weight's tensors: the module checked them when it was built), which keeps
@@ -204,30 +217,30 @@ class GemvLauncher:
     ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
     """
 
-    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in):
-        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+    def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in):
+        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.tensors = (qweight, qabsmax, codebook, scale)  # kept alive: the plans hold their addresses
+        self.tensors = (qweight, qscales, values, scale)  # kept alive: the plans hold their addresses
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
-        self.pdl_ok = cuda_dense.pdl_supported(self.device)
+        self.pdl_ok = pdl_supported(self.device)
         self._plans: dict = {}
 
     def _plan(self, dtype, m):
-        lib, n, k_in, bits = self.lib, self.n, self.k_in, self.bits
+        lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
-        if use_split(lib, self.device, bits, dtype, n, k_in):
-            op, sym = weight_symbol("split_gemv", bits)
+        if use_split(lib, self.device, fmt, dtype, n, k_in):
+            op, sym = fmt.symbol("split_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
-            max_ctas = split_max_ctas(lib, self.device, bits, dtype, 1)
+            max_ctas = split_max_ctas(lib, self.device, fmt, dtype, 1)
             fixed = (c_int(m), qw, qa, cb, sc, c_int(1), c_int(n), c_int(k_in), c_int(max_ctas))
             plan = ("split", fn, fixed)
         else:
-            op, sym = weight_symbol("gemv", bits)
+            op, sym = fmt.symbol("gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
-            warps = gemv_warps(lib, self.device, bits, dtype, m, n, k_in)
+            warps = gemv_warps(lib, self.device, fmt, dtype, m, n, k_in)
             cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), warps)
         self._plans[(dtype, m)] = plan
@@ -253,29 +266,29 @@ class GemvLauncher:
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
                           warps, _pdl_arg(self.pdl_ok), stream)
         if err:
-            self.lib.raise_error(weight_symbol("gemv", self.bits)[0], err)
+            self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y
 
 
 class GroupedLauncher:
-    """The grouped (MoE) kbit GEMV of one expert stack, decisions made once (see GemvLauncher).
+    """The grouped (MoE) GEMV of one expert stack, decisions made once (see GemvLauncher).
     Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1])`` -> y ``[rows, N]``."""
 
-    def __init__(self, lib, qweight, qabsmax, codebook, scales, bits, n, k_in):
-        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+    def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
+        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.experts = qweight.shape[0]
-        self.tensors = (qweight, qabsmax, codebook, scales)
+        self.tensors = (qweight, qscales, values, scales)
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
-        self.pdl_ok = cuda_dense.pdl_supported(self.device)
+        self.pdl_ok = pdl_supported(self.device)
         self._plans: dict = {}
 
     def _plan(self, dtype):
         c_int = ctypes.c_int
-        op, sym = weight_symbol("split_gemv", self.bits)  # bits="nvfp4": the NVFP4 instance
+        op, sym = self.fmt.symbol("split_gemv")
         fn = self.lib.raw_symbol(op, **sym, dtype=dtype)
-        ctas = split_max_ctas(self.lib, self.device, self.bits, dtype, self.experts)
+        ctas = split_max_ctas(self.lib, self.device, self.fmt, dtype, self.experts)
         plan = (fn, (c_int(0), *self.ptrs), (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
         self._plans[dtype] = plan
         return plan
@@ -291,7 +304,7 @@ class GroupedLauncher:
         err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
                  n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
         if err:
-            self.lib.raise_error(weight_symbol("grouped_gemv", self.bits)[0], err)
+            self.lib.raise_error(self.fmt.symbol("grouped_gemv")[0], err)
         return y
 
 
@@ -358,19 +371,16 @@ def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, **params)
 
 
 class GemmLauncher:
-    """The kbit GEMM (M > 8 rows) of one weight; plans per (dtype, M) made once (see GemvLauncher).
-    Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``.
-    ``op="nvfp4_gemm"``: the same kernel on an NVFP4 weight (``qabsmax`` = nvfp4_tiled qscales,
-    ``codebook`` = the E2M1 values, ``scale`` = scale_2, ``bits`` = 4)."""
+    """The tiled GEMM (M > 8 rows) of one weight; plans per (dtype, M) made once (see GemvLauncher).
+    Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``."""
 
-    def __init__(self, lib, qweight, qabsmax, codebook, scale, bits, n, k_in, op: str = "kbit_gemm"):
-        if op not in ("kbit_gemm", "nvfp4_gemm"):
-            raise ValueError(f"op must be 'kbit_gemm' or 'nvfp4_gemm', got {op!r}")
-        self.op = op
-        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+    def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in):
+        self.fmt = tiled_format(fmt)
+        self.op, self.sym = self.fmt.symbol("gemm")
+        self.lib, self.n, self.k_in = lib, n, k_in
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.tensors = (qweight, qabsmax, codebook, scale)
+        self.tensors = (qweight, qscales, values, scale)
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.tiles, self.groups = kbit_tiled.tiled_shape(n, k_in)
         self._plans: dict = {}
@@ -385,7 +395,7 @@ class GemmLauncher:
         nt = gemm_token_tiles(m)
         chunks = -(-m // (8 * nt))
         r = gemm_tiles_per_warp(nt, self.tiles, self.groups, chunks, sms)
-        sym = {"bits": self.bits} if self.op == "kbit_gemm" else {}
+        sym = self.sym
         occ = _gemm_occupancy(self.lib, self.index, self.op, sym, dtype, nt=nt, r=r)
         row_blocks = -(-self.tiles // (8 * r))
         if splits is None:
@@ -423,16 +433,16 @@ def grouped_token_tiles(rows: int, experts: int) -> int:
 
 
 class GroupedGemmLauncher:
-    """The grouped (MoE) kbit GEMM of one expert stack: one launch for any rows per expert (rows
+    """The grouped (MoE) GEMM of one expert stack: one launch for any rows per expert (rows
     sorted by expert, ``expert_offsets`` on the device; nothing is read back to the host, so it is
     CUDA-graph safe). Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1], nt=None)``."""
 
-    def __init__(self, lib, qweight, qabsmax, codebook, scales, bits, n, k_in):
-        self.lib, self.bits, self.n, self.k_in = lib, bits, n, k_in
+    def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
+        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
         self.device = qweight.device
         self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.experts = qweight.shape[0]
-        self.tensors = (qweight, qabsmax, codebook, scales)
+        self.tensors = (qweight, qscales, values, scales)
         self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self._plans: dict = {}
 
@@ -441,9 +451,10 @@ class GroupedGemmLauncher:
         if key not in self._plans:
             if nt not in GEMM_TOKEN_TILES:
                 raise ValueError(f"nt must be one of {GEMM_TOKEN_TILES}, got {nt}")
-            occ = _gemm_occupancy(self.lib, self.index, "kbit_grouped_gemm", {"bits": self.bits}, dtype, self.experts, nt=nt)
+            op, sym = self.fmt.symbol("grouped_gemm")
+            occ = _gemm_occupancy(self.lib, self.index, op, sym, dtype, self.experts, nt=nt)
             ctas = occ * torch.cuda.get_device_properties(self.device).multi_processor_count
-            fn = self.lib.raw_symbol("kbit_grouped_gemm", bits=self.bits, dtype=dtype, nt=nt)
+            fn = self.lib.raw_symbol(op, **sym, dtype=dtype, nt=nt)
             self._plans[key] = (fn, ctas)
         return self._plans[key]
 
@@ -461,38 +472,16 @@ class GroupedGemmLauncher:
                  ctypes.c_int(self.experts), ctypes.c_int(self.n), ctypes.c_int(self.k_in), ctypes.c_int(ctas),
                  vp(_current_stream(self.index)))
         if err:
-            self.lib.raise_error("kbit_grouped_gemm", err)
+            self.lib.raise_error(self.fmt.symbol("grouped_gemm")[0], err)
         return y
 
 
-def _with_bias(run, x, bias):
+def with_bias(run, x, bias):
     """run(bias or None): the kernels add a bias of x's dtype in fp32 before their one rounding; any
     other bias is added to their output."""
-    if bias is None or dispatch.fusable_bias(bias, x):
+    if bias is None or fusable_bias(bias, x):
         return run(bias)
     return run(None).add_(bias)
-
-
-@ops.kbit_gemm.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    ops.check_kbit_gemm_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    lib = _library_or_none(x.device)
-    if lib is None:
-        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    if x.shape[0] == 0:
-        return x.new_empty((0, n))
-    launch = GemmLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return _with_bias(lambda b: launch(x, b), x, bias)
-
-
-@ops.kbit_gemv.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    lib = _library_or_none(x.device)
-    if lib is None:
-        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, bits, n, k_in)
-    return _with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 
 def check_offsets_on_device(lib, expert_offsets: torch.Tensor, rows: int) -> None:
@@ -502,53 +491,3 @@ def check_offsets_on_device(lib, expert_offsets: torch.Tensor, rows: int) -> Non
                                       stream_of(expert_offsets.device)])
 
 
-@ops.kbit_grouped_gemv.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
-    ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    lib = _library_or_none(x.device)
-    if lib is None or x.dtype == torch.float32:  # the kernel is fp16/bf16 only
-        return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    offsets = expert_offsets.contiguous()
-    if check_offsets:
-        check_offsets_on_device(lib, offsets, x.shape[0])
-    return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, offsets)
-
-
-@ops.kbit_grouped_gemm.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
-    ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    lib = _library_or_none(x.device)
-    if lib is None or x.dtype == torch.float32:
-        return ops.grouped_reference(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    offsets = expert_offsets.contiguous()
-    if check_offsets:
-        check_offsets_on_device(lib, offsets, x.shape[0])
-    return GroupedGemmLauncher(lib, qweight, qabsmax, codebook, scales, bits, n, k_in)(x, offsets)
-
-
-def tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype) -> torch.Tensor:
-    """Dense [n, k_in] weight: the CUDA kernel for fp16/bf16 (bit-identical to the reference), else the reference."""
-    lib = _library_or_none(qweight.device)
-    aligned = qweight.data_ptr() % 16 == 0 and qabsmax.data_ptr() % 16 == 0
-    if lib is None or dtype == torch.float32 or not aligned:
-        return kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
-    out = torch.empty((n, k_in), dtype=dtype, device=qweight.device)
-    lib.call("kbit_tiled_dequant", [ptr(qweight), ptr(qabsmax), ptr(codebook), ptr(scale), ptr(out), n, k_in,
-                                    stream_of(qweight.device)], bits=bits, dtype=dtype)
-    return out
-
-
-@ops.kbit_tiled_dequantize.register_kernel("cuda")
-def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
-    ops.check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
-    ops._check_out_dtype(dtype)
-    return tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
-
-
-@ops.kbit_tiled_linear.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    # Large M (prefill, MLA cache expansion): the weight decoded to x's dtype by the tiled dequantize
-    # kernel, then cuBLAS. Rounding W to fp16/bf16 adds at most half an ulp per weight to the fp32 reference.
-    ops.check_kbit_tiled_linear_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    w = tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, x.dtype)
-    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))

@@ -2,52 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 
 from .. import ops, tuning
+from .device import gpu_name, pdl_enabled, pdl_supported
 from .library import library_or_none, ptr, stream_of
-
-_props: dict[int, tuple[str, int]] = {}  # device index -> (name, compute capability major)
-_pdl = os.environ.get("LOWBIT_PDL", "0") == "1"
-
-
-@contextlib.contextmanager
-def programmatic_launch(enabled: bool = True):
-    """Launch lowbit's GEMVs (dense fp16/bf16 and kbit, grouped included) with programmatic
-    dependent launch (sm_90+) inside the block.
-
-    Each kernel then lets the next kernel in the stream start once all its CTAs are resident,
-    and itself waits for its predecessor only before reading x (and expert offsets) / writing y:
-    its first weight loads (and the kbit lookup table) overlap the predecessor's tail. Off by
-    default (``LOWBIT_PDL=1`` turns it on): the gain is real only where the predecessor is a
-    kernel that triggers early (another lowbit GEMV); CUDA graphs captured inside the block keep
-    the setting. The kbit kernels' PDL path is not measured yet (issue 14).
-    """
-    global _pdl
-    prev, _pdl = _pdl, bool(enabled)
-    try:
-        yield
-    finally:
-        _pdl = prev
-
-
-def _device_props(device: torch.device) -> tuple[str, int]:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _props:
-        _props[idx] = (torch.cuda.get_device_name(idx), torch.cuda.get_device_capability(idx)[0])
-    return _props[idx]
-
-
-def gpu_name(device: torch.device) -> str:
-    return _device_props(device)[0]
-
-
-def pdl_supported(device: torch.device) -> bool:
-    return _device_props(device)[1] >= 9
-
 
 def vector_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The tuned vector kernel reads 16-byte vectors: K % 8 == 0 and 16-byte aligned x and W."""
@@ -65,7 +24,7 @@ def launch(lib, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: tun
     if cfg is None:
         lib.call("dense_gemv_scalar", [ptr(x), ptr(weight), ptr(y), n, k, stream], dtype=x.dtype, m=m)
     else:
-        use_pdl = (_pdl if pdl is None else pdl) and pdl_supported(x.device)
+        use_pdl = (pdl_enabled() if pdl is None else pdl) and pdl_supported(x.device)
         lib.call("dense_gemv", [ptr(x), ptr(weight), ptr(y), n, k, cfg.tpr, cfg.threads, int(use_pdl), stream],
                  dtype=x.dtype, m=m, rows=cfg.rows, unroll=cfg.unroll, prefetch=cfg.prefetch)
 
