@@ -70,26 +70,7 @@ def kbit_linear(x: torch.Tensor, w: KbitWeight) -> torch.Tensor:
     _check_weight(w)
     check_x(x, w.shape[1], w.device, contiguous=True)
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    path = dispatch.kbit_path(x2, w.shape[0])
-    n, k_in = w.shape
-    if path == "gemv":
-        qweight, qabsmax = w.tiled()
-        launch = None
-        if not torch.compiler.is_compiling():
-            launch = w._launcher
-            if launch is None or launch.index != x2.get_device():
-                tensors = {"qweight": qweight, "qabsmax": qabsmax, "codebook": w.codebook, "scale": w.scale}
-                launch = w._launcher = dispatch.eager_launcher("gemv", tensors, w.bits, n, k_in, x2)
-        if launch is not None:
-            y = launch(x2, x2.shape[0], (x2.shape[0], n))
-        else:
-            y = ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
-    elif path == "gemm":
-        qweight, qabsmax = w.tiled()
-        y = ops.kbit_gemm(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
-    else:  # large M, fp32, or CPU: dequantize + matmul (reference on CPU)
-        y = ops.kbit_linear(x2, *w.tensors(), w.bits)
+    y = dispatch.kbit_weight_linear_op(x.reshape(-1, x.shape[-1]), w)
     return y.reshape(*lead, y.shape[-1])
 
 
@@ -103,13 +84,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     check_x(x, weight.shape[1], weight.device, dtypes=(weight.dtype,), what="K")
     x = x.contiguous()
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if 1 <= x2.shape[0] <= DENSE_GEMV_MAX_M:
-        y = ops.dense_gemv(x2, weight)
-    elif x2.is_cuda:
-        y = torch.nn.functional.linear(x2, weight)
-    else:
-        y = ops.dense_gemv_reference(x2, weight)
+    y = dispatch.dense_linear_op(x.reshape(-1, x.shape[-1]), weight)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -168,8 +143,7 @@ def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts:
         raise TypeError(f"experts must be an NvFp4Experts (lowbit.quantize_nvfp4_experts), got {type(experts).__name__}")
     check_x(x, experts.k, experts.qweight.device, what="K")
     offsets, check = offsets_for(expert_offsets, x, experts.qweight.shape[0])
-    return ops.nvfp4_grouped_gemv(x, offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n,
-                                  experts.k, check)
+    return dispatch.nvfp4_grouped_op(x, offsets, experts, check)
 
 
 __all__ = [

@@ -49,9 +49,8 @@ from . import ops
 from .kernels import tiled
 from .kernels.library import library_or_none
 from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
+from .ops.common import GEMV_MAX_M  # largest batch of the decode GEMV kernels
 
-#: largest batch the kbit decode GEMV kernels take (the MMA covers 8 tokens at the cost of 1).
-GEMV_MAX_M = 8
 #: NVFP4: largest M for the checkpoint-layout GEMV (the tiled-layout GEMV above it, to GEMV_MAX_M).
 NVFP4_PLAIN_MAX_M = 1
 #: largest batch lowbit's tuned fp16/bf16 GEMV (``dense_linear``) takes; cuBLAS above.
@@ -268,6 +267,46 @@ def choose_grouped(rows: int, experts: int, min_rows: float, forced: str | None 
     if forced in ("gemv", "gemm"):
         return "grouped_" + forced
     return "grouped_gemm" if rows >= min_rows * max(1, experts) else "grouped_gemv"
+
+
+def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
+    """``x2 [M, K_in] @ W^T`` for a :class:`~lowbit.formats.kbit.KbitWeight` (the functional API): the
+    GEMV through the launcher the weight keeps (eager) or the op (compiled), the GEMM, or dequantize +
+    matmul from the bit planes (large M, fp32, CPU: the reference)."""
+    path = kbit_path(x2, w.shape[0])
+    n, k_in = w.shape
+    if path == "gemv":
+        qweight, qabsmax = w.tiled()
+        launch = None
+        if not torch.compiler.is_compiling():
+            launch = w._launcher
+            if launch is None or launch.index != x2.get_device():
+                tensors = {"qweight": qweight, "qabsmax": qabsmax, "codebook": w.codebook, "scale": w.scale}
+                launch = w._launcher = eager_launcher("gemv", tensors, w.bits, n, k_in, x2)
+        if launch is not None:
+            return launch(x2, x2.shape[0], (x2.shape[0], n))
+        return ops.kbit_gemv(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
+    if path == "gemm":
+        qweight, qabsmax = w.tiled()
+        return ops.kbit_gemm(x2, qweight, qabsmax, w.codebook, w.scale, w.bits, n, k_in)
+    return ops.kbit_linear(x2, *w.tensors(), w.bits)
+
+
+def dense_linear_op(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x2 [M, K] @ weight^T`` for an unquantized fp16/bf16 weight: lowbit's tuned GEMV for
+    1 <= M <= DENSE_GEMV_MAX_M, cuBLAS above on CUDA, the fp32 reference on CPU."""
+    if 1 <= x2.shape[0] <= DENSE_GEMV_MAX_M:
+        return ops.dense_gemv(x2, weight)
+    if x2.is_cuda:
+        return torch.nn.functional.linear(x2, weight)
+    return ops.dense_gemv_reference(x2, weight)
+
+
+def nvfp4_grouped_op(x2, offsets, experts, check_offsets: bool = True) -> torch.Tensor:
+    """MoE rows sorted by expert times :class:`~lowbit.formats.nvfp4.NvFp4Experts`: the grouped GEMV (one
+    launch; rows beyond 8 per expert taken 8 at a time) on CUDA fp16/bf16, the reference elsewhere."""
+    return ops.nvfp4_grouped_gemv(x2, offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n, experts.k,
+                                  check_offsets)
 
 
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,

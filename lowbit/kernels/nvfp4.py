@@ -34,8 +34,8 @@ def gemv_launcher(lib, qweight, qscales, scale_2, n: int, k: int) -> GemvLaunche
 @ops.nvfp4_gemv.register_kernel("cuda")
 def _(x, qweight, qscales, scale_2, n, k):
     m = ops.check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
-    if not 1 <= m <= 8:
-        raise ValueError(f"nvfp4_gemv takes 1..8 rows, got {m}")
+    if not 1 <= m <= ops.GEMV_MAX_M:
+        raise ValueError(f"nvfp4_gemv takes 1..{ops.GEMV_MAX_M} rows, got {m}")
     lib = library_or_none(x.device)
     if lib is None or x.dtype == torch.float32:
         return ops.nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.kbit import tiled as kbit_tiled  # the tile geometry every tiled format shares
+from ..ops.common import GEMV_MAX_M
 from .device import pdl_enabled, pdl_supported
 from .library import ptr, stream_of
 
@@ -91,9 +92,9 @@ _occupancy: dict[tuple, int] = {}
 def gemv_instance(m: int) -> int:
     """The compiled stream-K GEMV instance for M rows: 1..4 each their own, 5..8 share the M=8 one
     (the MMA covers 8 tokens either way)."""
-    if not 1 <= m <= 8:
-        raise ValueError(f"the kbit GEMV takes 1..8 rows, got {m}")
-    return m if m <= 4 else 8
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"the GEMV takes 1..{GEMV_MAX_M} rows, got {m}")
+    return m if m <= 4 else GEMV_MAX_M
 
 
 def gemv_warps(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:

@@ -6,6 +6,10 @@ from torch import Tensor
 
 from .._checks import FLOAT_DTYPES, check_offsets_values, check_same_device, check_tensor
 
+#: Rows of x the decode GEMV kernels take (their MMA covers 8 tokens at the cost of 1): the GEMV ops'
+#: limit, the dispatcher's GEMV/GEMM boundary and the kernels' largest compiled instance.
+GEMV_MAX_M = 8
+
 
 def _check_out_dtype(dtype) -> None:
     if dtype not in FLOAT_DTYPES:

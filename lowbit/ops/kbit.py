@@ -9,7 +9,7 @@ from torch import Tensor
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
-from .common import _check_out_dtype, check_bias, per_expert
+from .common import GEMV_MAX_M, _check_out_dtype, check_bias, per_expert
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
     kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
@@ -106,7 +106,7 @@ def _check_kernel_x_args(op, rows, x, qweight, qabsmax, codebook, scale, bits, n
 
 
 def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
-    return _check_kernel_x_args("kbit_gemv", (1, 8), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return _check_kernel_x_args("kbit_gemv", (1, GEMV_MAX_M), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())

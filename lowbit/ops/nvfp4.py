@@ -10,7 +10,7 @@ from torch import Tensor
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import nvfp4
 from ..formats.nvfp4 import tiled as nvfp4_tiled
-from .common import per_expert
+from .common import GEMV_MAX_M, per_expert
 
 def check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k) -> int:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
@@ -56,8 +56,8 @@ def nvfp4_gemv(x: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: 
     """``x [M, K] @ W^T`` for M = 1..8 rows: the decode GEMV kernels (kbit's, instantiated for NVFP4)
     on CUDA fp16/bf16; CPU and fp32: the reference."""
     m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
-    if not 1 <= m <= 8:
-        raise ValueError(f"nvfp4_gemv takes 1..8 rows, got {m}")
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"nvfp4_gemv takes 1..{GEMV_MAX_M} rows, got {m}")
     return nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k)
 
 
