@@ -74,7 +74,7 @@ def convert(model, variant):
         fuse = "+fuse" in variant  # quantize_model's default is fused; plain kbit<K> rows stay unfused
         variant = variant.replace("+fuse", "")
         bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
-        skip = lowbit.convert.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
+        skip = lowbit.model.quantize.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
         lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
         return
     raise ValueError(variant)

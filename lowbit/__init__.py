@@ -19,6 +19,7 @@ the compiled kernels where one exists):
 Models:
 
     report = lowbit.quantize_model(model, bits=4)  # nn.Linear -> lowbit.nn.KbitLinear, MoE experts too
+    lowbit.quantize_model(model, format="nvfp4")   # nn.Linear -> lowbit.nn.NvFp4Linear
     lowbit.save_quantized(model, "out/")           # safetensors, sharded, checksummed
     lowbit.load_quantized(skeleton, "out/")        # e.g. a transformers model built from its config
 """
@@ -31,7 +32,6 @@ from . import dispatch, ops
 from ._checks import check_tensor, check_x, offsets_for
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
 from .formats import e4m4, kbit, nvfp4
-from .formats.nvfp4 import tiled as nvfp4_tiled
 from .formats.nvfp4 import NvFp4Weight
 from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
@@ -41,12 +41,11 @@ from .kernels import dense as _dense_kernels  # noqa: F401  (CUDA kernels regist
 from .kernels import kbit as _kbit_kernels  # noqa: F401
 from .kernels import nvfp4 as _nvfp4_kernels  # noqa: F401
 from .kernels.device import programmatic_launch
-from .convert import QuantizeReport, quantize_model
-from .serialization import load_quantized, save_quantized
 from . import nn
+from ._version import __version__
+from .model import QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model, save_quantized
 
 
-__version__ = "0.1.0"
 
 
 def _check_weight(w: object) -> KbitWeight:
@@ -156,6 +155,7 @@ __all__ = [
     "quantize_nvfp4",
     "GEMV_MAX_M",
     "QuantizeReport",
+    "load_nvfp4_checkpoint",
     "load_quantized",
     "nn",
     "quantize_model",

@@ -128,7 +128,7 @@ def test_fused_save_load_round_trip(tmp_path, gen):
     # a skeleton whose linears do not fit the saved parts is refused, unchanged
     other = build("llama", seed)
     before = copy.deepcopy(other.state_dict())
-    with pytest.raises(lowbit.serialization.LoadError):
+    with pytest.raises(lowbit.model.LoadError):
         lowbit.load_quantized(other, tmp_path)
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
 

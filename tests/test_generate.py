@@ -134,3 +134,12 @@ def test_generate_warns_before_the_text_at_3_bits(capsys):
     out = capsys.readouterr().out
     assert "WARNING: round-to-nearest at this many bits breaks models" in out
     assert out.index("WARNING") < out.index("[kbit3]")
+
+
+def test_generate_nvfp4_saves_and_loads(tmp_path):
+    from lowbit.hf.generate import generate
+
+    r = generate("random:tiny-llama", max_new_tokens=4, device="cpu", quiet=True, fmt="nvfp4", save=str(tmp_path / "q"))
+    again = generate("random:tiny-llama", max_new_tokens=4, device="cpu", quiet=True, load=str(tmp_path / "q"))
+    assert list(again["variants"]) == [f"loaded from {tmp_path / 'q'}"]
+    assert again["quantized"]["text"] == r["quantized"]["text"]

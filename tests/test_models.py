@@ -3,6 +3,7 @@
 import copy
 import json
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 import lowbit
 from lowbit.nn import KbitLinear, KbitMoeExperts
-from lowbit.serialization import INDEX_FILE, LoadError
+from lowbit.model.checkpoint import INDEX_FILE, LoadError
 
 from . import tiny_models
 from .tiny_models import build, reference_copy, rel_err
@@ -50,7 +51,7 @@ def test_report_numbers(gen):
     model = build("qwen3_moe", _seed(gen))
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     before = tiny_models.transformers  # noqa: F841 (import check)
-    total_before = lowbit.convert.model_bytes(model)
+    total_before = lowbit.model.model_bytes(model)
     report = lowbit.quantize_model(model, bits=4, fuse=False, progress=False)  # per-linear accounting
     names = {x.name for x in report.layers}
     assert "lm_head" not in names and ("lm_head", "output embedding (lm_head), skipped by default") in report.skipped
@@ -66,7 +67,7 @@ def test_report_numbers(gen):
             assert (e, h, i) == (8, 128, 96) and x.bytes_before == e * 3 * h * i * 4
         assert x.format_bytes <= x.bytes_after < x.bytes_before
     assert report.model_bytes_before == total_before
-    assert report.model_bytes_after == lowbit.convert.model_bytes(model) < total_before
+    assert report.model_bytes_after == lowbit.model.model_bytes(model) < total_before
     assert "kbit4" in str(report) and "lm_head" in str(report)
 
 
@@ -179,6 +180,41 @@ def test_saved_size_is_format_bytes_plus_bf16(name, tmp_path, gen):
     for (k, a), (k2, b) in zip(model.state_dict().items(), skeleton.state_dict().items()):
         assert k == k2 and a.dtype == b.dtype, k
         assert torch.equal(a.to(torch.bfloat16).to(a.dtype) if a.is_floating_point() and k not in own else a, b), k
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_nvfp4_save_load_round_trip_bit_exact(name, tmp_path, gen):
+    """One entry point for every format: quantize_model(format="nvfp4") and the same save/load checks."""
+    seed = _seed(gen)
+    model = build(name, seed, dtype=torch.bfloat16)
+    report = lowbit.quantize_model(model, format="nvfp4", progress=False)
+    assert report.format == "nvfp4" and all(isinstance(model.get_submodule(x.name), lowbit.nn.NvFp4Linear)
+                                            for x in report.layers)
+    if name == "qwen3_moe":  # no NVFP4 experts module: the expert blocks stay, listed
+        assert any("no NVFP4 experts module" in why for _, why in report.skipped)
+    lowbit.save_quantized(model, tmp_path, max_shard_bytes=60_000)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert {cfg["type"] for cfg in index["modules"].values()} == {"NvFp4Linear"}
+    skeleton = build(name, seed + 1, dtype=torch.bfloat16)
+    lowbit.load_quantized(skeleton, tmp_path)
+    assert _state_equal(model, skeleton)
+    ids = _ids(gen)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, skeleton(ids).logits)
+    # a block scale made NaN on disk (checksum updated to match) is refused by the value check
+    key = f"{report.layers[0].name}.weight_scale"
+    from safetensors.torch import load_file, save_file
+
+    shard = tmp_path / index["tensors"][key]["file"]
+    tensors = load_file(shard)
+    bad = tensors[key].view(torch.uint8).clone()
+    bad.view(-1)[0] = 0x7F  # E4M3 NaN
+    tensors[key] = bad.view(torch.float8_e4m3fn)
+    save_file(tensors, shard, metadata={"format": "lowbit", "format_version": "2"})
+    index["tensors"][key]["crc32"] = zlib.crc32(bad.numpy().tobytes())
+    (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(LoadError, match="block scales must be finite"):
+        lowbit.load_quantized(build(name, seed + 2, dtype=torch.bfloat16), tmp_path)
 
 
 def test_save_load_tied_embeddings(tmp_path, gen):

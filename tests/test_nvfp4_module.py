@@ -6,7 +6,8 @@ from torch import nn
 
 import lowbit
 from lowbit.formats import nvfp4
-from lowbit.nn import NvFp4Linear, load_nvfp4_checkpoint, quantize_model_nvfp4
+from lowbit import load_nvfp4_checkpoint, quantize_model
+from lowbit.nn import NvFp4Linear
 
 
 def _mlp(gen):
@@ -48,15 +49,17 @@ def test_quantize_model_nvfp4(gen):
     model = _mlp(gen)
     x = torch.randn(4, 64, generator=gen)
     ref = model(x)
-    names = quantize_model_nvfp4(model, skip=(r"^3$",))
-    assert names == ["0", "2"] and type(model[3]) is nn.Linear
+    report = quantize_model(model, format="nvfp4", skip=("3",), progress=False)
+    assert [x.name for x in report.layers] == ["0", "2"] and type(model[3]) is nn.Linear
+    assert report.skipped == [("3", "matches skip pattern '3'")] and report.summary().startswith("quantized 2 linear layers to NVFP4")
+    assert isinstance(model[0], NvFp4Linear)
     y = model(x)
     assert (y - ref).norm() / ref.norm() < 0.2  # 4-bit weights
 
 
 def test_load_checkpoint_both_conventions(gen):
     src = _mlp(gen)
-    quantize_model_nvfp4(src, skip=())
+    quantize_model(src, format="nvfp4", skip=(), progress=False)
     x = torch.randn(3, 64, generator=gen)
     want = src(x)
     for layout in ("modelopt", "compressed-tensors"):
@@ -82,3 +85,11 @@ def test_bad_construction():
         NvFp4Linear(40, 8)
     with pytest.raises(TypeError, match="torch.nn.Linear"):
         NvFp4Linear.from_linear(nn.Conv1d(4, 4, 1))
+
+
+def test_quantize_model_nvfp4_refuses_kbit_options():
+    for kw in ({"bits": 3}, {"codebook": "fit"}, {"bits_for": {"3": 5}}, {"fuse": True}):
+        with pytest.raises(ValueError, match="kbit options"):
+            quantize_model(_mlp(torch.Generator().manual_seed(0)), format="nvfp4", **kw)
+    with pytest.raises(ValueError, match="format must be one of kbit, nvfp4"):
+        quantize_model(_mlp(torch.Generator().manual_seed(0)), format="int4")

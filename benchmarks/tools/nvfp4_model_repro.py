@@ -6,7 +6,7 @@ from lowbit.hf import sources
 
 dtype = getattr(torch, sys.argv[1]) if len(sys.argv) > 1 else torch.bfloat16
 net, _, desc = sources.load("random:llama-3-8b", dtype=dtype, device="cuda", layers=2)
-names = lowbit.nn.quantize_model_nvfp4(net)
+names = [x.name for x in lowbit.quantize_model(net, format="nvfp4").layers]
 print(desc, len(names), "nvfp4 linears")
 for name, mod in net.named_modules():
     if isinstance(mod, lowbit.nn.NvFp4Linear):

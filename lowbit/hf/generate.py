@@ -99,8 +99,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     if batch < 1 or max_new_tokens < 1:
         raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
     fmts = parse_formats(fmt)
-    if "nvfp4" in fmts and (load or save or codebook or lm_head_bits):
-        raise ValueError("fmt='nvfp4' quantizes every linear but the output head to NVFP4; load / save / codebook / "
+    if "nvfp4" in fmts and (codebook or lm_head_bits):
+        raise ValueError("fmt='nvfp4' quantizes every linear but the output head to NVFP4; codebook / "
                          "lm_head_bits are kbit options")
     if len(fmts) > 1 and (load or save):
         raise ValueError("load / save take one format")
@@ -139,12 +139,12 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             quantize_s = None
             result["load_s"] = time.perf_counter() - t0
             say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
-            label = f"kbit (loaded from {load})"
+            label = f"loaded from {load}"
         elif f == "nvfp4":
-            names = lowbit.nn.quantize_model_nvfp4(m)
-            quantize_s = time.perf_counter() - t0
+            report = lowbit.quantize_model(m, format="nvfp4", progress=not quiet)
+            quantize_s = report.seconds
             label = "nvfp4"
-            say(f"quantized {len(names)} linear layers to NVFP4 in {quantize_s:.2f} s on {device} (output head kept)")
+            say(str(report))
         else:
             report = lowbit.quantize_model(m, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
                                            bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
@@ -310,11 +310,10 @@ def check_args(args) -> None:
     if len(fmts) > 1 and (args.load or args.save):
         raise UsageError("--load / --save take one --format")
     if "nvfp4" in fmts:
-        given = [o for o, v in (("--load", args.load), ("--save", args.save), ("--lm-head-bits", args.lm_head_bits),
-                                ("--codebook fit", args.codebook == "fit")) if v]
+        given = [o for o, v in (("--lm-head-bits", args.lm_head_bits), ("--codebook fit", args.codebook == "fit")) if v]
         if given:
             raise UsageError(f"{', '.join(given)}: kbit options; --format nvfp4 quantizes every linear but the output "
-                             "head and has no save/load yet")
+                             "head")
     if args.load is not None:
         d = Path(args.load)
         if not (d / "lowbit_model.json").is_file():

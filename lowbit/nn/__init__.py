@@ -3,7 +3,7 @@
 from .experts import KbitMoeExperts, fused_experts_layout
 from .fused import FusedKbitLinear, KbitLinearPart, fuse_linears
 from .linear import KbitLinear
-from .nvfp4 import NvFp4Linear, load_nvfp4_checkpoint, quantize_model_nvfp4
+from .nvfp4 import NvFp4Linear
 
 __all__ = ["FusedKbitLinear", "KbitLinear", "KbitLinearPart", "KbitMoeExperts", "NvFp4Linear", "fuse_linears",
-           "fused_experts_layout", "load_nvfp4_checkpoint", "quantize_model_nvfp4"]
+           "fused_experts_layout"]

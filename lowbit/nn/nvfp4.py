@@ -1,6 +1,6 @@
-"""``NvFp4Linear``: a drop-in for ``nn.Linear`` with an NVFP4 weight, and two ways to get a model of them:
-:func:`quantize_model_nvfp4` (quantize the linears of any model) and :func:`load_nvfp4_checkpoint`
-(install the NVFP4 tensors of a ModelOpt or compressed-tensors checkpoint).
+"""``NvFp4Linear``: a drop-in for ``nn.Linear`` with an NVFP4 weight. Models of them come from
+``lowbit.quantize_model(model, format="nvfp4")`` or ``lowbit.load_nvfp4_checkpoint`` (the NVFP4 tensors of
+a ModelOpt or compressed-tensors checkpoint).
 
 The module keeps the checkpoint layout itself (ModelOpt's names: ``weight`` packed uint8 [N, K/2],
 ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32), so ``state_dict`` / ``load_state_dict``
@@ -10,8 +10,6 @@ reference on CPU). Inference only.
 """
 
 from __future__ import annotations
-
-import re
 
 import torch
 from torch import nn
@@ -101,45 +99,3 @@ class NvFp4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, format=nvfp4"
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-
-
-def quantize_model_nvfp4(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) -> list[str]:
-    """Replace every ``nn.Linear`` of ``model`` (in place, on its device) by an :class:`NvFp4Linear`,
-    except those whose name matches a regex in ``skip`` (default: the output head) and those with
-    in_features % 16 != 0. Returns the names replaced."""
-    done = []
-    for name, mod in list(model.named_modules()):
-        if type(mod) is nn.Linear and mod.in_features % nvfp4.BLOCK == 0 and not any(re.search(p, name) for p in skip):
-            _replace(model, name, NvFp4Linear.from_linear(mod))
-            done.append(name)
-    return done
-
-
-def load_nvfp4_checkpoint(model: nn.Module, state_dict: dict) -> list[str]:
-    """Install an NVFP4 checkpoint's quantized linears into ``model``: every ``nn.Linear`` whose name has
-    NVFP4 tensors in ``state_dict`` (ModelOpt ``weight`` / ``weight_scale`` / ``weight_scale_2`` or
-    compressed-tensors ``weight_packed`` / ``weight_scale`` / ``weight_global_scale``, see
-    :func:`lowbit.formats.nvfp4.from_state_dict`) becomes an :class:`NvFp4Linear` with them (and the
-    checkpoint's bias, else the module's). Other tensors (unquantized layers, activation scales) are
-    left to the caller's ``load_state_dict(..., strict=False)``. Returns the names replaced."""
-    done = []
-    for name, mod in list(model.named_modules()):
-        if type(mod) is not nn.Linear:
-            continue
-        prefix = name + "."
-        if not (prefix + "weight_scale") in state_dict:
-            continue
-        w = nvfp4.from_state_dict(state_dict, prefix)
-        if w.shape != (mod.out_features, mod.in_features):
-            raise ValueError(f"{name}: checkpoint weight is {w.shape}, the module is "
-                             f"{(mod.out_features, mod.in_features)}")
-        bias = state_dict.get(prefix + "bias", mod.bias)
-        device = mod.weight.device if mod.weight.device.type != "meta" else w.device
-        _replace(model, name, NvFp4Linear.from_weight(w.to(device), None if bias is None else bias.to(device)))
-        done.append(name)
-    return done

@@ -1,4 +1,5 @@
-"""``quantize_model``: replace a model's ``nn.Linear`` layers and fused MoE expert blocks by kbit modules, in place."""
+"""``quantize_model``: replace a model's ``nn.Linear`` layers (and, for kbit, its fused MoE expert blocks)
+by lowbit modules of one format, in place, with a report of what was done and what was left."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .formats import kbit
-from .nn import KbitLinear, KbitMoeExperts, fused_experts_layout
-from .nn.fused import DEFAULT_FUSE_GROUPS, FusedKbitLinear, KbitLinearPart, fused_name, install
+from ..formats import kbit, nvfp4
+from ..nn import KbitLinear, KbitMoeExperts, NvFp4Linear, fused_experts_layout
+from ..nn.fused import DEFAULT_FUSE_GROUPS, FusedKbitLinear, KbitLinearPart, fused_name, install
+
+#: the formats quantize_model writes (``format=``)
+FORMATS = ("kbit", "nvfp4")
+#: input elements per scale block, per format: a layer's input size must be a multiple of it
+_BLOCK = {"kbit": kbit.BLOCK, "nvfp4": nvfp4.BLOCK}
 
 #: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
 DEFAULT_SKIP = ("lm_head", "*.lm_head")
@@ -34,6 +40,7 @@ class LayerReport:
 @dataclass
 class QuantizeReport:
     bits: int
+    format: str = "kbit"
     layers: list[LayerReport] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (module name, reason)
     model_bytes_before: int = 0
@@ -54,6 +61,11 @@ class QuantizeReport:
         """nn.Linear modules quantized (a fused group counts each of its members)."""
         return sum(x.linears for x in self.layers)
 
+    @property
+    def label(self) -> str:
+        """``kbit4``, ``NVFP4``: the format as reports name it."""
+        return f"kbit{self.bits}" if self.format == "kbit" else "NVFP4"
+
     def summary(self) -> str:
         """One line: what was quantized, in the words every lowbit report uses."""
         experts = sum(x.kind == "experts" for x in self.layers)
@@ -61,7 +73,7 @@ class QuantizeReport:
         what = f"{self.linears} linear layers" + (f" and {experts} MoE expert blocks" if experts else "")
         stored = (f" (stored as {len(self.layers) - experts} weights: {sum(x.linears for x in fused)} of them fused "
                   f"into {len(fused)})" if fused else "")
-        return f"quantized {what} to kbit{self.bits}{stored} in {self.seconds:.2f} s on {self.device}"
+        return f"quantized {what} to {self.label}{stored} in {self.seconds:.2f} s on {self.device}"
 
     def __str__(self) -> str:
         gib = 2.0**30
@@ -111,13 +123,18 @@ def quantize_model(
     codebook: torch.Tensor | None = None,
     skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = DEFAULT_SKIP,
     *,
+    format: str = "kbit",
     experts: bool = True,
     bits_for: dict[str, int] | None = None,
-    fuse: bool | Iterable[Iterable[str]] = True,
+    fuse: bool | Iterable[Iterable[str]] | None = None,
     progress: bool = True,
 ) -> QuantizeReport:
-    """Quantize ``model`` in place: every ``nn.Linear`` -> :class:`KbitLinear`, every fused MoE expert
-    block (transformers 5.x) -> :class:`KbitMoeExperts`; returns a :class:`QuantizeReport`.
+    """Quantize ``model`` in place; returns a :class:`QuantizeReport`.
+
+    ``format="kbit"`` (default): every ``nn.Linear`` -> :class:`KbitLinear` (K = ``bits``), every fused MoE
+    expert block (transformers 5.x) -> :class:`KbitMoeExperts`. ``format="nvfp4"``: every ``nn.Linear`` ->
+    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook``, ``bits_for`` and ``fuse`` are kbit's; MoE expert
+    blocks stay as they are and are listed in the report).
 
     * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
       embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass
@@ -127,14 +144,24 @@ def quantize_model(
     * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
       (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
       ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
-    * ``fuse``: quantize sibling linears that read the same input as one weight (one kernel launch;
-      :mod:`lowbit.nn.fused`). ``True`` (default) fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3,
+    * ``fuse`` (kbit): quantize sibling linears that read the same input as one weight (one kernel launch;
+      :mod:`lowbit.nn.fused`). ``True`` (kbit's default) fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3,
       ...), ``False`` quantizes every linear alone, or pass the groups of child names. Measured on the
       H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (BENCHMARKS.md, issue 14). A group is fused
       where all its members are quantized linears of one parent with the same input size, bias presence,
       dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
     """
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "nvfp4":
+        given = [k for k, v in (("bits", bits != 4), ("codebook", codebook is not None), ("bits_for", bits_for),
+                                ("fuse", fuse)) if v]
+        if given:
+            raise ValueError(f"format='nvfp4' is 4-bit E2M1 with E4M3 block scales; {', '.join(given)} are kbit options")
+        fuse = False
+    elif fuse is None:
+        fuse = True
     kbit.check_bits(bits)
     bits_for = dict(bits_for or {})
     for pat, b in bits_for.items():
@@ -159,25 +186,31 @@ def quantize_model(
     except (NotImplementedError, AttributeError):
         output_embeddings = None
 
-    report = QuantizeReport(bits=bits, model_bytes_before=model_bytes(model))
+    report = QuantizeReport(bits=bits, format=format, model_bytes_before=model_bytes(model))
+    block = _BLOCK[format]
     todo: list[tuple[str, nn.Module, str]] = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (KbitLinear, KbitMoeExperts, KbitLinearPart)):
+        if isinstance(mod, (KbitLinear, KbitMoeExperts, KbitLinearPart, NvFp4Linear)):
             report.skipped.append((name, "already quantized"))
             continue
-        kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if experts and fused_experts_layout(mod) else None)
+        moe = experts and format == "kbit" and fused_experts_layout(mod)
+        kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if moe else None)
         if kind is None:
             if isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor) and getattr(mod, "gate_up_proj").dim() == 3:
-                why = "expert block with a layout or gate lowbit does not reproduce (left as is)" if experts \
-                    else "expert block (experts=False)"
+                if format != "kbit":
+                    why = f"expert block: no {report.label} experts module yet (left in its dtype)"
+                elif experts:
+                    why = "expert block with a layout or gate lowbit does not reproduce (left as is)"
+                else:
+                    why = "expert block (experts=False)"
                 report.skipped.append((name, why))
             continue
         why = None if layer_bits(name) is not None else _skip_reason(name, mod, patterns, skip_fn, output_embeddings)
         if why is None:
             dims = (mod.in_features,) if kind == "linear" else fused_experts_layout(mod)[1:]
-            bad = [d for d in dims if d % kbit.BLOCK]
+            bad = [d for d in dims if d % block]
             if bad:
-                why = f"input size {bad[0]} is not a multiple of {kbit.BLOCK}"
+                why = f"input size {bad[0]} is not a multiple of {block}"
         if why is not None:
             report.skipped.append((name, why))
             continue
@@ -213,7 +246,7 @@ def quantize_model(
     report.device = ",".join(sorted(devices)) or "-"
     sync = any(d.startswith("cuda") for d in devices)
     del fusions, todo  # `items` holds the only references: each original layer is freed once replaced
-    bar = _progress(items, progress, bits)
+    bar = _progress(items, progress, report.label)
     start = time.perf_counter()
     for i, (name, mod, kind) in enumerate(bar):
         items[i] = None
@@ -230,7 +263,12 @@ def quantize_model(
             del mods, mod
             continue
         b = layer_bits(name) or bits
-        if kind == "linear":
+        if kind == "linear" and format == "nvfp4":
+            new = NvFp4Linear.from_linear(mod)
+            before = _tensor_bytes(mod.weight, mod.bias)
+            after = _tensor_bytes(*new.buffers(), new.bias)
+            shape = (mod.out_features, mod.in_features)
+        elif kind == "linear":
             new = KbitLinear.from_linear(mod, b, codebook)
             before = _tensor_bytes(mod.weight, mod.bias)
             after = _tensor_bytes(*new.buffers(), new.bias)
@@ -271,11 +309,11 @@ def _fusion_groups(model, todo, groups, parents, layer_bits, bits) -> list:
     return out
 
 
-def _progress(items: list, enabled: bool, bits: int):
+def _progress(items: list, enabled: bool, label: str):
     if not enabled or not items:
         return items
     try:
         from tqdm.auto import tqdm
     except ImportError:  # progress bars are optional (lowbit[hf] installs tqdm)
         return items
-    return tqdm(items, desc=f"quantizing to kbit{bits}", unit="weight", leave=False)
+    return tqdm(items, desc=f"quantizing to {label}", unit="weight", leave=False)

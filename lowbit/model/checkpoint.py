@@ -1,4 +1,5 @@
-"""Save / load quantized models with safetensors (never pickle).
+"""Save / load quantized models with safetensors (never pickle), every format; and install other
+tools' NVFP4 checkpoints (:func:`load_nvfp4_checkpoint`).
 
 A saved model is a directory::
 
@@ -31,16 +32,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .formats import kbit
+from .._version import __version__
+from ..formats import kbit, nvfp4
 
-from .formats.kbit import tiled as kbit_tiled
-from .nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, fused_experts_layout
-from .nn.fused import fused_name, install
+from ..formats.kbit import tiled as kbit_tiled
+from ..nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, NvFp4Linear, fused_experts_layout
+from ..nn.fused import fused_name, install
 
 FORMAT_NAME = "lowbit"
 FORMAT_VERSION = 2  # 2: compact bit planes instead of the tiled GPU layout
 INDEX_FILE = "lowbit_model.json"
 DEFAULT_SHARD_BYTES = 2 * 2**30
+
+
+#: the modules a checkpoint records (each with its format's tensors)
+QUANTIZED_MODULES = (KbitLinear, KbitMoeExperts, NvFp4Linear)
 
 
 class LoadError(ValueError):
@@ -74,13 +80,18 @@ def _module_config(mod: nn.Module) -> dict:
     if isinstance(mod, KbitLinear):
         return {"type": "KbitLinear", "bits": mod.bits, "in_features": mod.in_features,
                 "out_features": mod.out_features, "bias": mod.bias is not None}
+    if isinstance(mod, NvFp4Linear):
+        return {"type": "NvFp4Linear", "in_features": mod.in_features, "out_features": mod.out_features,
+                "bias": mod.bias is not None}
     return {"type": "KbitMoeExperts", "bits": mod.bits, "num_experts": mod.num_experts,
             "hidden_dim": mod.hidden_dim, "intermediate_dim": mod.intermediate_dim}
 
 
 def _compact_pairs(mod: nn.Module) -> list[tuple[str, str, str, str, int, int]]:
-    """For each quantized weight of ``mod``: (tiled codes key, tiled absmax key, stored planes key,
-    stored absmax key, N, K_in)."""
+    """For each kbit weight of ``mod``: (tiled codes key, tiled absmax key, stored planes key, stored
+    absmax key, N, K_in). NVFP4 modules hold the compact checkpoint layout already: none."""
+    if isinstance(mod, NvFp4Linear):
+        return []
     if isinstance(mod, KbitMoeExperts):
         return [(f"{p}_qweight", f"{p}_qabsmax", f"{p}_planes", f"{p}_absmax", *mod._shape(p)) for p in ("gate_up", "down")]
     return [("qweight", "qabsmax", "planes", "absmax", mod.out_features, mod.in_features)]
@@ -111,8 +122,6 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
     linears) in this dtype, e.g. ``torch.bfloat16`` for a model that ran in fp32 on the CPU;
     default: as the model holds them. Quantized weights are always stored compact (see above).
     """
-    from . import __version__
-
     _, save_file = _safetensors()
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
@@ -120,7 +129,7 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
         raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    quantized = {name: m for name, m in model.named_modules() if isinstance(m, (KbitLinear, KbitMoeExperts))}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, QUANTIZED_MODULES)}
     modules = {name: _module_config(m) for name, m in quantized.items()}
 
     state = model.state_dict()
@@ -216,6 +225,13 @@ def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> nn.Module:
             have = (f"{type(old).__name__}({getattr(old, 'in_features', '?')} -> {getattr(old, 'out_features', '?')}, "
                     f"bias={getattr(old, 'bias', None) is not None})")
             raise LoadError(f"module {name!r}: saved KbitLinear({k} -> {n}, bias={bias}) does not fit this model's {have}")
+        if kind == "NvFp4Linear":
+            n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
+            if isinstance(old, (nn.Linear, NvFp4Linear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
+                return NvFp4Linear(k, n, bias=bias, device="meta")
+            have = (f"{type(old).__name__}({getattr(old, 'in_features', '?')} -> {getattr(old, 'out_features', '?')}, "
+                    f"bias={getattr(old, 'bias', None) is not None})")
+            raise LoadError(f"module {name!r}: saved NvFp4Linear({k} -> {n}, bias={bias}) does not fit this model's {have}")
         if kind == "KbitMoeExperts":
             shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
             have = fused_experts_layout(old) if not isinstance(old, KbitMoeExperts) else (
@@ -388,6 +404,8 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
                 mod._buffers[bname] = staged[key]
         if isinstance(mod, KbitLinear):
             mod._launcher = mod._cpu_weight = None
+        elif isinstance(mod, NvFp4Linear):
+            mod._w = mod._w_src = None
         elif isinstance(mod, KbitMoeExperts):
             mod._launchers, mod._cpu_weights = None, {}
     if device.type != "meta":
@@ -396,7 +414,15 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
 
 
 def _check_quantized_values(name: str, mod: nn.Module, staged: dict[str, torch.Tensor]) -> None:
-    """Values a kernel trusts: codebook in [-1, 1], distinct and finite; scales finite and > 0."""
+    """Values a kernel trusts: codebook in [-1, 1], distinct and finite; scales finite and > 0 (NVFP4:
+    block scales finite and >= 0, the tensor scale finite and > 0)."""
+    if isinstance(mod, NvFp4Linear):
+        scales, s2 = staged[f"{name}.weight_scale"].to(torch.float32), staged[f"{name}.weight_scale_2"]
+        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+            raise LoadError(f"tensor {name + '.weight_scale'!r}: NVFP4 block scales must be finite and >= 0")
+        if not bool(torch.isfinite(s2).all()) or bool((s2 <= 0).any()):
+            raise LoadError(f"tensor {name + '.weight_scale_2'!r}: the NVFP4 tensor scale must be finite and > 0")
+        return
     cb = staged[f"{name}.codebook"]
     if not bool(torch.isfinite(cb).all()) or bool((cb.abs() > 1).any()) or cb.unique().numel() != cb.numel():
         raise LoadError(f"tensor {name + '.codebook'!r}: codebook values must be finite, distinct and in [-1, 1]")
@@ -405,3 +431,34 @@ def _check_quantized_values(name: str, mod: nn.Module, staged: dict[str, torch.T
         s = staged[f"{name}.{k}"]
         if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
             raise LoadError(f"tensor {name + '.' + k!r}: scales must be finite and > 0")
+
+
+# ------------------------------------------------------------------ other tools' NVFP4 checkpoints
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def load_nvfp4_checkpoint(model: nn.Module, state_dict: dict) -> list[str]:
+    """Install an NVFP4 checkpoint's quantized linears into ``model``: every ``nn.Linear`` whose name has
+    NVFP4 tensors in ``state_dict`` (ModelOpt ``weight`` / ``weight_scale`` / ``weight_scale_2`` or
+    compressed-tensors ``weight_packed`` / ``weight_scale`` / ``weight_global_scale``, see
+    :func:`lowbit.formats.nvfp4.from_state_dict`) becomes an :class:`NvFp4Linear` with them (and the
+    checkpoint's bias, else the module's). Other tensors (unquantized layers, activation scales) are
+    left to the caller's ``load_state_dict(..., strict=False)``. Returns the names replaced."""
+    done = []
+    for name, mod in list(model.named_modules()):
+        if type(mod) is not nn.Linear:
+            continue
+        prefix = name + "."
+        if not (prefix + "weight_scale") in state_dict:
+            continue
+        w = nvfp4.from_state_dict(state_dict, prefix)
+        if w.shape != (mod.out_features, mod.in_features):
+            raise ValueError(f"{name}: checkpoint weight is {w.shape}, the module is "
+                             f"{(mod.out_features, mod.in_features)}")
+        bias = state_dict.get(prefix + "bias", mod.bias)
+        device = mod.weight.device if mod.weight.device.type != "meta" else w.device
+        _replace(model, name, NvFp4Linear.from_weight(w.to(device), None if bias is None else bias.to(device)))
+        done.append(name)
+    return done

@@ -1,0 +1,8 @@
+"""Model integration: quantize a whole model in one format (:mod:`.quantize`), save and load it with
+its integrity checks, and install other tools' NVFP4 checkpoints (:mod:`.checkpoint`)."""
+
+from .checkpoint import LoadError, load_nvfp4_checkpoint, load_quantized, save_quantized
+from .quantize import FORMATS, QuantizeReport, model_bytes, quantize_model
+
+__all__ = ["FORMATS", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized", "model_bytes",
+           "quantize_model", "save_quantized"]
