@@ -28,7 +28,7 @@ LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(3)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(4)
 LOWBIT_DECLARE_KBIT_DEQUANT_ALL_DTYPES(5)
 
-// kbit dequantize from the tiled GPU layout (lowbit/formats/kbit_tiled.py) to a dense row-major
+// kbit dequantize from the tiled GPU layout (lowbit/formats/kbit/tiled.py) to a dense row-major
 // out[n, k_in] (fp16/bf16); k_in % 32 == 0; qweight and qabsmax 16-byte aligned.
 #define LOWBIT_DECLARE_KBIT_TILED_DEQUANT(BITS, NAME)                                                     \
     int lowbit_kbit_tiled_dequant_b##BITS##_##NAME(const void* qweight, const void* qabsmax,            \

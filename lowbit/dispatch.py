@@ -16,7 +16,7 @@ Paths today:
   batches) from there; CPU and fp32 -> the reference, expert by expert.
 
 NVFP4 (:func:`nvfp4_linear_op`, weights in the checkpoint layout): ``"gemv"`` -- M <= GEMV_MAX_M: the
-checkpoint-layout GEMV (csrc/nvfp4_gemv.cu, no repack) for M <= :data:`NVFP4_PLAIN_MAX_M`, the kbit
+checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) for M <= :data:`NVFP4_PLAIN_MAX_M`, the kbit
 GEMV's NVFP4 instance on the tiled layout above (measured: the checkpoint-layout kernel is the faster
 one at M = 1 only, BENCHMARKS.md issue 15); ``"gemm"`` -- the kbit GEMM's NVFP4 instance up to kbit
 K=4's crossover (the same kernel); ``"dequant_matmul"`` -- the NVFP4 dequantize kernel + cuBLAS; the

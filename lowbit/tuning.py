@@ -1,4 +1,4 @@
-"""Tuned launch configurations for the fp16/bf16 decode GEMV (``csrc/dense_gemv.cu``).
+"""Tuned launch configurations for the fp16/bf16 decode GEMV (``csrc/dense/gemv.cu``).
 
 A configuration is ``rows`` (rows per thread group, sharing x loads; 16 or 32 selects the
 tensor-core kernel, whose warps own 16-row tiles), ``unroll`` (16-byte vectors -- for tensor-core
@@ -29,7 +29,7 @@ from pathlib import Path
 FORMAT_VERSION = 1
 SHIPPED = Path(__file__).parent / "data" / "tuning.json"
 DTYPES = ("fp16", "bf16")
-#: (rows, unroll) pairs compiled into the library (csrc/dense_gemv.cu, LOWBIT_DEFINE_DENSE_M).
+#: (rows, unroll) pairs compiled into the library (csrc/dense/gemv.cu, LOWBIT_DEFINE_DENSE_M).
 #: rows 1, 2, 4: CUDA-core dot products; rows 16, 32: tensor-core tiles (mma.m16n8k16, W as A).
 ROWS_UNROLL = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2),
                (16, 1), (16, 2), (16, 4), (32, 1), (32, 2))

@@ -107,7 +107,7 @@ def test_opcheck_tiled_ops(gen):
 
 
 def test_split_items_mirror_kernel_rule():
-    """split_items (host) mirrors split_for in csrc/kbit_gemv.cu: S = min(8, groups) warps per tile,
+    """split_items (host) mirrors split_for in csrc/tiled/gemv.cuh: S = min(8, groups) warps per tile,
     8 // S tiles per CTA item."""
     from lowbit.kernels.tiled import split_items
 

@@ -1,4 +1,4 @@
-"""Build ``csrc/*.cu`` into one shared library with nvcc, cached by source hash and GPU arch.
+"""Build ``csrc/**/*.cu`` into one shared library with nvcc, cached by source hash and GPU arch.
 
 The library exposes a plain C interface (``csrc/lowbit.h``) and never links against torch,
 so one build serves every torch version. Build on demand with::
@@ -69,7 +69,8 @@ def gencode(arch: str) -> str:
 
 
 def sources() -> list[Path]:
-    srcs = sorted(CSRC_DIR.glob("*.cu"))
+    """Every translation unit: ``csrc/*.cu`` (shared) and each folder's (``tiled/`` holds headers only)."""
+    srcs = sorted(CSRC_DIR.rglob("*.cu"))
     if not srcs:
         raise BuildError(f"no CUDA sources found in {CSRC_DIR} (set LOWBIT_CSRC_DIR to a lowbit checkout's csrc/)")
     return srcs
@@ -81,9 +82,9 @@ def _nvcc_version(nvcc: str) -> str:
 
 def library_key(archs: tuple[str, ...], nvcc: str) -> str:
     h = hashlib.sha256()
-    for f in sorted(CSRC_DIR.glob("*")):
+    for f in sorted(CSRC_DIR.rglob("*")):
         if f.suffix in (".cu", ".cuh", ".h"):
-            h.update(f.name.encode())
+            h.update(f.relative_to(CSRC_DIR).as_posix().encode())
             h.update(f.read_bytes())
     h.update(" ".join(BASE_FLAGS).encode())
     h.update(",".join(archs).encode())

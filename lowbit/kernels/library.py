@@ -49,7 +49,7 @@ SIGNATURES: dict[str, list] = {
     "nvfp4_gemv_occupancy": [],
     "nvfp4_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
     "nvfp4_split_gemv_occupancy": [_I],
-    # NVFP4 on the checkpoint layout (csrc/nvfp4_gemv.cu): x, packed, scales, packed row stride, scales row
+    # NVFP4 on the checkpoint layout (csrc/nvfp4/gemv.cu): x, packed, scales, packed row stride, scales row
     # stride (bytes), scale_2, y, m (1..8), n, k, stream
     "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
     # a, sfa, b, sfb, c, m, k, l, strides (a m/l, sfa m/l, b l, sfb l: bytes; c m/l: elements), stream
@@ -57,7 +57,7 @@ SIGNATURES: dict[str, list] = {
     # packed, its row stride, scales, their row stride (bytes), scale_2, out [n, k], n, k, stream
     "nvfp4_dequant": [_P, _I64, _P, _I64, _P, _P, _I, _I, _P],
     # x, x row stride (elements), codes, codes row stride, scales, scales row stride (bytes), scale_2, rows, k,
-    # stream (csrc/nvfp4_quantize.cu)
+    # stream (csrc/nvfp4/quantize.cu)
     "nvfp4_quantize": [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, _P],
     # x, w, y, n, k, tpr, threads, pdl (0/1), stream
     "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],

@@ -1,7 +1,7 @@
 """CUDA implementations of the NVFP4 ops: the kbit tensor-core GEMV and GEMM instantiated for NVFP4
-weights (``csrc/kbit_gemv.cu`` / ``kbit_gemm.cu``, FP4 = true: E2M1 lookup table, E4M3 fragment
+weights (``csrc/tiled/gemv.cuh`` / ``gemm.cuh``, instances in ``csrc/nvfp4/tiled_*.cu``, FP4 = true: E2M1 lookup table, E4M3 fragment
 scales; layout ``lowbit/formats/nvfp4/tiled.py``), and the kernels on the checkpoint layout itself
-(``csrc/nvfp4_gemv.cu``: W4A16 GEMV and GPU MODE's W4A4 batched GEMV; ``csrc/nvfp4_quantize.cu``:
+(``csrc/nvfp4/gemv.cu``: W4A16 GEMV and GPU MODE's W4A4 batched GEMV; ``csrc/nvfp4/quantize.cu``:
 activations to NVFP4)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _(x, qweight, qscales, scale_2, n, k):
 
 
 # ------------------------------------------------------------------ the checkpoint-layout kernels
-#: Tokens per pass of csrc/nvfp4_gemv.cu's W4A16 GEMV (more rows of x: passes of 8).
+#: Tokens per pass of csrc/nvfp4/gemv.cu's W4A16 GEMV (more rows of x: passes of 8).
 PLAIN_MAX_M = 8
 
 def _aligned(t: torch.Tensor, align: int, strides=()) -> bool:

@@ -157,7 +157,7 @@ def split_max_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, n_experts
 
 
 def split_items(n: int, k_in: int) -> int:
-    """CTA items of the split-K kernel for one expert (mirrors split_for in csrc/kbit_gemv.cu:
+    """CTA items of the split-K kernel for one expert (mirrors split_for in csrc/tiled/gemv.cuh:
     min(groups, warps per CTA) warps per tile)."""
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
     per_item = WARPS_PER_CTA // min(groups, WARPS_PER_CTA)
@@ -310,7 +310,7 @@ class GroupedLauncher:
 
 
 # ------------------------------------------------------------------ GEMM (tiled layout, M > 8)
-#: token tiles of 8 per CTA compiled into the library (csrc/kbit_gemm.cu, LOWBIT_DEFINE_GEMM_DTYPE)
+#: token tiles of 8 per CTA compiled into the library (csrc/kbit/gemm.cu, LOWBIT_DEFINE_GEMM_DTYPE)
 GEMM_TOKEN_TILES = (2, 4, 8)
 #: (token tiles, 16-row tiles per warp) of the dense GEMM compiled into the library
 GEMM_INSTANCES = ((2, 1), (4, 1), (8, 1), (4, 2), (8, 2))

@@ -1,7 +1,7 @@
 """``KbitLinear``: a drop-in for ``nn.Linear`` whose weight is stored in kbit.
 
 The module holds only what the kernels read: the tiled GPU layout (``qweight``, ``qabsmax``;
-see ``lowbit/formats/kbit_tiled.py``), the codebook and the fp32 tensor scale -- on every
+see ``lowbit/formats/kbit/tiled.py``), the codebook and the fp32 tensor scale -- on every
 device, so a model moves between CPU and GPU without repacking and its state dict is the
 saved format. The CPU forward decodes the same bytes with the reference.
 """

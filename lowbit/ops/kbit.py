@@ -79,7 +79,7 @@ def check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in, experts=N
 
 @torch.library.custom_op("lowbit::kbit_repack", mutates_args=())
 def kbit_repack(planes: Tensor, absmax: Tensor, bits: int) -> tuple[Tensor, Tensor]:
-    """Bit planes -> the GPU tiled layout (qweight, qabsmax); see lowbit/formats/kbit_tiled.py."""
+    """Bit planes -> the GPU tiled layout (qweight, qabsmax); see lowbit/formats/kbit/tiled.py."""
     check_tensor("planes", planes, dtypes=(torch.int32,))
     check_tensor("absmax", absmax, dtypes=(torch.uint8,))
     return kbit_tiled.repack(planes, absmax, bits)

@@ -145,7 +145,7 @@ def nvfp4_plain_reference(x, packed, scales, scale_2) -> Tensor:
 @torch.library.custom_op("lowbit::nvfp4_plain_gemv", mutates_args=())
 def nvfp4_plain_gemv(x: Tensor, packed: Tensor, scales: Tensor, scale_2: Tensor) -> Tensor:
     """``x [M, K] @ W^T`` for an NVFP4 weight in the checkpoint layout (packed uint8 [N, K/2], E4M3 scales
-    [N, K/16], fp32 scale_2), no repack: the decode GEMV of csrc/nvfp4_gemv.cu on CUDA fp16/bf16 (up to
+    [N, K/16], fp32 scale_2), no repack: the decode GEMV of csrc/nvfp4/gemv.cu on CUDA fp16/bf16 (up to
     8 rows of x per pass over W: meant for M <= 8); CPU and fp32: the reference."""
     check_nvfp4_plain_args(x, packed, scales, scale_2)
     return nvfp4_plain_reference(x, packed, scales, scale_2)
@@ -161,7 +161,7 @@ def _(x, packed, scales, scale_2):
 def nvfp4_dequantize(packed: Tensor, scales: Tensor, scale_2: Tensor, dtype: torch.dtype) -> Tensor:
     """NVFP4 weight in the checkpoint layout -> dense ``[N, K]`` of ``dtype`` (e2m1 * scale * scale_2 in
     fp32, rounded once: bit-identical to the reference). CUDA fp16/bf16 with K % 32 == 0:
-    csrc/nvfp4_dequant.cu; otherwise the reference."""
+    csrc/nvfp4/dequant.cu; otherwise the reference."""
     check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
     return _plain_weight(packed, scales, scale_2).to(dtype)
 
@@ -228,7 +228,7 @@ def check_w4a4_args(a, b, sfa, sfb) -> tuple[int, int, int]:
 def nvfp4_w4a4_gemv(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor) -> Tensor:
     """GPU MODE ``nvfp4_gemv``: ``c [M, 1, L] = A_l @ b_l`` for NVFP4 ``a [M, K/2, L]`` / ``b [1, K/2, L]``
     (uint8 or float4_e2m1fn_x2, any strides; K-major runs without a copy) with E4M3 scales ``sfa [M, K/16, L]`` / ``sfb [1, K/16, L]``,
-    fp32 accumulation, fp16 out (stored [L, M]-major, as GPU MODE allocates c). CUDA: csrc/nvfp4_gemv.cu;
+    fp32 accumulation, fp16 out (stored [L, M]-major, as GPU MODE allocates c). CUDA: csrc/nvfp4/gemv.cu;
     CPU: the reference (lowbit.formats.nvfp4.w4a4_gemv_reference)."""
     check_w4a4_args(a, b, sfa, sfb)
     return nvfp4.w4a4_gemv_reference(_as_codes(a), _as_codes(b), sfa, sfb)
@@ -256,7 +256,7 @@ def nvfp4_quantize_act(x: Tensor, scale_2: Tensor) -> tuple[Tensor, Tensor]:
     """NVFP4 of activations ``x [rows, K]`` with a given tensor scale (multiplier; the W4A4 input side):
     (packed uint8 [rows, K/2], float8_e4m3fn scales [rows, K/16]), bit-identical to
     lowbit.formats.nvfp4.quantize_blocks (the reference, which is also the CPU path). The CUDA kernel
-    (csrc/nvfp4_quantize.cu, fp16/bf16) checks neither x nor scale_2 (a device scalar; reading it back would
+    (csrc/nvfp4/quantize.cu, fp16/bf16) checks neither x nor scale_2 (a device scalar; reading it back would
     sync): non-finite values, or a scale_2 <= 0, give unspecified codes."""
     check_quantize_act_args(x, scale_2)
     return nvfp4.quantize_blocks(x, scale_2)

@@ -56,7 +56,7 @@ def test_other_bits_decode(bits):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=lambda d: str(d).removeprefix("torch."))
 def test_nvfp4_plain_gemv_shapes_in_any_order(dtype):
     """The failure the model showed and single calls did not: a plan with a small shared-memory need made
-    after a larger one must not break the larger one's later launches (csrc/nvfp4_gemv.cu)."""
+    after a larger one must not break the larger one's later launches (csrc/nvfp4/gemv.cu)."""
     import lowbit
 
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""fp16/bf16 decode GEMV kernels (csrc/dense_gemv.cu) against an fp64 reference.
+"""fp16/bf16 decode GEMV kernels (csrc/dense/gemv.cu) against an fp64 reference.
 
 Bound: relative norm error <= 1e-3 against the fp64 product rounded to the output dtype (for fp16
 also against the unrounded product). bf16's own output rounding is ~1.5e-3 rms, so comparing a

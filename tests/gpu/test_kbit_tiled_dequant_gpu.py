@@ -1,4 +1,4 @@
-"""kbit dequantize from the tiled layout (csrc/kbit_tiled_dequant.cu): bit for bit the reference
+"""kbit dequantize from the tiled layout (csrc/kbit/tiled_dequant.cu): bit for bit the reference
 (lowbit.formats.kbit_tiled.dequantize), every output written and nothing past it."""
 
 import pytest

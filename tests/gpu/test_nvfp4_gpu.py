@@ -1,4 +1,4 @@
-"""NVFP4 on CUDA: the tensor-core GEMM (csrc/kbit_gemm.cu, FP4 instances) against the format reference.
+"""NVFP4 on CUDA: the tensor-core GEMM (csrc/kbit/gemm.cu, FP4 instances) against the format reference.
 
 Reference: an fp64 product of the reference-dequantized weight (E2M1 x E4M3 x scale_2). The kernel's
 A fragments are exact (E2M1 x E4M3 fits fp16/bf16), so only the MMA's fp32 sums and the output

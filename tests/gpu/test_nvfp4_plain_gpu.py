@@ -1,4 +1,4 @@
-"""NVFP4 kernels on the checkpoint layout (csrc/nvfp4_gemv.cu, csrc/nvfp4_quantize.cu) against the format
+"""NVFP4 kernels on the checkpoint layout (csrc/nvfp4/gemv.cu, csrc/nvfp4/quantize.cu) against the format
 reference: the W4A16 GEMV (no repack), GPU MODE's W4A4 batched GEMV, and the activation quantizer.
 
 W4A16 / W4A4: fp64 references of the exactly decoded operands; the kernels' fragments are exact

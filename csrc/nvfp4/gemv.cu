@@ -4,7 +4,7 @@
 //   W4A4 (GPU MODE nvfp4_gemv): c[row, l] = sum_k A_l[row, k] b_l[k], b_l NVFP4 too, a batch of L
 //   independent matrix-vector products, fp16 out.
 //
-// Why a second NVFP4 GEMV beside the tiled one (kbit_gemv.cu, FP4): that one streams 16-row x 256-
+// Why a second NVFP4 GEMV beside the tiled one (tiled/gemv.cuh, FP4): that one streams 16-row x 256-
 // column units per warp from two arrays (codes, scales) and measured 71-73% of read bandwidth on the
 // Llama-3-70B MLP, 84-86% even with its decode removed (BENCHMARKS.md, issue 15). Here a CTA sweeps
 // consecutive rows and its warps read whole rows, 512 contiguous bytes per warp and row at M = 1:
@@ -41,7 +41,7 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "kbit_decode.cuh"
+#include "tiled/decode.cuh"
 
 namespace lowbit {
 namespace nvfp4 {

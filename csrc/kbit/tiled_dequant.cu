@@ -1,4 +1,4 @@
-// kbit dequantize from the tiled GPU layout (lowbit/formats/kbit_tiled.py): qweight/qabsmax -> dense [n, k_in].
+// kbit dequantize from the tiled GPU layout (lowbit/formats/kbit/tiled.py): qweight/qabsmax -> dense [n, k_in].
 //
 // The modules hold only the tiled layout, so the large-M path (prefill, and models that push a whole cache
 // through a projection every step, e.g. MLA's kv_b_proj) decodes it here and hands the dense weight to cuBLAS.

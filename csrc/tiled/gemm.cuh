@@ -1,6 +1,7 @@
+#pragma once
 // kbit GEMM on tensor cores for batched decode, short prefills and MoE experts:
 // y[M, N] = x[M, K_in] @ W^T, M from 9 to a few hundred, reading the same tiled layout as the GEMV
-// (kbit_decode.cuh).
+// (tiled/decode.cuh).
 //
 // A CTA owns 8 warps x R consecutive 16-row tiles and MT = 8 * NT tokens, over a range of K groups
 // (split-K across CTAs when the row blocks alone cannot fill the GPU). Per group:
@@ -16,7 +17,7 @@
 //     limit at M >= 32; it costs registers: one CTA per SM).
 // Split-K partials (fp32) go to a workspace; the last CTA of a (row block, token chunk), found by
 // an atomic counter, sums them in split order (deterministic) and writes y.
-// NVFP4 (FP4 = true, K = 4 code layout, lowbit/formats/nvfp4_tiled.py): the codebook is the 16 E2M1
+// NVFP4 (FP4 = true, K = 4 code layout, lowbit/formats/nvfp4/tiled.py): the codebook is the 16 E2M1
 // values and each lane scales its fragments by an E4M3 byte per row and block (its 8 columns lie in
 // one 16-column NVFP4 block); E2M1 x E4M3 is exact in fp16/bf16, so only the MMA sums round.
 // Grouped (MoE): tokens sorted by expert; every CTA scans the expert offsets into chunks of MT
@@ -25,7 +26,7 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "kbit_decode.cuh"
+#include "tiled/decode.cuh"
 #include "lowbit.h"
 
 namespace lowbit {
@@ -423,71 +424,3 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
 
 }  // namespace gemm
 }  // namespace lowbit
-
-// lowbit_kbit_gemm_b<BITS>_<dtype>_t<NT>_r<R>: NT token tiles of 8 per CTA (M rows in chunks of
-// 8 NT), R 16-row tiles per warp.
-#define LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, NT, R)                                                           \
-    extern "C" int lowbit_kbit_gemm_b##BITS##_##NAME##_t##NT##_r##R(                                           \
-        const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
-        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits,       \
-        void* stream) {                                                                                       \
-        return lowbit::gemm::launch<BITS, TYPE, NT, R>(x, qweight, qabsmax, codebook, scale, y, bias,         \
-                                                       workspace, counters, m, n, k_in, splits, stream);      \
-    }                                                                                                         \
-    extern "C" int lowbit_kbit_gemm_occupancy_b##BITS##_##NAME##_t##NT##_r##R(void) {                         \
-        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<BITS, TYPE, NT, R>,                     \
-                                       lowbit::gemm::gemm_smem<BITS, NT>(), lowbit::gemm::kWarps);            \
-    }
-// lowbit_nvfp4_gemm_<dtype>_t<NT>_r<R>: the same GEMM on NVFP4 weights (K = 4 code layout + E4M3
-// scales; codebook = the 16 E2M1 values, scale = the tensor's scale_2).
-#define LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, NT, R)                                                          \
-    extern "C" int lowbit_nvfp4_gemm_##NAME##_t##NT##_r##R(                                                  \
-        const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
-        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int splits,      \
-        void* stream) {                                                                                      \
-        return lowbit::gemm::launch<4, TYPE, NT, R, true>(x, qweight, qscales, codebook, scale, y, bias,     \
-                                                          workspace, counters, m, n, k_in, splits, stream);  \
-    }                                                                                                        \
-    extern "C" int lowbit_nvfp4_gemm_occupancy_##NAME##_t##NT##_r##R(void) {                                 \
-        return lowbit::gemv::occupancy(lowbit::gemm::kbit_gemm_kernel<4, TYPE, NT, R, true>,                 \
-                                       lowbit::gemm::gemm_smem<4, NT>(), lowbit::gemm::kWarps);              \
-    }
-#define LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(NAME, TYPE) \
-    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 2, 1)     \
-    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 4, 1)     \
-    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 8, 1)     \
-    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 4, 2)     \
-    LOWBIT_DEFINE_NVFP4_GEMM(NAME, TYPE, 8, 2)
-LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(fp16, __half)
-LOWBIT_DEFINE_NVFP4_GEMM_DTYPE(bf16, __nv_bfloat16)
-
-// lowbit_kbit_grouped_gemm_b<BITS>_<dtype>_t<NT>: experts' tokens in chunks of 8 NT.
-#define LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, NT)                                                       \
-    extern "C" int lowbit_kbit_grouped_gemm_b##BITS##_##NAME##_t##NT(                                          \
-        const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax, const float* codebook, \
-        const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, int ctas,              \
-        void* stream) {                                                                                        \
-        return lowbit::gemm::launch_grouped<BITS, TYPE, NT>(x, offsets, qweight, qabsmax, codebook, scales, y,  \
-                                                            bias, n_experts, n, k_in, ctas, stream);            \
-    }                                                                                                          \
-    extern "C" int lowbit_kbit_grouped_gemm_occupancy_b##BITS##_##NAME##_t##NT(int n_experts) {                \
-        if (lowbit::gemm::grouped_smem<BITS, NT>(n_experts) > 227 * 1024) return 0;                            \
-        return lowbit::gemv::occupancy(lowbit::gemm::kbit_grouped_gemm_kernel<BITS, TYPE, NT>,                 \
-                                       lowbit::gemm::grouped_smem<BITS, NT>(n_experts), lowbit::gemm::kWarps); \
-    }
-#define LOWBIT_DEFINE_GEMM_DTYPE(BITS, NAME, TYPE) \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 2, 1)     \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 4, 1)     \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 8, 1)     \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 4, 2)     \
-    LOWBIT_DEFINE_GEMM(BITS, NAME, TYPE, 8, 2)     \
-    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 2) \
-    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 4) \
-    LOWBIT_DEFINE_GROUPED_GEMM(BITS, NAME, TYPE, 8)
-#define LOWBIT_DEFINE_GEMM_BITS(BITS)                  \
-    LOWBIT_DEFINE_GEMM_DTYPE(BITS, fp16, __half)       \
-    LOWBIT_DEFINE_GEMM_DTYPE(BITS, bf16, __nv_bfloat16)
-LOWBIT_DEFINE_GEMM_BITS(2)
-LOWBIT_DEFINE_GEMM_BITS(3)
-LOWBIT_DEFINE_GEMM_BITS(4)
-LOWBIT_DEFINE_GEMM_BITS(5)

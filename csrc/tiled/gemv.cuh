@@ -1,3 +1,4 @@
+#pragma once
 // kbit decode GEMV / grouped (MoE) GEMV on tensor cores: y[M, N] = x[M, K_in] @ W^T, M <= 8.
 //
 // Why tensor cores for M = 1..4: the arithmetic budget per weight on H100 is ~5 issued
@@ -13,9 +14,11 @@
 // scales to the block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
 // 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
 // not by issue (BENCHMARKS.md, issue 14 round 3).
-// Layout: see lowbit/formats/kbit_tiled.py (the reference repack that defines it).
-// NVFP4 (FP4 = true; lowbit/formats/nvfp4_tiled.py): the K=4 instances with the 16 E2M1 values as
-// codebook and E4M3 scales applied to the A fragments before the MMAs (scale_pairs, kbit_decode.cuh).
+// Layout: see lowbit/formats/kbit/tiled.py (the reference repack that defines it).
+// NVFP4 (FP4 = true; lowbit/formats/nvfp4/tiled.py): the K=4 instances with the 16 E2M1 values as
+// codebook and E4M3 scales applied to the A fragments before the MMAs (scale_pairs, tiled/decode.cuh).
+// This header holds the templates; each format's exported instances live in its own folder
+// (kbit/gemv.cu, nvfp4/tiled_gemv.cu).
 //
 // Two kernels share the decode: stream-K (large shapes; warps that share a tile write fp32
 // partials to global memory and the last one to finish it, found by an atomic counter, sums
@@ -26,7 +29,7 @@
 #include <utility>
 
 #include "common.cuh"
-#include "kbit_decode.cuh"
+#include "tiled/decode.cuh"
 #include "lowbit.h"
 
 namespace lowbit {
@@ -546,79 +549,3 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
 
 }  // namespace gemv
 }  // namespace lowbit
-
-#define LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, M)                                                               \
-    extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
-        const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
-        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,      \
-        int pdl, void* stream) {                                                                              \
-        return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
-                                                        workspace, counters, m, n, k_in, n_warps, pdl, stream); \
-    }                                                                                                         \
-    /* resident warps per SM (one-wave grid of the stream-K kernel) */                                       \
-    extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
-        return lowbit::gemv::kWarps *                                                                         \
-               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                  \
-                                       lowbit::gemv::stream_smem<BITS>(), lowbit::gemv::kWarps);             \
-    }
-#define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
-    extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
-        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
-        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
-        int max_ctas, int pdl, void* stream) {                                                                 \
-        return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
-                                                      y, bias, n_experts, n, k_in, max_ctas, pdl, stream);     \
-    }                                                                                                          \
-    extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,           \
-                                       lowbit::gemv::split_smem<BITS>(n_experts), lowbit::gemv::kWarps);                            \
-    }
-#define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \
-    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 1)        \
-    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 2)        \
-    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 3)        \
-    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 4)        \
-    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 8)        \
-    LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)
-#define LOWBIT_DEFINE_GEMV_BITS(BITS)                  \
-    LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)       \
-    LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)
-LOWBIT_DEFINE_GEMV_BITS(2)
-LOWBIT_DEFINE_GEMV_BITS(3)
-LOWBIT_DEFINE_GEMV_BITS(4)
-LOWBIT_DEFINE_GEMV_BITS(5)
-
-// NVFP4 weights (K = 4 code layout + E4M3 scales, lowbit/formats/nvfp4_tiled.py; codebook = the 16
-// E2M1 values, scale = the tensor's scale_2): lowbit_nvfp4_gemv_<dtype>_m<M>, lowbit_nvfp4_split_gemv_<dtype>.
-#define LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, M)                                                              \
-    extern "C" int lowbit_nvfp4_gemv_##NAME##_m##M(                                                          \
-        const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
-        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,     \
-        int pdl, void* stream) {                                                                             \
-        return lowbit::gemv::launch_gemv<4, TYPE, M, true>(x, qweight, qscales, codebook, scale, y, bias,    \
-                                                           workspace, counters, m, n, k_in, n_warps, pdl, stream); \
-    }                                                                                                        \
-    extern "C" int lowbit_nvfp4_gemv_occupancy_##NAME##_m##M(void) {                                         \
-        return lowbit::gemv::kWarps *                                                                        \
-               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<4, TYPE, M, false, true>,              \
-                                       lowbit::gemv::stream_smem<4>(), lowbit::gemv::kWarps);                \
-    }
-#define LOWBIT_DEFINE_NVFP4_DTYPE(NAME, TYPE)                                                                \
-    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 1)                                                                  \
-    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 2)                                                                  \
-    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 3)                                                                  \
-    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 4)                                                                  \
-    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 8)                                                                  \
-    extern "C" int lowbit_nvfp4_split_gemv_##NAME(                                                           \
-        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qscales,        \
-        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
-        int max_ctas, int pdl, void* stream) {                                                               \
-        return lowbit::gemv::launch_split<4, TYPE, true>(x, offsets, m_dense, qweight, qscales, codebook,    \
-                                                         scales, y, bias, n_experts, n, k_in, max_ctas, pdl, stream); \
-    }                                                                                                        \
-    extern "C" int lowbit_nvfp4_split_gemv_occupancy_##NAME(int n_experts) {                                 \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, false, false, true>,    \
-                                       lowbit::gemv::split_smem<4>(n_experts), lowbit::gemv::kWarps);        \
-    }
-LOWBIT_DEFINE_NVFP4_DTYPE(fp16, __half)
-LOWBIT_DEFINE_NVFP4_DTYPE(bf16, __nv_bfloat16)

@@ -1,5 +1,5 @@
-// The kbit decode shared by the GEMV (kbit_gemv.cu) and the GEMM (kbit_gemm.cu): lookup tables,
-// the per-lane group loads of the tiled layout (lowbit/formats/kbit_tiled.py) and the per-block
+// The kbit decode shared by the GEMV (tiled/gemv.cuh) and the GEMM (tiled/gemm.cuh): lookup tables,
+// the per-lane group loads of the tiled layout (lowbit/formats/kbit/tiled.py) and the per-block
 // decode into mma.m16n8k16 A fragments (weights as A, tokens as B: "swap AB").
 #pragma once
 #include <type_traits>
@@ -148,7 +148,7 @@ template <int BITS> struct GroupData {
 
 // Unit u = tile * n_groups + group is contiguous in both arrays, so a warp streams its units
 // with one running index whatever tiles they belong to. qw_lane / qa_lane: this lane's offset;
-// A_STRIDE: 16-byte chunks of scales per unit (kbit absmax: 8; NVFP4 scales: 16, nvfp4_tiled.py).
+// A_STRIDE: 16-byte chunks of scales per unit (kbit absmax: 8; NVFP4 scales: 16, nvfp4/tiled.py).
 template <int BITS, int A_STRIDE = 8>
 __device__ __forceinline__ void load_group(GroupData<BITS>& d, const uint4* qw_lane, const uint4* qa_lane, int64_t u) {
 #pragma unroll

@@ -1,0 +1,44 @@
+// kbit's instances of the tiled decode GEMV (tiled/gemv.cuh): lowbit_kbit_gemv_b<BITS>_<dtype>_m<M>,
+// lowbit_kbit_split_gemv_b<BITS>_<dtype> and their occupancy queries, for K = 2..5.
+#include "tiled/gemv.cuh"
+
+#define LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, M)                                                               \
+    extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
+        const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
+        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,      \
+        int pdl, void* stream) {                                                                              \
+        return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
+                                                        workspace, counters, m, n, k_in, n_warps, pdl, stream); \
+    }                                                                                                         \
+    /* resident warps per SM (one-wave grid of the stream-K kernel) */                                       \
+    extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
+        return lowbit::gemv::kWarps *                                                                         \
+               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                  \
+                                       lowbit::gemv::stream_smem<BITS>(), lowbit::gemv::kWarps);             \
+    }
+#define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
+    extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
+        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
+        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
+        int max_ctas, int pdl, void* stream) {                                                                 \
+        return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
+                                                      y, bias, n_experts, n, k_in, max_ctas, pdl, stream);     \
+    }                                                                                                          \
+    extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,           \
+                                       lowbit::gemv::split_smem<BITS>(n_experts), lowbit::gemv::kWarps);                            \
+    }
+#define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \
+    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 1)        \
+    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 2)        \
+    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 3)        \
+    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 4)        \
+    LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 8)        \
+    LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)
+#define LOWBIT_DEFINE_GEMV_BITS(BITS)                  \
+    LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)       \
+    LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)
+LOWBIT_DEFINE_GEMV_BITS(2)
+LOWBIT_DEFINE_GEMV_BITS(3)
+LOWBIT_DEFINE_GEMV_BITS(4)
+LOWBIT_DEFINE_GEMV_BITS(5)

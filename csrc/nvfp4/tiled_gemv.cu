@@ -1,0 +1,37 @@
+// NVFP4's instances of the tiled decode GEMV (tiled/gemv.cuh).
+#include "tiled/gemv.cuh"
+
+// NVFP4 weights (K = 4 code layout + E4M3 scales, lowbit/formats/nvfp4/tiled.py; codebook = the 16
+// E2M1 values, scale = the tensor's scale_2): lowbit_nvfp4_gemv_<dtype>_m<M>, lowbit_nvfp4_split_gemv_<dtype>.
+#define LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, M)                                                              \
+    extern "C" int lowbit_nvfp4_gemv_##NAME##_m##M(                                                          \
+        const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
+        void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,     \
+        int pdl, void* stream) {                                                                             \
+        return lowbit::gemv::launch_gemv<4, TYPE, M, true>(x, qweight, qscales, codebook, scale, y, bias,    \
+                                                           workspace, counters, m, n, k_in, n_warps, pdl, stream); \
+    }                                                                                                        \
+    extern "C" int lowbit_nvfp4_gemv_occupancy_##NAME##_m##M(void) {                                         \
+        return lowbit::gemv::kWarps *                                                                        \
+               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<4, TYPE, M, false, true>,              \
+                                       lowbit::gemv::stream_smem<4>(), lowbit::gemv::kWarps);                \
+    }
+#define LOWBIT_DEFINE_NVFP4_DTYPE(NAME, TYPE)                                                                \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 1)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 2)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 3)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 4)                                                                  \
+    LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 8)                                                                  \
+    extern "C" int lowbit_nvfp4_split_gemv_##NAME(                                                           \
+        const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qscales,        \
+        const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
+        int max_ctas, int pdl, void* stream) {                                                               \
+        return lowbit::gemv::launch_split<4, TYPE, true>(x, offsets, m_dense, qweight, qscales, codebook,    \
+                                                         scales, y, bias, n_experts, n, k_in, max_ctas, pdl, stream); \
+    }                                                                                                        \
+    extern "C" int lowbit_nvfp4_split_gemv_occupancy_##NAME(int n_experts) {                                 \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, false, false, true>,    \
+                                       lowbit::gemv::split_smem<4>(n_experts), lowbit::gemv::kWarps);        \
+    }
+LOWBIT_DEFINE_NVFP4_DTYPE(fp16, __half)
+LOWBIT_DEFINE_NVFP4_DTYPE(bf16, __nv_bfloat16)
