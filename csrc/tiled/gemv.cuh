@@ -335,7 +335,7 @@ template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_expert
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
-__device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ offsets,
+inline __device__ int compact_experts(ActiveExpert* list, const int64_t* __restrict__ offsets,
                                const float* __restrict__ scales, int n_experts) {
     __shared__ int warp_count[kWarps];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
