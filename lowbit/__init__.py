@@ -37,13 +37,14 @@ from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
 from .formats.kbit import quantize as quantize_kbit
 from .formats.kbit import quantize_experts as quantize_kbit_experts
-from .kernels import dense as _dense_kernels  # noqa: F401  (CUDA kernels register on import)
-from .kernels import kbit as _kbit_kernels  # noqa: F401
-from .kernels import nvfp4 as _nvfp4_kernels  # noqa: F401
+from .kernels import register_all as _register_kernels
 from .kernels.device import programmatic_launch
-from . import nn
-from ._version import __version__
-from .model import QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model, save_quantized
+
+_register_kernels()  # every format's CUDA implementations, registered on the ops
+
+from . import nn  # noqa: E402
+from ._version import __version__  # noqa: E402
+from .model import QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model, save_quantized  # noqa: E402
 
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ..nn import formats
+
 DEFAULT_PROMPT = "What is the capital of Japan?"
 
 
@@ -46,7 +48,7 @@ def _text(tok, tokens: torch.Tensor) -> str:
 def _linear_bytes(model) -> int:
     """Bytes of the layers quantization replaces, before or after: linears (the output head included)
     and MoE expert blocks, in whichever form they are now; shared tensors counted once."""
-    from ..nn import KbitLinear, KbitMoeExperts, NvFp4Linear, fused_experts_layout
+    from ..nn import QuantizedModule, fused_experts_layout
 
     seen, total = set(), 0
 
@@ -58,7 +60,7 @@ def _linear_bytes(model) -> int:
                 total += t.nbytes
 
     for m in model.modules():
-        if isinstance(m, (KbitLinear, KbitMoeExperts, NvFp4Linear)):
+        if isinstance(m, QuantizedModule):
             add(m.buffers(recurse=False))
         elif isinstance(m, torch.nn.Linear):
             add([m.weight])
@@ -67,7 +69,7 @@ def _linear_bytes(model) -> int:
     return total
 
 
-FORMATS = ("kbit", "nvfp4")
+FORMATS = formats()  # every format quantize_model writes
 
 
 def parse_formats(fmt) -> list[str]:
@@ -83,7 +85,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None, fuse: bool = True, fmt="kbit") -> dict:
+             lm_head_bits: int | None = None, fuse: bool | None = None, fmt="kbit") -> dict:
     """The main job as a function; returns every number it prints (see the module docstring).
 
     ``fmt``: ``"kbit"``, ``"nvfp4"``, or several (``"kbit,nvfp4"``): each quantizes its own copy of
@@ -140,16 +142,12 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             result["load_s"] = time.perf_counter() - t0
             say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
             label = f"loaded from {load}"
-        elif f == "nvfp4":
-            report = lowbit.quantize_model(m, format="nvfp4", progress=not quiet)
-            quantize_s = report.seconds
-            label = "nvfp4"
-            say(str(report))
         else:
-            report = lowbit.quantize_model(m, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
+            report = lowbit.quantize_model(m, format=f, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
                                            bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
             quantize_s = report.seconds
-            label = f"kbit{bits}" + ("-fit" if codebook == "fit" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
+            label = report.label.lower() + ("-fit" if codebook == "fit" else "") + \
+                (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
             say(str(report))
         if save:
             # Unquantized tensors go to disk in half precision: a CPU run upcasts them to fp32 only to compute.
@@ -267,8 +265,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
     p.add_argument("--layers", type=_positive, default=None, help="random:<name> models: number of layers")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="one kbit weight (one launch) for q|k|v, gate|up, ... (default; --no-fuse: each linear alone)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="one kbit weight (one launch) for q|k|v, gate|up, ... (kbit's default; --no-fuse: each linear alone)")
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
@@ -310,7 +308,8 @@ def check_args(args) -> None:
     if len(fmts) > 1 and (args.load or args.save):
         raise UsageError("--load / --save take one --format")
     if "nvfp4" in fmts:
-        given = [o for o, v in (("--lm-head-bits", args.lm_head_bits), ("--codebook fit", args.codebook == "fit")) if v]
+        given = [o for o, v in (("--lm-head-bits", args.lm_head_bits), ("--codebook fit", args.codebook == "fit"),
+                                ("--fuse", args.fuse)) if v]
         if given:
             raise UsageError(f"{', '.join(given)}: kbit options; --format nvfp4 quantizes every linear but the output "
                              "head")

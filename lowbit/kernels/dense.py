@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .. import ops, tuning
 from .device import gpu_name, pdl_enabled, pdl_supported
-from .library import library_or_none, ptr, stream_of
+from .library import library_or_none, ptr, register_signatures, stream_of
+
+_P, _I = ctypes.c_void_p, ctypes.c_int
+register_signatures({
+    # x, w, y, n, k, tpr, threads, pdl (0/1), stream
+    "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
+    # x, w, y, n, k, stream
+    "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
+})
 
 def vector_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The tuned vector kernel reads 16-byte vectors: K % 8 == 0 and 16-byte aligned x and W."""

@@ -4,14 +4,25 @@ the shared launchers of :mod:`.tiled`."""
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .. import ops
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
-from .library import library_or_none, ptr, stream_of
+from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, check_offsets_on_device,
-                    kbit_format, with_bias)
+                    kbit_format, tiled_signatures, with_bias)
+
+_P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+register_signatures({
+    # planes, absmax, codebook, scale, out, n_blocks, stream
+    "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
+    # qweight, qabsmax, codebook, scale, out [n, k_in], n, k_in, stream
+    "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
+    **tiled_signatures("kbit", grouped_gemm=True),
+})
 
 
 @ops.kbit_dequantize.register_kernel("cuda")
@@ -97,7 +108,7 @@ def tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype) ->
 @ops.kbit_tiled_dequantize.register_kernel("cuda")
 def _(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype):
     ops.check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
-    ops._check_out_dtype(dtype)
+    ops.common._check_out_dtype(dtype)
     return tiled_dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in, dtype)
 
 

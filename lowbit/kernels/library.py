@@ -19,53 +19,23 @@ from . import build as _build
 ABI_VERSION = 11
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
-#: op -> ctypes argument types (every entry returns a cudaError_t as int).
+#: op -> ctypes argument types (every entry returns a cudaError_t as int): the library-wide entries here,
+#: each format's kernel module adds its own (:func:`register_signatures`) when it is imported.
 SIGNATURES: dict[str, list] = {
-    "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
-    # qweight, qabsmax, codebook, scale, out [n, k_in], n, k_in, stream
-    "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
     "read_bw": [_P, _I64, _P, ctypes.c_int, ctypes.c_int, _P],
     "copy_bw": [_P, _P, _I64, ctypes.c_int, _P],
-    # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps,
-    # pdl (0/1), stream
-    "kbit_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
-    "kbit_gemv_occupancy": [],
-    # x, qweight, qabsmax, codebook, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
-    "kbit_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
-    "kbit_gemm_occupancy": [],
-    # the same arguments, NVFP4 weights: qweight, qscales (nvfp4_tiled), E2M1 codebook, scale_2
-    "nvfp4_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
-    "nvfp4_gemm_occupancy": [],
-    # x, expert_offsets int64 [E + 1], qweight, qabsmax, codebook, scales [E], y, bias ([E, n] or null),
-    # n_experts, n, k_in, ctas, stream
-    "kbit_grouped_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
-    "kbit_grouped_gemm_occupancy": [_I],
-    # x, expert_offsets (null: dense), m_dense, qweight, qabsmax, codebook, scales, y, bias ([n_experts, n]
-    # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
-    "kbit_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
-    "kbit_split_gemv_occupancy": [_I],
-    # NVFP4 weights through the same GEMV kernels (qweight, qscales, E2M1 codebook, scale_2)
-    "nvfp4_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
-    "nvfp4_gemv_occupancy": [],
-    "nvfp4_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
-    "nvfp4_split_gemv_occupancy": [_I],
-    # NVFP4 on the checkpoint layout (csrc/nvfp4/gemv.cu): x, packed, scales, packed row stride, scales row
-    # stride (bytes), scale_2, y, m (1..8), n, k, stream
-    "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
-    # a, sfa, b, sfb, c, m, k, l, strides (a m/l, sfa m/l, b l, sfb l: bytes; c m/l: elements), stream
-    "nvfp4_w4a4_gemv": [_P, _P, _P, _P, _P, _I, _I, _I, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P],
-    # packed, its row stride, scales, their row stride (bytes), scale_2, out [n, k], n, k, stream
-    "nvfp4_dequant": [_P, _I64, _P, _I64, _P, _P, _I, _I, _P],
-    # x, x row stride (elements), codes, codes row stride, scales, scales row stride (bytes), scale_2, rows, k,
-    # stream (csrc/nvfp4/quantize.cu)
-    "nvfp4_quantize": [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, _P],
-    # x, w, y, n, k, tpr, threads, pdl (0/1), stream
-    "dense_gemv": [_P, _P, _P, _I, _I, _I, _I, _I, _P],
-    # x, w, y, n, k, stream
-    "dense_gemv_scalar": [_P, _P, _P, _I, _I, _P],
     # expert_offsets int64 [E + 1] (device), E, rows, stream: a device-side assertion unless valid
     "check_expert_offsets": [_P, _I, _I64, _P],
 }
+
+
+def register_signatures(entries: dict[str, list]) -> None:
+    """Add a kernel family's symbol signatures (an op registered twice must keep its signature)."""
+    for op, argtypes in entries.items():
+        if op in SIGNATURES and SIGNATURES[op] != list(argtypes):
+            raise ValueError(f"lowbit: symbol family {op!r} registered twice with different signatures")
+        SIGNATURES[op] = list(argtypes)
+
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

@@ -6,12 +6,30 @@ activations to NVFP4)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .. import ops
 from ..formats import nvfp4
-from .tiled import NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, with_bias
-from .library import library_or_none, ptr, stream_of
+from .library import library_or_none, ptr, register_signatures, stream_of
+from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, tiled_signatures,
+                    with_bias)
+
+_P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+register_signatures({
+    **tiled_signatures("nvfp4"),  # qscales = nvfp4/tiled.py scales, values = the E2M1 values, scale = scale_2
+    # the checkpoint layout (csrc/nvfp4/gemv.cu): x, packed, scales, packed row stride, scales row stride
+    # (bytes), scale_2, y, m (1..8), n, k, stream
+    "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
+    # a, sfa, b, sfb, c, m, k, l, strides (a m/l, sfa m/l, b l, sfb l: bytes; c m/l: elements), stream
+    "nvfp4_w4a4_gemv": [_P, _P, _P, _P, _P, _I, _I, _I, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P],
+    # packed, its row stride, scales, their row stride (bytes), scale_2, out [n, k], n, k, stream
+    "nvfp4_dequant": [_P, _I64, _P, _I64, _P, _P, _I, _I, _P],
+    # x, x row stride (elements), codes, codes row stride, scales, scales row stride (bytes), scale_2, rows, k,
+    # stream (csrc/nvfp4/quantize.cu)
+    "nvfp4_quantize": [_P, _I64, _P, _I64, _P, _I64, _P, _I, _I, _P],
+})
 
 _e2m1: dict[torch.device, torch.Tensor] = {}
 
@@ -95,7 +113,7 @@ def _k_major(t: torch.Tensor, align: int) -> torch.Tensor:
 @ops.nvfp4_w4a4_gemv.register_kernel("cuda")
 def _(a, b, sfa, sfb):
     m, k, l_ = ops.check_w4a4_args(a, b, sfa, sfb)
-    a, b = ops._as_codes(a), ops._as_codes(b)
+    a, b = ops.nvfp4._as_codes(a), ops.nvfp4._as_codes(b)
     lib = library_or_none(a.device)
     if lib is None:
         return nvfp4.w4a4_gemv_reference(a, b, sfa, sfb)
@@ -132,7 +150,7 @@ def _(packed, scales, scale_2, dtype):
     n, k = ops.check_nvfp4_dequantize_args(packed, scales, scale_2, dtype)
     lib = library_or_none(packed.device)
     if lib is None or dtype == torch.float32 or k % ops.PLAIN_K_MULTIPLE:
-        return ops._plain_weight(packed, scales, scale_2).to(dtype)
+        return ops.nvfp4._plain_weight(packed, scales, scale_2).to(dtype)
     if not (_aligned(packed, 16, (packed.stride(0),)) and _aligned(scales, 2, (scales.stride(0),))):
         packed, scales = packed.contiguous(), scales.contiguous()
     out = torch.empty((n, k), dtype=dtype, device=packed.device)

@@ -21,6 +21,32 @@ from ..ops.common import GEMV_MAX_M
 from .device import pdl_enabled, pdl_supported
 from .library import ptr, stream_of
 
+_P, _I = ctypes.c_void_p, ctypes.c_int
+
+
+def tiled_signatures(name: str, grouped_gemm: bool = False) -> dict[str, list]:
+    """The C signatures of a format's instances of the tiled kernels (``csrc/tiled/``), for
+    :func:`~lowbit.kernels.library.register_signatures`."""
+    out = {
+        # x, qweight, qscales, values, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps,
+        # pdl (0/1), stream
+        f"{name}_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+        f"{name}_gemv_occupancy": [],
+        # x, expert_offsets (null: dense), m_dense, qweight, qscales, values, scales, y, bias ([n_experts, n]
+        # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
+        f"{name}_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+        f"{name}_split_gemv_occupancy": [_I],
+        # x, qweight, qscales, values, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
+        f"{name}_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
+        f"{name}_gemm_occupancy": [],
+    }
+    if grouped_gemm:
+        # x, expert_offsets int64 [E + 1], qweight, qscales, values, scales [E], y, bias ([E, n] or null),
+        # n_experts, n, k_in, ctas, stream
+        out[f"{name}_grouped_gemm"] = [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P]
+        out[f"{name}_grouped_gemm_occupancy"] = [_I]
+    return out
+
 
 @dataclass(frozen=True)
 class TiledFormat:

@@ -33,20 +33,15 @@ import torch
 from torch import nn
 
 from .._version import __version__
-from ..formats import kbit, nvfp4
+from ..formats import nvfp4
 
-from ..formats.kbit import tiled as kbit_tiled
-from ..nn import FusedKbitLinear, KbitLinear, KbitLinearPart, KbitMoeExperts, NvFp4Linear, fused_experts_layout
-from ..nn.fused import fused_name, install
+from ..nn import NvFp4Linear
+from ..nn.base import REGISTRY, QuantizedModule
 
 FORMAT_NAME = "lowbit"
 FORMAT_VERSION = 2  # 2: compact bit planes instead of the tiled GPU layout
 INDEX_FILE = "lowbit_model.json"
 DEFAULT_SHARD_BYTES = 2 * 2**30
-
-
-#: the modules a checkpoint records (each with its format's tensors)
-QUANTIZED_MODULES = (KbitLinear, KbitMoeExperts, NvFp4Linear)
 
 
 class LoadError(ValueError):
@@ -71,47 +66,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _module_config(mod: nn.Module) -> dict:
-    if isinstance(mod, FusedKbitLinear):
-        if not mod.part_names:
-            raise ValueError("a FusedKbitLinear not installed in a model (no part names) cannot be saved")
-        return {"type": "FusedKbitLinear", "bits": mod.bits, "in_features": mod.in_features,
-                "out_sizes": list(mod.out_sizes), "bias": mod.bias is not None, "parts": list(mod.part_names)}
-    if isinstance(mod, KbitLinear):
-        return {"type": "KbitLinear", "bits": mod.bits, "in_features": mod.in_features,
-                "out_features": mod.out_features, "bias": mod.bias is not None}
-    if isinstance(mod, NvFp4Linear):
-        return {"type": "NvFp4Linear", "in_features": mod.in_features, "out_features": mod.out_features,
-                "bias": mod.bias is not None}
-    return {"type": "KbitMoeExperts", "bits": mod.bits, "num_experts": mod.num_experts,
-            "hidden_dim": mod.hidden_dim, "intermediate_dim": mod.intermediate_dim}
-
-
-def _compact_pairs(mod: nn.Module) -> list[tuple[str, str, str, str, int, int]]:
-    """For each kbit weight of ``mod``: (tiled codes key, tiled absmax key, stored planes key, stored
-    absmax key, N, K_in). NVFP4 modules hold the compact checkpoint layout already: none."""
-    if isinstance(mod, NvFp4Linear):
-        return []
-    if isinstance(mod, KbitMoeExperts):
-        return [(f"{p}_qweight", f"{p}_qabsmax", f"{p}_planes", f"{p}_absmax", *mod._shape(p)) for p in ("gate_up", "down")]
-    return [("qweight", "qabsmax", "planes", "absmax", mod.out_features, mod.in_features)]
-
-
-def _compact_shapes(mod: nn.Module, n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    lead = (mod.num_experts,) if isinstance(mod, KbitMoeExperts) else ()
-    return (*lead, n, k // kbit.BLOCK, mod.bits), (*lead, n, k // kbit.BLOCK)
-
-
-_REPACK_CHUNK_WEIGHTS = 1 << 26  # bounds the int64 temporaries of a repack (~1 GB) for stacked experts
-
-
-def _repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compact planes + absmax -> the tiled layout, a few experts at a time."""
-    if planes.dim() == 3:
-        return kbit_tiled.repack(planes, absmax, bits)
-    per = max(1, _REPACK_CHUNK_WEIGHTS // (planes.shape[1] * planes.shape[2] * kbit.BLOCK))
-    parts = [kbit_tiled.repack(planes[i:i + per], absmax[i:i + per], bits) for i in range(0, planes.shape[0], per)]
-    return torch.cat([q for q, _ in parts]), torch.cat([a for _, a in parts])
+def _module_config(mod: QuantizedModule) -> dict:
+    return {"type": type(mod).__name__, **mod.checkpoint_config()}
 
 
 def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: torch.dtype | None = None,
@@ -129,7 +85,7 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
         raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    quantized = {name: m for name, m in model.named_modules() if isinstance(m, QUANTIZED_MODULES)}
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedModule)}
     modules = {name: _module_config(m) for name, m in quantized.items()}
 
     state = model.state_dict()
@@ -137,9 +93,9 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
                    if k != "bias"}  # codebook, scales, codes: never cast
     compact: dict[str, torch.Tensor] = {}
     for name, m in quantized.items():
-        for qkey, akey, pkey, skey, n, k in _compact_pairs(m):
-            planes, absmax = kbit_tiled.unpack(state.pop(f"{name}.{qkey}"), state.pop(f"{name}.{akey}"), m.bits, n, k)
-            compact[f"{name}.{pkey}"], compact[f"{name}.{skey}"] = planes, absmax
+        for qkey, akey, pkey, skey, n, k in m.compact_pairs():
+            codes, scales = m.to_compact(state.pop(f"{name}.{qkey}"), state.pop(f"{name}.{akey}"), n, k)
+            compact[f"{name}.{pkey}"], compact[f"{name}.{skey}"] = codes, scales
     aliases, tensors, seen = {}, {}, {}
     for key, t in state.items():
         ident = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
@@ -197,66 +153,26 @@ def _read_index(directory: Path) -> dict:
     return index
 
 
-def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> nn.Module:
+def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> QuantizedModule:
     """The empty quantized module (on meta) that replaces ``name`` in the skeleton."""
-    try:  # a fused module is new to the skeleton: its parent holds the linears it replaces
-        old = model.get_submodule(name.rpartition(".")[0] if cfg.get("type") == "FusedKbitLinear" else name)
+    cls = REGISTRY.get(cfg.get("type")) if isinstance(cfg, dict) else None
+    if cls is None:
+        raise LoadError(f"module {name!r}: unknown module type {cfg.get('type') if isinstance(cfg, dict) else cfg!r}")
+    try:
+        old = model.get_submodule(cls.replaced_module(name, cfg))
     except AttributeError:
         raise LoadError(f"module {name!r} of the saved model does not exist in this model") from None
-    kind, bits = cfg.get("type"), cfg.get("bits")
     try:
-        if kind == "FusedKbitLinear":
-            k, sizes, bias, parts = cfg["in_features"], [int(n) for n in cfg["out_sizes"]], cfg["bias"], cfg["parts"]
-            if name.rpartition(".")[2] != fused_name(parts) or len(parts) != len(sizes):
-                raise LoadError(f"module {name!r}: malformed fused entry {cfg!r}")
-            for part, n in zip(parts, sizes):
-                have = getattr(old, part, None)
-                if not (isinstance(have, (nn.Linear, KbitLinear, KbitLinearPart)) and have.in_features == k
-                        and have.out_features == n and (isinstance(have, KbitLinearPart) or (have.bias is not None) == bias)):
-                    raise LoadError(f"module {name!r}: saved part {part!r} ({k} -> {n}, bias={bias}) does not fit "
-                                    f"this model's {type(have).__name__ if have is not None else 'nothing'}")
-            new = FusedKbitLinear(k, sizes, bias=bias, bits=bits, device="meta")
-            new.part_names = tuple(parts)
-            return new
-        if kind == "KbitLinear":
-            n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
-            if isinstance(old, (nn.Linear, KbitLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
-                return KbitLinear(k, n, bias=bias, bits=bits, device="meta")
-            have = (f"{type(old).__name__}({getattr(old, 'in_features', '?')} -> {getattr(old, 'out_features', '?')}, "
-                    f"bias={getattr(old, 'bias', None) is not None})")
-            raise LoadError(f"module {name!r}: saved KbitLinear({k} -> {n}, bias={bias}) does not fit this model's {have}")
-        if kind == "NvFp4Linear":
-            n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
-            if isinstance(old, (nn.Linear, NvFp4Linear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
-                return NvFp4Linear(k, n, bias=bias, device="meta")
-            have = (f"{type(old).__name__}({getattr(old, 'in_features', '?')} -> {getattr(old, 'out_features', '?')}, "
-                    f"bias={getattr(old, 'bias', None) is not None})")
-            raise LoadError(f"module {name!r}: saved NvFp4Linear({k} -> {n}, bias={bias}) does not fit this model's {have}")
-        if kind == "KbitMoeExperts":
-            shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
-            have = fused_experts_layout(old) if not isinstance(old, KbitMoeExperts) else (
-                old.num_experts, old.hidden_dim, old.intermediate_dim)
-            if have != shape:
-                raise LoadError(f"module {name!r}: saved experts (E, H, I) = {shape} do not fit this model's "
-                                f"{type(old).__name__} {have}")
-            return KbitMoeExperts(*shape, bits=bits, act_fn=old.act_fn, device="meta")
+        return cls.from_checkpoint_config(name, cfg, old)
     except (KeyError, TypeError) as e:
         raise LoadError(f"module {name!r}: malformed module entry {cfg!r} ({e})") from None
     except ValueError as e:
-        if isinstance(e, LoadError):
-            raise
         raise LoadError(f"module {name!r}: {e}") from None
-    raise LoadError(f"module {name!r}: unknown module type {kind!r}")
 
 
-def _replaced_names(replaced: dict[str, nn.Module]) -> list[str]:
-    """Every module name whose tensors the load replaces: the modules, and the linears a fused one takes over."""
-    names = list(replaced)
-    for name, mod in replaced.items():
-        if isinstance(mod, FusedKbitLinear):
-            parent = name.rpartition(".")[0]
-            names += [f"{parent}.{p}" if parent else p for p in mod.part_names]
-    return names
+def _replaced_names(replaced: dict[str, QuantizedModule]) -> list[str]:
+    """Every module name whose tensors the load replaces (a fused module also takes over its linears)."""
+    return [n for name, mod in replaced.items() for n in mod.replaced_names(name)]
 
 
 def _expected_state(model: nn.Module, replaced: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
@@ -265,11 +181,11 @@ def _expected_state(model: nn.Module, replaced: dict[str, nn.Module]) -> dict[st
     expected = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.startswith(prefixes)}
     for name, mod in replaced.items():
         state = mod.state_dict(keep_vars=True)
-        for qkey, akey, pkey, skey, n, k in _compact_pairs(mod):
-            del state[qkey], state[akey]
-            planes, absmax = _compact_shapes(mod, n, k)
-            state[pkey] = torch.empty(planes, dtype=torch.int32, device="meta")
-            state[skey] = torch.empty(absmax, dtype=torch.uint8, device="meta")
+        for qkey, akey, pkey, skey, n, k in mod.compact_pairs():
+            held_codes, held_scales = state.pop(qkey), state.pop(akey)
+            codes, scales = mod.compact_shapes(n, k)
+            state[pkey] = torch.empty(codes, dtype=held_codes.dtype, device="meta")
+            state[skey] = torch.empty(scales, dtype=held_scales.dtype, device="meta")
         for k, v in state.items():
             expected[f"{name}.{k}"] = v
     return expected
@@ -360,7 +276,10 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
         except Exception as ex:  # safetensors raises its own errors on truncated / malformed files
             raise LoadError(f"{path}: cannot read it ({type(ex).__name__}: {ex}); truncated or not a safetensors file") from None
     for name, mod in replaced.items():
-        _check_quantized_values(name, mod, staged)
+        try:
+            mod.check_checkpoint_values(name, staged)
+        except ValueError as e:
+            raise LoadError(str(e)) from None
     for key, target in aliases.items():
         staged[key] = staged[target]
     moved = {}
@@ -369,21 +288,14 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
             cast = dtype is not None and t.is_floating_point() and key not in quantized_keys
             moved[id(t)] = t.to(device, dtype if cast else t.dtype)
     staged = {k: moved[id(t)] for k, t in staged.items()}
-    for name, mod in replaced.items():  # compact -> the tiled layout the kernels read
-        for qkey, akey, pkey, skey, _, _ in _compact_pairs(mod):
-            planes, absmax = staged.pop(f"{name}.{pkey}"), staged.pop(f"{name}.{skey}")
-            staged[f"{name}.{qkey}"], staged[f"{name}.{akey}"] = _repack(planes, absmax, mod.bits)
+    for name, mod in replaced.items():  # compact -> the layout the module holds (kbit: the tiled GPU layout)
+        for qkey, akey, pkey, skey, _, _ in mod.compact_pairs():
+            codes, scales = staged.pop(f"{name}.{pkey}"), staged.pop(f"{name}.{skey}")
+            staged[f"{name}.{qkey}"], staged[f"{name}.{akey}"] = mod.from_compact(codes, scales)
 
     # Commit: nothing below can fail on the data.
     for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        if isinstance(new, FusedKbitLinear):
-            install(parent, new.part_names, new)
-            continue
-        setattr(parent, child, new)
-        if isinstance(new, KbitMoeExperts):
-            new._buffers["expert_range"] = torch.arange(new.num_experts + 1, device=device)
+        new.install(model, name, device)
     owners: dict[int, list[tuple[nn.Module, str, str]]] = {}
     for mname, mod in model.named_modules(remove_duplicate=False):
         for pname, p in mod._parameters.items():
@@ -402,35 +314,11 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
             key = f"{mname}.{bname}" if mname else bname
             if key in staged and bname not in mod._non_persistent_buffers_set:
                 mod._buffers[bname] = staged[key]
-        if isinstance(mod, KbitLinear):
-            mod._launcher = mod._cpu_weight = None
-        elif isinstance(mod, NvFp4Linear):
-            mod._w = mod._w_src = None
-        elif isinstance(mod, KbitMoeExperts):
-            mod._launchers, mod._cpu_weights = None, {}
+        if isinstance(mod, QuantizedModule):
+            mod.tensors_changed()
     if device.type != "meta":
         model.to(device)  # the rest of the skeleton (non-persistent buffers) joins the weights
     return model
-
-
-def _check_quantized_values(name: str, mod: nn.Module, staged: dict[str, torch.Tensor]) -> None:
-    """Values a kernel trusts: codebook in [-1, 1], distinct and finite; scales finite and > 0 (NVFP4:
-    block scales finite and >= 0, the tensor scale finite and > 0)."""
-    if isinstance(mod, NvFp4Linear):
-        scales, s2 = staged[f"{name}.weight_scale"].to(torch.float32), staged[f"{name}.weight_scale_2"]
-        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
-            raise LoadError(f"tensor {name + '.weight_scale'!r}: NVFP4 block scales must be finite and >= 0")
-        if not bool(torch.isfinite(s2).all()) or bool((s2 <= 0).any()):
-            raise LoadError(f"tensor {name + '.weight_scale_2'!r}: the NVFP4 tensor scale must be finite and > 0")
-        return
-    cb = staged[f"{name}.codebook"]
-    if not bool(torch.isfinite(cb).all()) or bool((cb.abs() > 1).any()) or cb.unique().numel() != cb.numel():
-        raise LoadError(f"tensor {name + '.codebook'!r}: codebook values must be finite, distinct and in [-1, 1]")
-    scale_keys = ["scale"] if isinstance(mod, KbitLinear) else ["gate_up_scales", "down_scales"]
-    for k in scale_keys:
-        s = staged[f"{name}.{k}"]
-        if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
-            raise LoadError(f"tensor {name + '.' + k!r}: scales must be finite and > 0")
 
 
 # ------------------------------------------------------------------ other tools' NVFP4 checkpoints

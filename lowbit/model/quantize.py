@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..formats import kbit, nvfp4
-from ..nn import KbitLinear, KbitMoeExperts, NvFp4Linear, fused_experts_layout
-from ..nn.fused import DEFAULT_FUSE_GROUPS, FusedKbitLinear, KbitLinearPart, fused_name, install
+from ..nn import QuantizedModule, formats, fused_experts_layout, linear_class
+from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install
 
-#: the formats quantize_model writes (``format=``)
-FORMATS = ("kbit", "nvfp4")
-#: input elements per scale block, per format: a layer's input size must be a multiple of it
-_BLOCK = {"kbit": kbit.BLOCK, "nvfp4": nvfp4.BLOCK}
+#: the formats quantize_model writes (``format=``): every registered module that quantizes linears
+FORMATS = formats()
 
 #: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
 DEFAULT_SKIP = ("lm_head", "*.lm_head")
@@ -32,7 +29,7 @@ class LayerReport:
     shape: tuple           # (N, K_in) or (E, H, I)
     bytes_before: int      # the layer's tensors before (weights + bias)
     bytes_after: int       # the module's tensors after (tiled layout incl. padding, codebook, scales, bias)
-    format_bytes: int      # nominal kbit bytes, (bits + 1/4) per weight
+    format_bytes: int      # nominal bytes of the format (kbit: (bits + 1/4) per weight)
     bits: int = 0          # this layer's bits (``bits_for`` may differ from the report's)
     linears: int = 1       # nn.Linear modules it replaces (several for "fused", none for "experts")
 
@@ -41,6 +38,7 @@ class LayerReport:
 class QuantizeReport:
     bits: int
     format: str = "kbit"
+    format_label: str = ""  # "kbit4", "NVFP4" (from the format's module)
     layers: list[LayerReport] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (module name, reason)
     model_bytes_before: int = 0
@@ -64,7 +62,7 @@ class QuantizeReport:
     @property
     def label(self) -> str:
         """``kbit4``, ``NVFP4``: the format as reports name it."""
-        return f"kbit{self.bits}" if self.format == "kbit" else "NVFP4"
+        return self.format_label or f"{self.format}{self.bits}"
 
     def summary(self) -> str:
         """One line: what was quantized, in the words every lowbit report uses."""
@@ -152,22 +150,17 @@ def quantize_model(
       dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
     """
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if format == "nvfp4":
-        given = [k for k, v in (("bits", bits != 4), ("codebook", codebook is not None), ("bits_for", bits_for),
-                                ("fuse", fuse)) if v]
-        if given:
-            raise ValueError(f"format='nvfp4' is 4-bit E2M1 with E4M3 block scales; {', '.join(given)} are kbit options")
-        fuse = False
-    elif fuse is None:
-        fuse = True
-    kbit.check_bits(bits)
+    linear_cls = linear_class(format)  # ValueError naming the formats for an unknown one
+    fused_cls, experts_cls = linear_cls.fused_class, linear_cls.experts_class
+    if fuse and fused_cls is None:
+        raise ValueError(f"fuse: format={format!r} has no fused module; pass fuse=False (or None)")
+    fuse = fused_cls is not None if fuse is None else fuse
+    linear_cls.check_options(bits=bits, codebook=codebook)
     bits_for = dict(bits_for or {})
     for pat, b in bits_for.items():
         if not isinstance(pat, str):
             raise TypeError(f"bits_for keys must be fnmatch patterns (str), got {pat!r}")
-        kbit.check_bits(b)
+        linear_cls.check_options(bits=b)
         if isinstance(codebook, torch.Tensor) and b != bits:
             raise ValueError(f"a codebook tensor is for kbit{bits}; bits_for asks {pat!r} -> {b} bits (pass codebook=None or 'fit')")
 
@@ -186,18 +179,19 @@ def quantize_model(
     except (NotImplementedError, AttributeError):
         output_embeddings = None
 
-    report = QuantizeReport(bits=bits, format=format, model_bytes_before=model_bytes(model))
-    block = _BLOCK[format]
+    report = QuantizeReport(bits=bits, format=format, format_label=linear_cls.label(bits),
+                            model_bytes_before=model_bytes(model))
+    block = linear_cls.k_multiple
     todo: list[tuple[str, nn.Module, str]] = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (KbitLinear, KbitMoeExperts, KbitLinearPart, NvFp4Linear)):
+        if isinstance(mod, (QuantizedModule, KbitLinearPart)):
             report.skipped.append((name, "already quantized"))
             continue
-        moe = experts and format == "kbit" and fused_experts_layout(mod)
+        moe = experts and experts_cls is not None and fused_experts_layout(mod)
         kind = "linear" if isinstance(mod, nn.Linear) else ("experts" if moe else None)
         if kind is None:
             if isinstance(getattr(mod, "gate_up_proj", None), torch.Tensor) and getattr(mod, "gate_up_proj").dim() == 3:
-                if format != "kbit":
+                if experts_cls is None:
                     why = f"expert block: no {report.label} experts module yet (left in its dtype)"
                 elif experts:
                     why = "expert block with a layout or gate lowbit does not reproduce (left as is)"
@@ -253,7 +247,7 @@ def quantize_model(
         if kind == "fused":
             parent, g, mods, b = mod
             b = b or bits
-            new = FusedKbitLinear.from_linears(mods, b, codebook)
+            new = fused_cls.from_linears(mods, b, codebook)
             new.train(mods[0].training)
             install(parent, g, new)
             before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
@@ -263,18 +257,13 @@ def quantize_model(
             del mods, mod
             continue
         b = layer_bits(name) or bits
-        if kind == "linear" and format == "nvfp4":
-            new = NvFp4Linear.from_linear(mod)
-            before = _tensor_bytes(mod.weight, mod.bias)
-            after = _tensor_bytes(*new.buffers(), new.bias)
-            shape = (mod.out_features, mod.in_features)
-        elif kind == "linear":
-            new = KbitLinear.from_linear(mod, b, codebook)
+        if kind == "linear":
+            new = linear_cls.from_linear(mod, bits=b, codebook=codebook)
             before = _tensor_bytes(mod.weight, mod.bias)
             after = _tensor_bytes(*new.buffers(), new.bias)
             shape = (mod.out_features, mod.in_features)
         else:
-            new = KbitMoeExperts.from_experts(mod, b, codebook)
+            new = experts_cls.from_experts(mod, b, codebook)
             before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
             after = _tensor_bytes(*new.buffers(recurse=False))
             shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)

@@ -23,7 +23,8 @@ from torch import nn
 from .. import dispatch
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
-from .linear import apply_keeping_dtypes
+from .base import QuantizedModule
+from .linear import KbitLinear, apply_keeping_dtypes, check_kbit_values
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
 _QUANT_CHUNK_WEIGHTS = 1 << 26
@@ -67,7 +68,7 @@ def _quantize_stack(w: torch.Tensor, bits: int, codebook):
             torch.cat([p[2] for p in parts]))
 
 
-class KbitMoeExperts(nn.Module):
+class KbitMoeExperts(QuantizedModule):
     """E experts, each ``down(act(gate(x)) * up(x))``, with gate/up and down in kbit.
 
     Buffers: ``gate_up_{qweight,qabsmax,scales}`` (E stacked [2I, H] weights), ``down_{...}``
@@ -95,6 +96,43 @@ class KbitMoeExperts(nn.Module):
         self.register_buffer("expert_range", torch.arange(num_experts + 1, device=device), persistent=False)
         self._launchers = None
         self._cpu_weights: dict = {}
+
+    # -- checkpoints (lowbit.model.checkpoint) -----------------------------------------------
+    def checkpoint_config(self) -> dict:
+        return {"bits": self.bits, "num_experts": self.num_experts, "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "KbitMoeExperts":
+        shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
+        have = (old.num_experts, old.hidden_dim, old.intermediate_dim) if isinstance(old, KbitMoeExperts) \
+            else fused_experts_layout(old)
+        if have != shape:
+            raise ValueError(f"saved experts (E, H, I) = {shape} do not fit this model's {type(old).__name__} {have}")
+        return cls(*shape, bits=cfg["bits"], act_fn=old.act_fn, device="meta")
+
+    def compact_pairs(self):
+        return [(f"{p}_qweight", f"{p}_qabsmax", f"{p}_planes", f"{p}_absmax", *self._shape(p)) for p in ("gate_up", "down")]
+
+    def compact_shapes(self, n: int, k_in: int):
+        e = self.num_experts
+        return (e, n, k_in // kbit.BLOCK, self.bits), (e, n, k_in // kbit.BLOCK)
+
+    def to_compact(self, codes, scales, n: int, k_in: int):
+        return kbit_tiled.unpack(codes, scales, self.bits, n, k_in)
+
+    def from_compact(self, planes, absmax):
+        return kbit_tiled.repack_in_chunks(planes, absmax, self.bits)
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        check_kbit_values(name, staged, ["gate_up_scales", "down_scales"])
+
+    def install(self, model: nn.Module, name: str, device: torch.device | None = None) -> None:
+        super().install(model, name, device)
+        self._buffers["expert_range"] = torch.arange(self.num_experts + 1, device=device or self.codebook.device)
+
+    def tensors_changed(self) -> None:
+        self._launchers, self._cpu_weights = None, {}
 
     @classmethod
     def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitMoeExperts":
@@ -211,3 +249,6 @@ class KbitMoeExperts(nn.Module):
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
                 f"intermediate_dim={self.intermediate_dim}, bits={self.bits}")
+
+
+KbitLinear.experts_class = KbitMoeExperts

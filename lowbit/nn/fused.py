@@ -24,6 +24,7 @@ from torch import nn
 from ..formats import kbit
 
 from ..formats.kbit import tiled as kbit_tiled
+from .base import describe
 from .linear import KbitLinear
 
 #: sibling names fused by ``quantize_model(..., fuse=True)``, each group read from one input in
@@ -50,6 +51,39 @@ class FusedKbitLinear(KbitLinear):
         self.offsets = tuple(sum(out_sizes[:i]) for i in range(len(out_sizes)))
         self.part_names: tuple[str, ...] = ()  # the parent's children it serves, set where it is installed
         self._reset_round()
+
+    # -- checkpoints: a fused entry is new to a skeleton; its parent holds the linears it replaces
+    def checkpoint_config(self) -> dict:
+        if not self.part_names:
+            raise ValueError("a FusedKbitLinear not installed in a model (no part names) cannot be saved")
+        return {"bits": self.bits, "in_features": self.in_features, "out_sizes": list(self.out_sizes),
+                "bias": self.bias is not None, "parts": list(self.part_names)}
+
+    @staticmethod
+    def replaced_module(name: str, cfg: dict) -> str:
+        return name.rpartition(".")[0]
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "FusedKbitLinear":
+        k, sizes, bias, parts = cfg["in_features"], [int(n) for n in cfg["out_sizes"]], cfg["bias"], cfg["parts"]
+        if name.rpartition(".")[2] != fused_name(parts) or len(parts) != len(sizes):
+            raise ValueError(f"malformed fused entry {cfg!r}")
+        for part, n in zip(parts, sizes):
+            have = getattr(old, part, None)
+            if not (isinstance(have, (nn.Linear, KbitLinear, KbitLinearPart)) and have.in_features == k
+                    and have.out_features == n and (isinstance(have, KbitLinearPart) or (have.bias is not None) == bias)):
+                raise ValueError(f"saved part {part!r} ({k} -> {n}, bias={bias}) does not fit this model's {describe(have)}")
+        new = cls(k, sizes, bias=bias, bits=cfg["bits"], device="meta")
+        new.part_names = tuple(parts)
+        return new
+
+    def replaced_names(self, name: str) -> list[str]:
+        parent = name.rpartition(".")[0]
+        return [name] + [f"{parent}.{p}" if parent else p for p in self.part_names]
+
+    def install(self, model: nn.Module, name: str, device: torch.device | None = None) -> None:
+        parent_name = name.rpartition(".")[0]
+        install(model.get_submodule(parent_name) if parent_name else model, self.part_names, self)
 
     @classmethod
     def from_linears(cls, linears: Sequence[nn.Linear], bits: int = 4, codebook=None) -> "FusedKbitLinear":
@@ -162,3 +196,6 @@ def install(parent: nn.Module, names: Sequence[str], fused: FusedKbitLinear) -> 
     parent.add_module(fused_name(names), fused)
     for name, part in zip(names, fused.parts()):
         setattr(parent, name, part)
+
+
+KbitLinear.fused_class = FusedKbitLinear

@@ -14,6 +14,7 @@ from torch import nn
 from .. import dispatch
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
+from .base import QuantizedModule, describe
 
 
 def _check_features(in_features: int, out_features: int) -> None:
@@ -36,7 +37,18 @@ def apply_keeping_dtypes(module: nn.Module, apply, fn, recurse: bool, names) -> 
             module._buffers[k] = old.to(new.device)
 
 
-class KbitLinear(nn.Module):
+def check_kbit_values(name: str, staged: dict, scale_keys) -> None:
+    """Values the kbit kernels trust: codebook finite, distinct, in [-1, 1]; scales finite and > 0."""
+    cb = staged[f"{name}.codebook"]
+    if not bool(torch.isfinite(cb).all()) or bool((cb.abs() > 1).any()) or cb.unique().numel() != cb.numel():
+        raise ValueError(f"tensor {name + '.codebook'!r}: codebook values must be finite, distinct and in [-1, 1]")
+    for k in scale_keys:
+        s = staged[f"{name}.{k}"]
+        if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+            raise ValueError(f"tensor {name + '.' + k!r}: scales must be finite and > 0")
+
+
+class KbitLinear(QuantizedModule):
     """``y = x @ W^T + b`` with W in kbit (K = 2..5 bits, blocks of 32, E4M4 absmax).
 
     Build one with :meth:`from_linear`; ``KbitLinear(in, out, bias, bits)`` makes an empty
@@ -47,6 +59,8 @@ class KbitLinear(nn.Module):
     """
 
     _QUANT_BUFFERS = ("qweight", "qabsmax", "codebook", "scale")
+    format_name = "kbit"
+    k_multiple = kbit.BLOCK
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4, *,
                  device=None, dtype: torch.dtype | None = None):
@@ -130,6 +144,41 @@ class KbitLinear(nn.Module):
         """The weight ``[out_features, in_features]`` as the reference decodes it."""
         return kbit_tiled.dequantize(self.qweight, self.qabsmax, self.codebook, self.scale, self.bits,
                                      self.out_features, self.in_features, dtype)
+
+    @classmethod
+    def check_options(cls, bits: int = 4, codebook=None) -> None:
+        kbit.check_bits(bits)
+
+    # -- checkpoints (lowbit.model.checkpoint) -----------------------------------------------
+    def checkpoint_config(self) -> dict:
+        return {"bits": self.bits, "in_features": self.in_features, "out_features": self.out_features,
+                "bias": self.bias is not None}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "KbitLinear":
+        n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
+        if isinstance(old, (nn.Linear, KbitLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
+            return cls(k, n, bias=bias, bits=cfg["bits"], device="meta")
+        raise ValueError(f"saved {cls.__name__}({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
+
+    def compact_pairs(self):
+        # stored as bit planes + absmax (exactly bits + 1/4 per weight), held in the tiled GPU layout
+        return [("qweight", "qabsmax", "planes", "absmax", self.out_features, self.in_features)]
+
+    def compact_shapes(self, n: int, k_in: int):
+        return (n, k_in // kbit.BLOCK, self.bits), (n, k_in // kbit.BLOCK)
+
+    def to_compact(self, codes, scales, n: int, k_in: int):
+        return kbit_tiled.unpack(codes, scales, self.bits, n, k_in)
+
+    def from_compact(self, planes, absmax):
+        return kbit_tiled.repack_in_chunks(planes, absmax, self.bits)
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        check_kbit_values(name, staged, ["scale"])
+
+    def tensors_changed(self) -> None:
+        self._launcher = self._cpu_weight = None
 
     # -- bookkeeping -------------------------------------------------------------------------
     def format_bytes(self) -> int:

@@ -16,10 +16,11 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import nvfp4
+from .base import QuantizedModule, describe
 from .linear import apply_keeping_dtypes
 
 
-class NvFp4Linear(nn.Module):
+class NvFp4Linear(QuantizedModule):
     """``y = x @ W^T + b`` with W in NVFP4 (E2M1 + E4M3 per 16 + fp32 tensor scale). Build one with
     :meth:`from_linear` or :meth:`from_weight`; ``NvFp4Linear(in, out, bias)`` is an empty skeleton
     for ``load_state_dict``. Output dtype = x's dtype; fp32 accumulation."""
@@ -57,9 +58,23 @@ class NvFp4Linear(nn.Module):
             mod.bias = nn.Parameter(bias.detach().clone().to(w.device), requires_grad=False)
         return mod
 
+    format_name = "nvfp4"
+    k_multiple = nvfp4.BLOCK
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "NvFp4Linear":
-        """Quantize an ``nn.Linear`` (on its device) with :func:`lowbit.quantize_nvfp4`."""
+    def label(cls, bits: int) -> str:
+        return "NVFP4"
+
+    @classmethod
+    def check_options(cls, bits: int = 4, codebook=None) -> None:
+        given = [k for k, v in (("bits", bits != 4), ("codebook", codebook is not None)) if v]
+        if given:
+            raise ValueError(f"format='nvfp4' is 4-bit E2M1 with E4M3 block scales; {', '.join(given)} are kbit options")
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook=None) -> "NvFp4Linear":
+        """Quantize an ``nn.Linear`` (on its device) with :func:`lowbit.quantize_nvfp4` (``bits`` must be 4)."""
+        cls.check_options(bits, codebook)
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
         return cls.from_weight(nvfp4.quantize(linear.weight.detach()), linear.bias)
@@ -96,6 +111,27 @@ class NvFp4Linear(nn.Module):
         apply_keeping_dtypes(self, super()._apply, fn, recurse, ("weight_scale", "weight_scale_2"))
         self._w = self._w_src = None
         return self
+
+    # -- checkpoints (lowbit.model.checkpoint): the module holds the compact checkpoint layout itself
+    def checkpoint_config(self) -> dict:
+        return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "NvFp4Linear":
+        n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
+        if isinstance(old, (nn.Linear, NvFp4Linear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
+            return cls(k, n, bias=bias, device="meta")
+        raise ValueError(f"saved NvFp4Linear({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        scales, s2 = staged[f"{name}.weight_scale"].to(torch.float32), staged[f"{name}.weight_scale_2"]
+        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+            raise ValueError(f"tensor {name + '.weight_scale'!r}: NVFP4 block scales must be finite and >= 0")
+        if not bool(torch.isfinite(s2).all()) or bool((s2 <= 0).any()):
+            raise ValueError(f"tensor {name + '.weight_scale_2'!r}: the NVFP4 tensor scale must be finite and > 0")
+
+    def tensors_changed(self) -> None:
+        self._w = self._w_src = None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, format=nvfp4"

@@ -10,13 +10,15 @@ Each op has
 All three run the same metadata checks, so bad input fails the same way everywhere.
 """
 
-from .common import *  # noqa: F401,F403
-from .common import _check_out_dtype  # noqa: F401
-from .dense import *  # noqa: F401,F403
-from .kbit import *  # noqa: F401,F403
-from .kbit import _check_kernel_x_args  # noqa: F401
-from .nvfp4 import *  # noqa: F401,F403
-import importlib as _importlib  # noqa: E402
+import importlib as _importlib
+import pkgutil as _pkgutil
+import types as _types
 
-# The submodules by name (the star imports above also carried the *formats* named kbit / nvfp4).
-common, dense, kbit, nvfp4 = (_importlib.import_module(f"{__name__}.{m}") for m in ("common", "dense", "kbit", "nvfp4"))
+# Every module of this package is one format's ops (or what they share): importing it registers its
+# ops; its public names (ops, checks, references, limits) are re-exported here. A new format's
+# module is found by being here.
+for _info in _pkgutil.iter_modules(__path__):
+    _mod = _importlib.import_module(f"{__name__}.{_info.name}")
+    globals().update({k: v for k, v in vars(_mod).items()
+                      if not k.startswith("_") and not isinstance(v, _types.ModuleType) and k not in ("Tensor", "annotations")})
+    globals()[_info.name] = _mod  # lowbit.ops.kbit is kbit's op module

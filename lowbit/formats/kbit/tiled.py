@@ -66,6 +66,18 @@ def repack(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch
     return pack_codes(kbit.unpack_planes(planes, bits), absmax, bits)
 
 
+_REPACK_CHUNK_WEIGHTS = 1 << 26  # bounds the int64 temporaries of a repack (~1 GB) for stacked experts
+
+
+def repack_in_chunks(planes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`repack` of a stack ``[E, N, K_in/32, bits]`` a few experts at a time (bounded memory)."""
+    if planes.dim() == 3:
+        return repack(planes, absmax, bits)
+    per = max(1, _REPACK_CHUNK_WEIGHTS // (planes.shape[1] * planes.shape[2] * kbit.BLOCK))
+    parts = [repack(planes[i:i + per], absmax[i:i + per], bits) for i in range(0, planes.shape[0], per)]
+    return torch.cat([q for q, _ in parts]), torch.cat([a for _, a in parts])
+
+
 def pack_codes(codes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes ``[..., N, K_in/32, 32]`` (uint8, each < 2**bits) + absmax ``[..., N, K_in/32]`` -> (qweight, qabsmax).
 

@@ -1,0 +1,113 @@
+"""What every quantized module tells the model layer, so ``quantize_model`` and the checkpoints need no
+per-format code: its format name, how it is built from an ``nn.Linear``, and how it is written to and
+read back from a lowbit checkpoint. A subclass registers itself by being defined (:data:`REGISTRY`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: module type name (as a checkpoint records it) -> class
+REGISTRY: dict[str, type["QuantizedModule"]] = {}
+
+
+def describe(mod: nn.Module | None) -> str:
+    """``Linear(4096 -> 1024, bias=False)``: a module as load errors name it."""
+    if mod is None:
+        return "nothing"
+    return (f"{type(mod).__name__}({getattr(mod, 'in_features', '?')} -> {getattr(mod, 'out_features', '?')}, "
+            f"bias={getattr(mod, 'bias', None) is not None})")
+
+
+class QuantizedModule(nn.Module):
+    #: the ``quantize_model(format=...)`` name; set on the class that quantizes a format's ``nn.Linear`` layers
+    format_name: str | None = None
+    #: the format's module for transformers' fused MoE expert blocks, and for sibling linears fused into one
+    #: weight (None: the format has none; quantize_model leaves such blocks / fuses nothing)
+    experts_class: type | None = None
+    fused_class: type | None = None
+    #: the input size of a layer must be a multiple of this (the format's block)
+    k_multiple: int = 1
+
+    @classmethod
+    def label(cls, bits: int) -> str:
+        """How reports name the format at ``bits`` (``kbit4``)."""
+        return f"{cls.format_name}{bits}"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        REGISTRY[cls.__name__] = cls
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **options) -> "QuantizedModule":
+        raise NotImplementedError
+
+    @classmethod
+    def check_options(cls, **options) -> None:
+        """Refuse options this format does not take (ValueError naming them) before anything is quantized."""
+
+    def format_bytes(self) -> int:
+        raise NotImplementedError
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoint_config(self) -> dict:
+        """What the checkpoint index records to rebuild this module's skeleton (``type`` is added)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def replaced_module(name: str, cfg: dict) -> str:
+        """The skeleton module a saved entry ``name`` replaces (default: the module of that name)."""
+        return name
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "QuantizedModule":
+        """An empty module on the meta device for entry ``name`` of a checkpoint, checked against the
+        skeleton's ``old`` module (ValueError / KeyError / TypeError on a mismatch)."""
+        raise NotImplementedError
+
+    def replaced_names(self, name: str) -> list[str]:
+        """Module names whose tensors this module takes over when installed as ``name``."""
+        return [name]
+
+    def compact_pairs(self) -> list[tuple[str, str, str, str, int, int]]:
+        """Tensors stored in another layout than the module holds: (held codes, held scales, stored
+        codes, stored scales, N, K_in) per weight; empty where the module holds its stored layout."""
+        return []
+
+    def compact_shapes(self, n: int, k_in: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of the stored (codes, scales) of one ``compact_pairs`` entry (dtypes: the held tensors')."""
+        raise NotImplementedError
+
+    def to_compact(self, codes: torch.Tensor, scales: torch.Tensor, n: int, k_in: int):
+        raise NotImplementedError
+
+    def from_compact(self, codes: torch.Tensor, scales: torch.Tensor):
+        raise NotImplementedError
+
+    def check_checkpoint_values(self, name: str, staged: dict[str, torch.Tensor]) -> None:
+        """Values the kernels trust (finite scales, ...), checked before a load changes anything:
+        ValueError naming the tensor."""
+
+    def install(self, model: nn.Module, name: str, device: torch.device | None = None) -> None:
+        """Put this module into ``model`` as ``name``; ``device``: where its tensors will be (a load
+        installs the module before it fills the module's tensors)."""
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, self)
+
+    def tensors_changed(self) -> None:
+        """Forget what was derived from the tensors (launchers, decoded copies) after a load replaced them."""
+
+
+def linear_class(format_name: str) -> type[QuantizedModule]:
+    """The module that quantizes ``nn.Linear`` layers to ``format_name`` (ValueError naming the known ones)."""
+    for cls in REGISTRY.values():
+        if cls.__dict__.get("format_name") == format_name:
+            return cls
+    known = sorted({c.__dict__["format_name"] for c in REGISTRY.values() if c.__dict__.get("format_name")})
+    raise ValueError(f"format must be one of {', '.join(known)}, got {format_name!r}")
+
+
+def formats() -> tuple[str, ...]:
+    """Every format quantize_model can write, in registration order."""
+    return tuple(c.__dict__["format_name"] for c in REGISTRY.values() if c.__dict__.get("format_name"))
