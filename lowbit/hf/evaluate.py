@@ -49,6 +49,9 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
         out += [(f"kbit{b}+lm_head{lm_head}", ("kbit-lm_head", b, lm_head)) for b in bits_list]
     if fuse:
         out += [(f"kbit{b}+fuse", ("kbit-fuse", b, None)) for b in bits_list]
+    from ..nn import formats
+
+    out += [(f, ("format", f, None)) for f in formats() if f != "kbit"]  # every other format at its defaults
     if baselines:
         from ..bench.baselines import BASELINES
 
@@ -67,6 +70,8 @@ def _apply(model, spec):
         return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, fuse=False, progress=False)
     if kind == "kbit-fuse":
         return lowbit.quantize_model(model, bits=a, fuse=True, progress=False)
+    if kind == "format":
+        return lowbit.quantize_model(model, format=a, progress=False)
     fn = BASELINES[a][0]
     with torch.no_grad():
         for name, mod in model.named_modules():

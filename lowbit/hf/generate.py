@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..nn import formats
+from ..nn import formats, linear_class
 
 DEFAULT_PROMPT = "What is the capital of Japan?"
 
@@ -101,9 +101,6 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     if batch < 1 or max_new_tokens < 1:
         raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
     fmts = parse_formats(fmt)
-    if "nvfp4" in fmts and (codebook or lm_head_bits):
-        raise ValueError("fmt='nvfp4' quantizes every linear but the output head to NVFP4; codebook / "
-                         "lm_head_bits are kbit options")
     if len(fmts) > 1 and (load or save):
         raise ValueError("load / save take one format")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -271,8 +268,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
     p.add_argument("--format", dest="fmt", default="kbit",
-                   help="weight format: kbit (--bits) or nvfp4 (E2M1 + E4M3 per 16; every linear but the output "
-                        "head); several, comma-separated (kbit,nvfp4), are timed side by side (default %(default)s)")
+                   help=f"weight format: {' or '.join(FORMATS)} (kbit takes --bits); several, comma-separated "
+                        f"({','.join(FORMATS)}), are timed side by side (default %(default)s)")
     p.set_defaults(func=_cmd)
     return p
 
@@ -307,12 +304,16 @@ def check_args(args) -> None:
         raise UsageError(f"--format takes {' or '.join(FORMATS)}, or several comma-separated, got {args.fmt!r}") from None
     if len(fmts) > 1 and (args.load or args.save):
         raise UsageError("--load / --save take one --format")
-    if "nvfp4" in fmts:
-        given = [o for o, v in (("--lm-head-bits", args.lm_head_bits), ("--codebook fit", args.codebook == "fit"),
-                                ("--fuse", args.fuse)) if v]
-        if given:
-            raise UsageError(f"{', '.join(given)}: kbit options; --format nvfp4 quantizes every linear but the output "
-                             "head")
+    for f in fmts:  # each format takes the options its modules take (kbit: bits, codebook, fused projections)
+        cls = linear_class(f)
+        try:
+            cls.check_options(bits=args.bits, codebook="fit" if args.codebook == "fit" else None)
+            if args.lm_head_bits:
+                cls.check_options(bits=args.lm_head_bits)
+        except ValueError as e:
+            raise UsageError(f"--format {f}: {e}") from None
+        if args.fuse and cls.fused_class is None:
+            raise UsageError(f"--fuse: --format {f} has no fused module")
     if args.load is not None:
         d = Path(args.load)
         if not (d / "lowbit_model.json").is_file():
