@@ -155,6 +155,10 @@ def test_cuda_graph_capture(name, gen):
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
 def test_torch_compile_fullgraph(name, gen):
     model = build(name, _seed(gen), dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():  # routers 8x sharper: a near-tie that inductor's rounding decides the other way (a
+        for mod in model.modules():  # routing flip, ~2% of the logits; seen at seed 768598661) becomes rare
+            if type(mod).__name__.lower().endswith("router"):
+                mod.weight.mul_(8)
     lowbit.quantize_model(model, bits=4, progress=False)
     ids = torch.randint(0, 320, (1, 1), generator=gen).cuda()
     torch._dynamo.reset()
