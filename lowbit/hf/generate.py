@@ -69,15 +69,15 @@ def _linear_bytes(model) -> int:
     return total
 
 
-FORMATS = formats()  # every format quantize_model writes
 
 
 def parse_formats(fmt) -> list[str]:
     """``"kbit"``, ``"kbit,nvfp4"`` or a sequence of names -> the list (ValueError on unknown or repeated)."""
     fmts = [f.strip() for f in fmt.split(",")] if isinstance(fmt, str) else list(fmt)
-    bad = [f for f in fmts if f not in FORMATS]
+    known = formats()  # every format quantize_model writes (registered modules)
+    bad = [f for f in fmts if f not in known]
     if not fmts or bad or len(set(fmts)) != len(fmts):
-        raise ValueError(f"formats must be distinct names from {', '.join(FORMATS)} (comma-separated), got {fmt!r}")
+        raise ValueError(f"formats must be distinct names from {', '.join(known)} (comma-separated), got {fmt!r}")
     return fmts
 
 
@@ -268,8 +268,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
     p.add_argument("--format", dest="fmt", default="kbit",
-                   help=f"weight format: {' or '.join(FORMATS)} (kbit takes --bits); several, comma-separated "
-                        f"({','.join(FORMATS)}), are timed side by side (default %(default)s)")
+                   help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
+                        f"({','.join(formats())}), are timed side by side (default %(default)s)")
     p.set_defaults(func=_cmd)
     return p
 
@@ -301,7 +301,7 @@ def check_args(args) -> None:
     try:
         fmts = parse_formats(args.fmt)
     except ValueError:
-        raise UsageError(f"--format takes {' or '.join(FORMATS)}, or several comma-separated, got {args.fmt!r}") from None
+        raise UsageError(f"--format takes {' or '.join(formats())}, or several comma-separated, got {args.fmt!r}") from None
     if len(fmts) > 1 and (args.load or args.save):
         raise UsageError("--load / --save take one --format")
     for f in fmts:  # each format takes the options its modules take (kbit: bits, codebook, fused projections)

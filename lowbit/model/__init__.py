@@ -2,7 +2,7 @@
 its integrity checks, and install other tools' NVFP4 checkpoints (:mod:`.checkpoint`)."""
 
 from .checkpoint import LoadError, load_nvfp4_checkpoint, load_quantized, save_quantized
-from .quantize import FORMATS, QuantizeReport, model_bytes, quantize_model
+from .quantize import QuantizeReport, model_bytes, quantize_model
 
-__all__ = ["FORMATS", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized", "model_bytes",
+__all__ = ["LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized", "model_bytes",
            "quantize_model", "save_quantized"]

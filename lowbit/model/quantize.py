@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..nn import QuantizedModule, formats, fused_experts_layout, linear_class
+from ..nn import QuantizedModule, fused_experts_layout, linear_class
 from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install
 
-#: the formats quantize_model writes (``format=``): every registered module that quantizes linears
-FORMATS = formats()
 
 #: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
 DEFAULT_SKIP = ("lm_head", "*.lm_head")
