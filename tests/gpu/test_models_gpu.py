@@ -152,15 +152,36 @@ def test_cuda_graph_capture(name, gen):
             assert torch.equal(out, want)
 
 
+def _clear_routing_token(model, gen, margin: float = 0.02) -> torch.Tensor:
+    """A one-token input whose every router decision has a clear top-k margin (softmax probability of the
+    k-th expert minus the (k+1)-th >= ``margin``): at a near-tie inductor's rounding may pick the other
+    expert -- a legitimate routing flip that moves the logits ~2% (seen at seed 768598661: an exact bf16 tie)."""
+    top_k, probs, hooks = [], [], []
+    for mod in model.modules():
+        if type(mod).__name__.lower().endswith("router"):
+            top_k.append(mod.top_k)
+            hooks.append(mod.register_forward_hook(lambda m, i, out: probs.append(torch.softmax(out[0].float(), -1))))
+    device = next(model.parameters()).device
+    try:
+        for tok in torch.randperm(320, generator=gen)[:64].tolist():
+            probs.clear()
+            ids = torch.tensor([[tok]], device=device)
+            with torch.no_grad():
+                model(ids, use_cache=False)
+            ranked = [p.sort(-1, descending=True).values[0] for p in probs]
+            if min(float(r[k - 1] - r[k]) for r, k in zip(ranked, top_k)) >= margin:
+                return ids
+    finally:
+        for h in hooks:
+            h.remove()
+    pytest.skip("no token among 64 with clear routing margins")
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
 def test_torch_compile_fullgraph(name, gen):
     model = build(name, _seed(gen), dtype=torch.bfloat16, device="cuda")
-    with torch.no_grad():  # routers 8x sharper: a near-tie that inductor's rounding decides the other way (a
-        for mod in model.modules():  # routing flip, ~2% of the logits; seen at seed 768598661) becomes rare
-            if type(mod).__name__.lower().endswith("router"):
-                mod.weight.mul_(8)
     lowbit.quantize_model(model, bits=4, progress=False)
-    ids = torch.randint(0, 320, (1, 1), generator=gen).cuda()
+    ids = _clear_routing_token(model, gen) if name != "llama" else torch.randint(0, 320, (1, 1), generator=gen).cuda()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
