@@ -232,7 +232,20 @@ def _raw_stream_getter():
 _current_stream = _raw_stream_getter()
 
 
-class GemvLauncher:
+class _Launcher:
+    """What every launcher holds: the library, the weight's tensors (kept alive: the plans hold their
+    addresses) and their raw pointers, the format, the weight's shape and device, and its plans."""
+
+    def __init__(self, lib, tensors, fmt, n: int, k_in: int):
+        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
+        self.tensors = tuple(tensors)
+        self.device = self.tensors[0].device
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
+        self._plans: dict = {}
+
+
+class GemvLauncher(_Launcher):
     """The tiled GEMV of one weight with every per-weight decision made once.
 
     The eager forward of ``lowbit.nn`` modules calls this directly (no torch dispatcher, no
@@ -245,14 +258,9 @@ class GemvLauncher:
     """
 
     def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in):
-        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
-        self.device = qweight.device
-        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.tensors = (qweight, qscales, values, scale)  # kept alive: the plans hold their addresses
-        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
+        super().__init__(lib, (qweight, qscales, values, scale), fmt, n, k_in)
         self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
         self.pdl_ok = pdl_supported(self.device)
-        self._plans: dict = {}
 
     def _plan(self, dtype, m):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
@@ -297,19 +305,14 @@ class GemvLauncher:
         return y
 
 
-class GroupedLauncher:
+class GroupedLauncher(_Launcher):
     """The grouped (MoE) GEMV of one expert stack, decisions made once (see GemvLauncher).
     Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1])`` -> y ``[rows, N]``."""
 
     def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
-        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
-        self.device = qweight.device
-        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        super().__init__(lib, (qweight, qscales, values, scales), fmt, n, k_in)
         self.experts = qweight.shape[0]
-        self.tensors = (qweight, qscales, values, scales)
-        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.pdl_ok = pdl_supported(self.device)
-        self._plans: dict = {}
 
     def _plan(self, dtype):
         c_int = ctypes.c_int
@@ -397,20 +400,14 @@ def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, **params)
     return _occupancy[key]
 
 
-class GemmLauncher:
+class GemmLauncher(_Launcher):
     """The tiled GEMM (M > 8 rows) of one weight; plans per (dtype, M) made once (see GemvLauncher).
     Call: ``launcher(x [M, K_in] contiguous fp16/bf16, bias=None)`` -> y ``[M, N]``."""
 
     def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in):
-        self.fmt = tiled_format(fmt)
+        super().__init__(lib, (qweight, qscales, values, scale), fmt, n, k_in)
         self.op, self.sym = self.fmt.symbol("gemm")
-        self.lib, self.n, self.k_in = lib, n, k_in
-        self.device = qweight.device
-        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.tensors = (qweight, qscales, values, scale)
-        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
         self.tiles, self.groups = kbit_tiled.tiled_shape(n, k_in)
-        self._plans: dict = {}
 
     def plan(self, dtype, m: int, splits: int | None = None):
         """(symbol, token tiles, tiles per warp, splits, workspace floats, counters) for M rows;
@@ -459,19 +456,14 @@ def grouped_token_tiles(rows: int, experts: int) -> int:
     return gemm_token_tiles(-(-rows // max(1, experts)))
 
 
-class GroupedGemmLauncher:
+class GroupedGemmLauncher(_Launcher):
     """The grouped (MoE) GEMM of one expert stack: one launch for any rows per expert (rows
     sorted by expert, ``expert_offsets`` on the device; nothing is read back to the host, so it is
     CUDA-graph safe). Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1], nt=None)``."""
 
     def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
-        self.lib, self.fmt, self.n, self.k_in = lib, tiled_format(fmt), n, k_in
-        self.device = qweight.device
-        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        super().__init__(lib, (qweight, qscales, values, scales), fmt, n, k_in)
         self.experts = qweight.shape[0]
-        self.tensors = (qweight, qscales, values, scales)
-        self.ptrs = tuple(ctypes.c_void_p(t.data_ptr()) for t in self.tensors)
-        self._plans: dict = {}
 
     def plan(self, dtype, nt: int):
         key = (dtype, nt)
