@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
-# One device call: the GPU tests of argument checks and format decoding, then the NVFP4 end-to-end
-# measurement beside bf16 (library built here and carried in .lowbit_cache).
+# One device call (library built here and carried in .lowbit_cache): a part of the GPU suite, then
+# optionally the end-to-end run of the README's headline command.
+#
+#   SUITE=a|b|c   the whole `pytest -m gpu` takes three 10-minute calls (-n 4): a = kbit GEMV, dense GEMV,
+#                 dequantize, bench harness (+ `pytest -m timing` alone); b = kbit GEMM, NVFP4 tiled;
+#                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, input checks
+#   TESTS=...     instead of SUITE: these test paths
+#   E2E=1         also `lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4`
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
+case "${SUITE:-}" in
+  a) FILES="tests/gpu/test_kbit_gemv_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_kbit_dequant_gpu.py
+            tests/gpu/test_kbit_tiled_dequant_gpu.py tests/gpu/test_bench_gpu.py" ;;
+  b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
+  c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py
+            tests/test_input_checks.py" ;;
+  *) FILES="${TESTS:-tests/gpu/test_decode_formats_gpu.py tests/test_input_checks.py}" ;;
+esac
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv
-  echo "== gpu tests"; timeout ${TEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -x \
-      ${TESTS:-tests/gpu/test_decode_formats_gpu.py tests/test_input_checks.py tests/gpu/test_nvfp4_plain_gpu.py} 2>&1 | tail -25
-  if [ -n "${E2E-1}" ]; then  # E2E= (empty) skips the end-to-end run
-    echo "== lowbit generate --model random:llama-3-8b --format nvfp4 --compare --compile"
-    timeout 240 python3 -m lowbit generate --model random:llama-3-8b --format nvfp4 --compare --compile 2>&1 | grep -v "it/s\]"
+  echo "== gpu tests ${SUITE:-}"
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -rf $FILES 2>&1 | tail -25
+  if [ "${SUITE:-}" = a ]; then
+    echo "== timing tests (the GPU alone)"; timeout 120 python3 -m pytest -m timing -q -p no:cacheprovider tests 2>&1 | tail -3
   fi
-} 2>&1 | tee "$OUT/device_check.log"
+  if [ -n "${E2E:-}" ]; then
+    echo "== lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4"
+    timeout 300 python3 -m lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4 2>&1 \
+        | grep -v "it/s\]"
+  fi
+} 2>&1 | tee "$OUT/device_check_${SUITE:-custom}.log"
