@@ -6,7 +6,7 @@
 //
 // Why a second NVFP4 GEMV beside the tiled one (tiled/gemv.cuh, FP4): that one streams 16-row x 256-
 // column units per warp from two arrays (codes, scales) and measured 71-73% of read bandwidth on the
-// Llama-3-70B MLP, 84-86% even with its decode removed (BENCHMARKS.md, issue 15). Here a CTA sweeps
+// Llama-3-70B MLP, 84-86% even with its decode removed (benchmarks/journal/2026-11-23_nvfp4_kernels_w4a16_on_the_checkpoint.md). Here a CTA sweeps
 // consecutive rows and its warps read whole rows, 512 contiguous bytes per warp and row at M = 1:
 // with the decode removed this access pattern streams 8192x28672 at 98% of the read bandwidth.
 //
@@ -34,7 +34,7 @@
 //
 // Occupancy is what this kernel is short of (the decode + scale is ~5 instructions per 2 weights):
 // 8-warp CTAs, 2 row groups in flight per warp, registers capped for 3 CTAs per SM -- the best of
-// the depth / CTA-size / register-cap variants measured (BENCHMARKS.md, issue 15).
+// the depth / CTA-size / register-cap variants measured (benchmarks/journal/2026-11-23_nvfp4_kernels_w4a16_on_the_checkpoint.md).
 #include <map>
 #include <mutex>
 #include <tuple>

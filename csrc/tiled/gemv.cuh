@@ -13,7 +13,7 @@
 // (one 8-byte load each); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block
 // scales to the block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
 // 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
-// not by issue (BENCHMARKS.md, issue 14 round 3).
+// not by issue (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md).
 // Layout: see lowbit/formats/kbit/tiled.py (the reference repack that defines it).
 // NVFP4 (FP4 = true; lowbit/formats/nvfp4/tiled.py): the K=4 instances with the 16 E2M1 values as
 // codebook and E4M3 scales applied to the A fragments before the MMAs (scale_pairs, tiled/decode.cuh).
@@ -204,7 +204,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 // loading). Low K moves few bytes per group, so it gets one more stage. Deeper measured slower
 // (8192x28672 K=4: 3 stages, still 128 registers, 49.3 vs 48.2 us; 4 stages, 8 warps per SM, 63.1),
 // and so did a shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM sharing
-// one table): the kernel is not short of bytes in flight (BENCHMARKS.md, issue 14 rounds 3 and 4).
+// one table): the kernel is not short of bytes in flight (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md, ..._round_4_the_large_shape_ceiling.md).
 __host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 3 ? 3 : 2; }
 template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
 template <int BITS> __host__ __device__ constexpr size_t stream_smem() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
@@ -511,7 +511,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
 // ~0.6-0.9 us on a small GEMV (576x576 K=4: 4.59 -> 3.68 us with 3 warps per tile instead of 2).
 // When split does not divide kWarps, the CTA's last kWarps % split warps idle. (16-warp CTAs with up
 // to 16 warps per tile, for rows of more than 8 groups, measured slower: 4096x4096 7.63 -> 9.29 us.)
-// Mirrored by lowbit.kernels.cuda_kbit.split_items.
+// Mirrored by lowbit.kernels.tiled.split_items.
 inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarps; }
 
 template <int BITS, typename T, bool FP4 = false>

@@ -21,7 +21,7 @@ def programmatic_launch(enabled: bool = True):
     its first weight loads (and the kbit lookup table) overlap the predecessor's tail. Off by
     default (``LOWBIT_PDL=1`` turns it on): the gain is real only where the predecessor is a
     kernel that triggers early (another lowbit GEMV); CUDA graphs captured inside the block keep
-    the setting. The kbit kernels' PDL path is not measured yet (issue 14).
+    the setting. The kbit kernels' PDL path is not measured yet.
     """
     global _pdl
     prev, _pdl = _pdl, bool(enabled)

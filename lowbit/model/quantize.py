@@ -143,7 +143,7 @@ def quantize_model(
     * ``fuse`` (kbit): quantize sibling linears that read the same input as one weight (one kernel launch;
       :mod:`lowbit.nn.fused`). ``True`` (kbit's default) fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3,
       ...), ``False`` quantizes every linear alone, or pass the groups of child names. Measured on the
-      H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (BENCHMARKS.md, issue 14). A group is fused
+      H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
       where all its members are quantized linears of one parent with the same input size, bias presence,
       dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).

@@ -247,7 +247,7 @@ def test_nvfp4_grouped_gemv(dtype, gen):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_nvfp4_linear_module_on_cuda(dtype, gen):
-    """lowbit.nn.NvFp4Linear (written after the last device call of issue 15: first run pending)."""
+    """lowbit.nn.NvFp4Linear on the GPU: the checkpoint-layout GEMV at M = 1, the tiled kernels above it."""
     from torch import nn
 
     from lowbit.nn import NvFp4Linear
