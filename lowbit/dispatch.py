@@ -18,11 +18,11 @@ Paths today:
 NVFP4 (:func:`nvfp4_linear_op`, weights in the checkpoint layout): ``"gemv"`` -- M <= GEMV_MAX_M: the
 checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) for M <= :data:`NVFP4_PLAIN_MAX_M`, the kbit
 GEMV's NVFP4 instance on the tiled layout above (measured: the checkpoint-layout kernel is the faster
-one at M = 1 only, benchmarks/journal/2026-11-23_nvfp4_kernels_w4a16_on_the_checkpoint.md); ``"gemm"`` --
-the kbit GEMM's NVFP4 instance up to kbit K=4's crossover (the same kernel); ``"dequant_matmul"`` -- the
-NVFP4 dequantize kernel + cuBLAS; the reference on CPU, for fp32 and for K % 32 != 0. The tiled layout is built on first use and kept on
-the weight (a second copy of it). An sm_100 (tcgen05 block-scaled MMA) kernel would be one more path
-here, chosen by the device's compute capability.
+one at M = 1 only, benchmarks/journal/2026-11-23_nvfp4_kernels_w4a16_on_the_checkpoint.md); ``"gemm"``
+-- the kbit GEMM's NVFP4 instance up to kbit K=4's crossover (the same kernel); ``"dequant_matmul"`` --
+the NVFP4 dequantize kernel + cuBLAS; the reference on CPU, for fp32 and for K % 32 != 0. The tiled
+layout is built on first use and kept on the weight (a second copy of it). An sm_100 (tcgen05 block-
+scaled MMA) kernel would be one more path here, chosen by the device's compute capability.
 
 The GEMM/cuBLAS crossover is data: ``lowbit/data/kbit_dispatch.json`` per GPU name and weight-size
 class (written by ``lowbit tune --kbit-crossover``; a user file overrides it),
