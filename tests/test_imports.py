@@ -125,4 +125,5 @@ def test_no_cycles():
 
 def test_the_checker_sees_lazy_imports():
     """A function-level import counts (the layering must hold for every import, not only the top ones)."""
-    assert "lowbit.kernels.build" in EDGES["lowbit.cli"] or any(t.startswith("lowbit.kernels") for t in EDGES["lowbit.cli"])
+    # lowbit/cli.py imports the bench and generate commands inside a function, only when they are asked for
+    assert {"lowbit.bench.cli", "lowbit.hf.generate"} <= EDGES["lowbit.cli"]
