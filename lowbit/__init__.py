@@ -44,7 +44,8 @@ _register_kernels()  # every format's CUDA implementations, registered on the op
 
 from . import nn  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .model import QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model, save_quantized  # noqa: E402
+from .model import (GptqOptions, QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model,  # noqa: E402
+                    save_quantized)
 
 
 
@@ -160,6 +161,7 @@ __all__ = [
     "load_quantized",
     "nn",
     "quantize_model",
+    "GptqOptions",
     "save_quantized",
     "KbitExperts",
     "KbitWeight",

@@ -22,6 +22,11 @@ CASES = [
     ("generate --format int4", "--format takes kbit or nvfp4, or several comma-separated, got 'int4'"),
     ("generate --format kbit,kbit", "--format takes kbit or nvfp4"),
     ("generate --format kbit,nvfp4 --save {empty}", "--load / --save take one --format"),
+    ("generate --calibration-samples 8", "--calibration-samples: options of --method gptq"),
+    ("generate --method gptq --calibration /nonexistent.txt", "--calibration /nonexistent.txt: no such file"),
+    ("generate --method awq", "argument --method: invalid choice"),
+    ("eval --method awq", "--method takes rtn, gptq or rtn,gptq, got 'awq'"),
+    ("eval --calibration-samples 4", "--calibration-samples takes a count >= 1, with --method gptq"),
 ]
 
 

@@ -2,6 +2,7 @@
 
     lowbit eval                       # SmolLM2-135M-Instruct, kbit2..5 (+ fit codebook), NF4-b64, int4-g128/g32
     lowbit eval --prompts             # also: greedy answers to FACTUAL_PROMPTS, agreement with the unquantized model
+    lowbit eval --method rtn,gptq     # every row rounded to nearest and calibrated (GPTQ on the default text)
 
 Every variant quantizes the same layers ``quantize_model`` does (all nn.Linear but lm_head); the
 baselines replace those weights by their fake-quantized values (``lowbit.bench.baselines``).
@@ -14,6 +15,8 @@ import copy
 import json
 
 import torch
+
+from ..nn import linear_class
 
 #: (question, words any of which marks the correct answer): capitals, science, counting, common facts.
 FACTUAL = [
@@ -41,37 +44,44 @@ def correct(answer: str, words) -> bool:
     return any((w in toks) if " " not in w else (w in first_sentence(answer)) for w in words)
 
 
-def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None, fuse: bool = False):
-    out = [(f"kbit{b}", ("kbit", b, None)) for b in bits_list]
-    if fit:
-        out += [(f"kbit{b}-fit", ("kbit", b, "fit")) for b in bits_list]
-    if lm_head:
-        out += [(f"kbit{b}+lm_head{lm_head}", ("kbit-lm_head", b, lm_head)) for b in bits_list]
-    if fuse:
-        out += [(f"kbit{b}+fuse", ("kbit-fuse", b, None)) for b in bits_list]
+def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None, fuse: bool = False,
+              methods=("rtn",)):
     from ..nn import formats
 
-    out += [(f, ("format", f, None)) for f in formats() if f != "kbit"]  # every other format at its defaults
+    out = []
+    for method in methods:
+        tag = "" if method == "rtn" else f"-{method}"
+        out += [(f"kbit{b}{tag}", ("kbit", b, None, method)) for b in bits_list]
+        if fit:
+            out += [(f"kbit{b}-fit{tag}", ("kbit", b, "fit", method)) for b in bits_list]
+        if lm_head:
+            out += [(f"kbit{b}+lm_head{lm_head}{tag}", ("kbit-lm_head", b, lm_head, method)) for b in bits_list]
+        if fuse:
+            out += [(f"kbit{b}+fuse{tag}", ("kbit-fuse", b, None, method)) for b in bits_list]
+        # every other format at its defaults
+        out += [(f + tag, ("format", f, None, method)) for f in formats() if f != "kbit"
+                and (method == "rtn" or linear_class(f).column_quantizer is not None)]
     if baselines:
         from ..bench.baselines import BASELINES
 
-        out += [(name, ("fake", name, None)) for name in BASELINES]
+        out += [(name, ("fake", name, None, "rtn")) for name in BASELINES]
     return out
 
 
-def _apply(model, spec):
+def _apply(model, spec, tok=None, gptq=None):
     import lowbit
     from ..bench.baselines import BASELINES
 
-    kind, a, b = spec
+    kind, a, b, method = spec
+    kw = dict(progress=False) if method == "rtn" else dict(progress=False, method=method, tokenizer=tok, gptq=gptq)
     if kind == "kbit":  # each linear alone: the format's own numbers (fused rows are separate)
-        return lowbit.quantize_model(model, bits=a, codebook=b, fuse=False, progress=False)
+        return lowbit.quantize_model(model, bits=a, codebook=b, fuse=False, **kw)
     if kind == "kbit-lm_head":  # b: the lm_head's bits
-        return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, fuse=False, progress=False)
+        return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, fuse=False, **kw)
     if kind == "kbit-fuse":
-        return lowbit.quantize_model(model, bits=a, fuse=True, progress=False)
+        return lowbit.quantize_model(model, bits=a, fuse=True, **kw)
     if kind == "format":
-        return lowbit.quantize_model(model, format=a, progress=False)
+        return lowbit.quantize_model(model, format=a, **kw)
     fn = BASELINES[a][0]
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -103,7 +113,8 @@ def _answer(model, tok, prompt, max_new_tokens=16):
 
 
 def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 1024, fit: bool = True,
-             baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None, fuse: bool = False) -> dict:
+             baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None,
+             fuse: bool = False, methods=("rtn",), gptq=None) -> dict:
     from . import quality, sources
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -115,7 +126,11 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     ref_answers = [_answer(base, tok, p) for p in FACTUAL_PROMPTS] if prompts else None
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
-    variants = _variants(bits_list, fit, baselines, lm_head, fuse)
+    variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
+    if "gptq" in methods:
+        from ..model.calibration_data import default_text_info
+
+        result["calibration"] = default_text_info()
     print(f"lowbit eval: {desc} on {device}; {len(variants)} variant{'s' if len(variants) != 1 else ''}, each scored teacher-forced over "
           f"{result['tokens']} tokens of {quality.text_info()} against the unquantized model "
           f"(ppl {quality.compare(ref_logits, ref_logits, ids[1:])['ppl_ref']:.3f})", flush=True)
@@ -123,7 +138,7 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     for name, spec in variants:
         view.scoring(name)
         m = copy.deepcopy(base)
-        _apply(m, spec)
+        report = _apply(m, spec, tok, gptq)
         row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
         if prompts:
             answers = [_answer(m, tok, p)[0] for p in FACTUAL_PROMPTS]
@@ -135,6 +150,8 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
             row["correct_where_reference_correct"] = sum(a and b for a, b in zip(ok, ok_ref))
             result["reference_correct"] = sum(ok_ref)
             row["answers"] = answers
+        if report is not None and report.calibration is not None:
+            row["calibration_s"] = report.calibration.seconds
         result["rows"][name] = row
         view.add(name, row, result.get("reference_correct"))
         del m
@@ -245,6 +262,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-fit", action="store_true", help="leave out the kbit<b>-fit rows (Lloyd-Max codebook per tensor)")
     p.add_argument("--no-baselines", action="store_true", help="leave out the NF4 and int4 rows")
     p.add_argument("--prompts", action="store_true", help=f"also the {len(FACTUAL_PROMPTS)} factual prompts")
+    p.add_argument("--method", default="rtn",
+                   help="rtn (round to nearest), gptq (calibrated on the default text), or both: rtn,gptq "
+                        "(default %(default)s)")
+    p.add_argument("--calibration-samples", type=int, default=None, metavar="N",
+                   help="--method gptq: windows of the calibration text (default 128)")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
@@ -267,10 +289,18 @@ def _cmd(args) -> int:
         raise UsageError(f"--bits takes comma-separated numbers from 2..5, got {args.bits!r}")
     if args.tokens < 2:
         raise UsageError(f"--tokens must be >= 2, got {args.tokens}")
+    methods = tuple(m.strip() for m in args.method.split(","))
+    if not methods or any(m not in ("rtn", "gptq") for m in methods) or len(set(methods)) != len(methods):
+        raise UsageError(f"--method takes rtn, gptq or rtn,gptq, got {args.method!r}")
+    if args.calibration_samples is not None and (args.calibration_samples < 1 or "gptq" not in methods):
+        raise UsageError("--calibration-samples takes a count >= 1, with --method gptq")
     sources.check_spec(args.model)
+    import lowbit
+
+    gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}))
     r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
                  prompts=args.prompts, device=args.device, lm_head=args.lm_head,
-                 fuse=args.fuse)
+                 fuse=args.fuse, methods=methods, gptq=gptq)
     if args.encoder:
         r["encoder"] = encoder_cosine(bits)
     if args.out:

@@ -2,6 +2,7 @@
 
     lowbit generate                                  # SmolLM2-135M-Instruct, kbit4, on the GPU if any
     lowbit generate --bits 3 --compare --prompt "What is the capital of Egypt?"
+    lowbit generate --bits 3 --method gptq --compare --save smol-kbit3   # calibrated (GPTQ), then saved
     lowbit generate --model random:llama-3-8b --compile --max-new-tokens 128   # speed only
     lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4   # formats side by side
 
@@ -85,12 +86,16 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              batch: int = 1, compare: bool = False, device: str | None = None, dtype: torch.dtype | None = None,
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
-             lm_head_bits: int | None = None, fuse: bool | None = None, fmt="kbit") -> dict:
+             lm_head_bits: int | None = None, fuse: bool | None = None, fmt="kbit", method: str = "rtn",
+             calibration: str | None = None, gptq_options=None) -> dict:
     """The main job as a function; returns every number it prints (see the module docstring).
 
     ``fmt``: ``"kbit"``, ``"nvfp4"``, or several (``"kbit,nvfp4"``): each quantizes its own copy of
     the model and decodes the same prompt, so the formats are timed side by side in one process.
     ``result["quantized"]`` / ``result["quality"]`` describe the first; ``result["variants"]`` all.
+    ``method="gptq"`` calibrates (``quantize_model(method="gptq")``) on ``calibration`` (a text file's
+    path; default: lowbit's default text) with ``gptq_options`` (a ``lowbit.GptqOptions``); a random-init
+    model (no tokenizer) calibrates on uniformly random token ids (seed 0): for timing only.
     """
     import copy
 
@@ -140,12 +145,17 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
             label = f"loaded from {load}"
         else:
+            kw = {} if method == "rtn" else dict(method=method, gptq=gptq_options, **calibration_data(
+                tok, net.config.vocab_size, calibration, gptq_options or lowbit.GptqOptions()))
             report = lowbit.quantize_model(m, format=f, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
-                                           bits_for={"lm_head": lm_head_bits} if lm_head_bits else None)
+                                           bits_for={"lm_head": lm_head_bits} if lm_head_bits else None, **kw)
             quantize_s = report.seconds
             label = report.label.lower() + ("-fit" if codebook == "fit" else "") + \
-                (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
+                ("-gptq" if method == "gptq" else "") + (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
             say(str(report))
+            result.setdefault("calibration", report.calibration and {
+                "data": report.calibration.data, "seconds": report.calibration.seconds,
+                "peak_memory": report.calibration.peak_memory})
         if save:
             # Unquantized tensors go to disk in half precision: a CPU run upcasts them to fp32 only to compute.
             save_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
@@ -155,7 +165,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
                 f"in {time.perf_counter() - t_save:.1f} s")
         if not compare and not quiet and f == "kbit" and not load:  # before the text it qualifies
-            note = expected_quality(f"kbit{bits}")
+            note = expected_quality(f"kbit{bits}" + ("-gptq" if method == "gptq" else ""))
             if note:
                 print(note)
         q_r, q_text = run(m, label)
@@ -194,9 +204,21 @@ def expected_quality(label: str) -> str | None:
             f"KL {row['kl']:.3g} nats, top-1 agreement {row['top1']:.0%}, perplexity {row['ppl_ref']:.1f} -> {row['ppl']:.1f}"
             " (--compare measures this model)")
     if row["kl"] > 1.0:
-        line = ("WARNING: round-to-nearest at this many bits breaks models: " + line +
-                "; expect nonsense output. Use --bits 4 or 5 until calibrated quantization lands.")
+        line = ("WARNING: " + ("round-to-nearest" if "gptq" not in label else "even calibrated, this") +
+                " at this many bits breaks models: " + line + "; expect nonsense output." +
+                (" Calibrate (--method gptq) or use more bits." if "gptq" not in label else " Use more bits."))
     return line
+
+
+def calibration_data(tok, vocab: int, path: str | None, options) -> dict:
+    """``quantize_model``'s calibration arguments for ``lowbit generate``: a text file, the default text,
+    or (a random-init model has no tokenizer) uniformly random token ids, seed 0."""
+    if tok is None:
+        if path:
+            raise ValueError("--calibration: a random-init model has no tokenizer to read text with")
+        g = torch.Generator().manual_seed(0)
+        return {"calibration": torch.randint(0, vocab, (options.samples, options.seq_len), generator=g)}
+    return {"calibration": [Path(path).read_text()] if path else None, "tokenizer": tok}
 
 
 def _table(rows, result, quiet):
@@ -267,6 +289,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")
+    p.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
+                   help="rtn: round to nearest (default, instant); gptq: calibrated, error-compensating (usable 2-3 bits)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="--method gptq: a text file to calibrate on (default: the Python language reference that "
+                        "ships with Python, not the text lowbit eval scores on)")
+    p.add_argument("--calibration-samples", type=_positive, default=None, metavar="N",
+                   help="--method gptq: windows of calibration text (default 128)")
+    p.add_argument("--calibration-seq-len", type=_positive, default=None, metavar="L",
+                   help="--method gptq: tokens per window (default 512)")
+    p.add_argument("--act-order", action="store_true", help="--method gptq: columns in decreasing importance")
     p.add_argument("--format", dest="fmt", default="kbit",
                    help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
                         f"({','.join(formats())}), are timed side by side (default %(default)s)")
@@ -324,6 +356,16 @@ def check_args(args) -> None:
             raise UsageError(f"--save {args.save}: exists and is not an empty directory or an earlier lowbit save")
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
+    gptq_only = [o for o, v in (("--calibration", args.calibration), ("--calibration-samples", args.calibration_samples),
+                                ("--calibration-seq-len", args.calibration_seq_len), ("--act-order", args.act_order)) if v]
+    if gptq_only and args.method != "gptq":
+        raise UsageError(f"{', '.join(gptq_only)}: options of --method gptq")
+    if args.method == "gptq" and args.load:
+        raise UsageError("--load reads weights already quantized: --method applies when quantizing")
+    if args.calibration is not None and not Path(args.calibration).is_file():
+        raise UsageError(f"--calibration {args.calibration}: no such file")
+    if args.calibration_seq_len is not None and args.calibration_seq_len < 2:
+        raise UsageError("--calibration-seq-len must be >= 2")
 
 
 def _cmd(args) -> int:
@@ -332,5 +374,17 @@ def _cmd(args) -> int:
              compare=args.compare, device=args.device, compile=args.compile,
              codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,
              chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits,
-             fuse=args.fuse, fmt=args.fmt)
+             fuse=args.fuse, fmt=args.fmt, method=args.method, calibration=args.calibration,
+             gptq_options=gptq_options(args))
     return 0
+
+
+def gptq_options(args):
+    import lowbit
+
+    o = lowbit.GptqOptions(act_order=args.act_order)
+    if args.calibration_samples:
+        o.samples = args.calibration_samples
+    if args.calibration_seq_len:
+        o.seq_len = args.calibration_seq_len
+    return o

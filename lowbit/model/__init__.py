@@ -1,8 +1,10 @@
-"""Model integration: quantize a whole model in one format (:mod:`.quantize`), save and load it with
+"""Model integration: quantize a whole model in one format (:mod:`.quantize`), rounded to nearest or
+calibrated with GPTQ (:mod:`.calibrate`, :mod:`.gptq`, :mod:`.calibration_data`), save and load it with
 its integrity checks, and install other tools' NVFP4 checkpoints (:mod:`.checkpoint`)."""
 
 from .checkpoint import LoadError, load_nvfp4_checkpoint, load_quantized, save_quantized
+from .calibrate import CalibrationInfo, GptqOptions
 from .quantize import QuantizeReport, model_bytes, quantize_model
 
-__all__ = ["LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized", "model_bytes",
-           "quantize_model", "save_quantized"]
+__all__ = ["CalibrationInfo", "GptqOptions", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized",
+           "model_bytes", "quantize_model", "save_quantized"]

@@ -124,7 +124,9 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
         for key, t in shard.items():
             entries[key] = {"file": fname, "dtype": _dtype_name(t.dtype), "shape": list(t.shape), "crc32": _crc32(t)}
     index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "lowbit_version": __version__,
-             "modules": modules, "tensors": entries, "aliases": aliases}
+             "modules": modules, "tensors": entries, "aliases": aliases,
+             # how the weights were chosen (quantize_model's method, calibration data and options)
+             "quantization": getattr(model, "lowbit_quantization", None)}
     path = directory / INDEX_FILE
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(index, indent=1))
@@ -318,6 +320,8 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
             mod.tensors_changed()
     if device.type != "meta":
         model.to(device)  # the rest of the skeleton (non-persistent buffers) joins the weights
+    if index.get("quantization") is not None:
+        model.lowbit_quantization = index["quantization"]
     return model
 
 

@@ -3,6 +3,7 @@ by lowbit modules of one format, in place, with a report of what was done and wh
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import time
 import warnings
@@ -14,6 +15,8 @@ from torch import nn
 
 from ..nn import QuantizedModule, fused_experts_layout, linear_class
 from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install
+from .calibrate import CalibrationInfo, GptqOptions, calibrate
+from .calibration_data import calibration_ids
 
 
 #: module names skipped unless ``skip`` says otherwise (fnmatch patterns on the full dotted name).
@@ -43,6 +46,8 @@ class QuantizeReport:
     model_bytes_after: int = 0
     seconds: float = 0.0
     device: str = "cpu"
+    method: str = "rtn"                 # "rtn" (round to nearest) or "gptq" (calibrated)
+    calibration: "CalibrationInfo | None" = None  # what the calibration did (method="gptq")
 
     @property
     def bytes_before(self) -> int:
@@ -69,7 +74,8 @@ class QuantizeReport:
         what = f"{self.linears} linear layers" + (f" and {experts} MoE expert blocks" if experts else "")
         stored = (f" (stored as {len(self.layers) - experts} weights: {sum(x.linears for x in fused)} of them fused "
                   f"into {len(fused)})" if fused else "")
-        return f"quantized {what} to {self.label}{stored} in {self.seconds:.2f} s on {self.device}"
+        how = " with GPTQ" if self.method == "gptq" else ""
+        return f"quantized {what} to {self.label}{how}{stored} in {self.seconds:.2f} s on {self.device}"
 
     def __str__(self) -> str:
         gib = 2.0**30
@@ -81,6 +87,9 @@ class QuantizeReport:
               if any(x.bits != self.bits for x in self.layers) else []),
             f"  whole model:      {self.model_bytes_before / gib:.3f} GiB -> {self.model_bytes_after / gib:.3f} GiB",
         ]
+        if self.calibration is not None:
+            lines.append(f"  calibration: {self.calibration.summary()}")
+            lines += [f"    {name}: {what}" for name, what in self.calibration.fallbacks]
         if self.skipped:
             lines.append(f"  left unquantized ({len(self.skipped)}):")
             lines += [f"    {name}: {why}" for name, why in self.skipped]
@@ -124,6 +133,10 @@ def quantize_model(
     bits_for: dict[str, int] | None = None,
     fuse: bool | Iterable[Iterable[str]] | None = None,
     progress: bool = True,
+    method: str = "rtn",
+    calibration: torch.Tensor | list[str] | str | None = None,
+    tokenizer=None,
+    gptq: GptqOptions | None = None,
 ) -> QuantizeReport:
     """Quantize ``model`` in place; returns a :class:`QuantizeReport`.
 
@@ -147,6 +160,13 @@ def quantize_model(
       where all its members are quantized linears of one parent with the same input size, bias presence,
       dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
+    * ``method``: ``"rtn"`` (default) rounds each weight to nearest; ``"gptq"`` calibrates
+      (:mod:`lowbit.model.calibrate`): GPTQ block by block over the model's decoder blocks, every format
+      that names a column quantizer (kbit, NVFP4). ``calibration``: token ids ``[samples, seq_len]``, a
+      list of strings, or None for the default text (the Python language reference, ``pydoc_data``; not
+      the text ``lowbit eval`` scores on); text needs ``tokenizer``. ``gptq``: :class:`GptqOptions`
+      (damping, act-order, samples x seq_len, ...). The report's ``calibration`` says what was done,
+      and ``model.lowbit_quantization`` keeps it for :func:`save_quantized`.
     """
     linear_cls = linear_class(format)  # ValueError naming the formats for an unknown one
     fused_cls, experts_cls = linear_cls.fused_class, linear_cls.experts_class
@@ -154,6 +174,17 @@ def quantize_model(
         raise ValueError(f"fuse: format={format!r} has no fused module; pass fuse=False (or None)")
     fuse = fused_cls is not None if fuse is None else fuse
     linear_cls.check_options(bits=bits, codebook=codebook)
+    if method not in ("rtn", "gptq"):
+        raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
+    if method == "rtn" and (calibration is not None or tokenizer is not None or gptq is not None):
+        raise ValueError("calibration, tokenizer and gptq are options of method='gptq'")
+    if method == "gptq":
+        if linear_cls.column_quantizer is None:
+            raise ValueError(f"format={format!r} has no column quantizer: method='gptq' is not available for it")
+        gptq = gptq if gptq is not None else GptqOptions()
+        if not isinstance(gptq, GptqOptions):
+            raise TypeError(f"gptq must be a lowbit.GptqOptions, got {type(gptq).__name__}")
+        gptq.check()
     bits_for = dict(bits_for or {})
     for pat, b in bits_for.items():
         if not isinstance(pat, str):
@@ -238,30 +269,29 @@ def quantize_model(
     report.device = ",".join(sorted(devices)) or "-"
     sync = any(d.startswith("cuda") for d in devices)
     del fusions, todo  # `items` holds the only references: each original layer is freed once replaced
-    bar = _progress(items, progress, report.label)
-    start = time.perf_counter()
-    for i, (name, mod, kind) in enumerate(bar):
-        items[i] = None
+
+    def build(item, quantized=None) -> None:
+        """Install ``item``'s quantized module (from a calibration result, or rounded to nearest)."""
+        name, mod, kind = item
         if kind == "fused":
             parent, g, mods, b = mod
             b = b or bits
-            new = fused_cls.from_linears(mods, b, codebook)
+            new = fused_cls.from_linears(mods, b, codebook, quantized=quantized)
             new.train(mods[0].training)
             install(parent, g, new)
             before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
             report.layers.append(LayerReport(name, kind, (new.out_features, new.in_features), before,
                                              _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b,
                                              linears=len(mods)))
-            del mods, mod
-            continue
+            return
         b = layer_bits(name) or bits
         if kind == "linear":
-            new = linear_cls.from_linear(mod, bits=b, codebook=codebook)
+            new = linear_cls.from_linear(mod, bits=b, codebook=codebook, quantized=quantized)
             before = _tensor_bytes(mod.weight, mod.bias)
             after = _tensor_bytes(*new.buffers(), new.bias)
             shape = (mod.out_features, mod.in_features)
         else:
-            new = experts_cls.from_experts(mod, b, codebook)
+            new = experts_cls.from_experts(mod, b, codebook, quantized=quantized)
             before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
             after = _tensor_bytes(*new.buffers(recurse=False))
             shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
@@ -270,11 +300,34 @@ def quantize_model(
             setattr(parent, cname, new)
         report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b,
                                          linears=int(kind == "linear")))
-        del mod
+
+    start = time.perf_counter()
+    if method == "gptq":
+        if not items:
+            raise ValueError("method='gptq': the model has no layers to quantize (nothing quantize_model would take)")
+        config = getattr(model, "config", None)
+        ids, data = calibration_ids(calibration, tokenizer, getattr(config, "vocab_size", None),
+                                    samples=gptq.samples, seq_len=gptq.seq_len)
+        report.method = "gptq"
+        report.calibration = calibrate(
+            model, items, build, linear_cls.column_quantizer, ids=ids, data=data, options=gptq,
+            bits_of=lambda it: (it[1][3] if it[2] == "fused" else layer_bits(it[0])) or bits,
+            codebook=codebook, progress=progress)
+        del items
+    else:
+        bar = _progress(items, progress, report.label)
+        for i, item in enumerate(bar):
+            items[i] = None  # `items` held the only reference: each original layer is freed once replaced
+            build(item)
+            del item
     if sync:
         torch.cuda.synchronize()
     report.seconds = time.perf_counter() - start
     report.model_bytes_after = model_bytes(model)
+    info = report.calibration
+    model.lowbit_quantization = {"format": report.label, "method": report.method} if info is None else {
+        "format": report.label, "method": info.method, "calibration": info.data,
+        "options": dataclasses.asdict(info.options), "fallbacks": [list(f) for f in info.fallbacks]}
     return report
 
 

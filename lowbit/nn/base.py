@@ -28,6 +28,10 @@ class QuantizedModule(nn.Module):
     fused_class: type | None = None
     #: the input size of a layer must be a multiple of this (the format's block)
     k_multiple: int = 1
+    #: the format quantized column by column (``lowbit/formats/<name>/columns.py``) for calibrated
+    #: quantization (``quantize_model(method="gptq")``); its ``result()`` is what ``from_linear`` (and the
+    #: fused / experts constructors) take as ``quantized=``. None: the format has no calibrated path.
+    column_quantizer: type | None = None
 
     @classmethod
     def label(cls, bits: int) -> str:
@@ -41,6 +45,8 @@ class QuantizedModule(nn.Module):
     # -- building ---------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, linear: nn.Linear, **options) -> "QuantizedModule":
+        """Quantize ``linear`` (options: ``bits``, ``codebook``; ``quantized``: a column quantizer's
+        result to use instead of rounding to nearest)."""
         raise NotImplementedError
 
     @classmethod

@@ -24,7 +24,7 @@ from .. import dispatch
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .base import QuantizedModule
-from .linear import KbitLinear, apply_keeping_dtypes, check_kbit_values
+from .linear import KbitLinear, apply_keeping_dtypes, check_kbit_values, quantized_codes
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
 _QUANT_CHUNK_WEIGHTS = 1 << 26
@@ -64,6 +64,25 @@ def _quantize_stack(w: torch.Tensor, bits: int, codebook):
         qw, qa = kbit_tiled.pack_codes(codes, absmax, bits)
         parts.append((qw, qa, scales))
         del codes
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), codebook,
+            torch.cat([p[2] for p in parts]))
+
+
+def _stack_quantized(per_expert: list, w: torch.Tensor, bits: int):
+    """Each expert's (codes, absmax, codebook, scale) -> (qweight, qabsmax, codebook, scales), packed a few at a time."""
+    if len(per_expert) != w.shape[0]:
+        raise ValueError(f"quantized experts: {len(per_expert)} results for {w.shape[0]} experts")
+    codebook = per_expert[0][2]
+    if any(not torch.equal(r[2], codebook) for r in per_expert):
+        raise ValueError("quantized experts must share one codebook")
+    per = max(1, _QUANT_CHUNK_WEIGHTS // (w.shape[1] * w.shape[2]))
+    parts = []
+    for lo in range(0, w.shape[0], per):
+        chunk = per_expert[lo:lo + per]
+        codes, absmax, _, scales = quantized_codes(w[lo:lo + len(chunk)], bits, codebook, (
+            torch.stack([r[0] for r in chunk]), torch.stack([r[1] for r in chunk]), codebook,
+            torch.stack([r[3].reshape(()) for r in chunk])))
+        parts.append((*kbit_tiled.pack_codes(codes, absmax, bits), scales))
     return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), codebook,
             torch.cat([p[2] for p in parts]))
 
@@ -135,11 +154,14 @@ class KbitMoeExperts(QuantizedModule):
         self._launchers, self._cpu_weights = None, {}
 
     @classmethod
-    def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitMoeExperts":
+    def from_experts(cls, module: nn.Module, bits: int = 4, codebook: torch.Tensor | None = None,
+                     quantized: dict | None = None) -> "KbitMoeExperts":
         """Quantize a transformers fused expert block (see :func:`fused_experts_layout`) on its device.
 
         All experts of both projections share one codebook: with ``codebook="fit"`` it is fitted on
         the first chunk of gate/up experts (``_QUANT_CHUNK_WEIGHTS``) and reused for the rest.
+        ``quantized``: ``{"gate_up": [...], "down": [...]}``, each expert's (codes, absmax, codebook,
+        scale) from a calibration (one codebook for all) instead of rounding.
         """
         layout = fused_experts_layout(module)
         if layout is None:
@@ -148,8 +170,13 @@ class KbitMoeExperts(QuantizedModule):
         e, h, i = layout
         device = module.gate_up_proj.device
         mod = cls(e, h, i, bits, module.act_fn, device="meta")
-        gu = _quantize_stack(module.gate_up_proj, bits, codebook)
-        dn = _quantize_stack(module.down_proj, bits, gu[2])
+        if quantized is None:
+            gu = _quantize_stack(module.gate_up_proj, bits, codebook)
+            dn = _quantize_stack(module.down_proj, bits, gu[2])
+        else:
+            gu, dn = (_stack_quantized(quantized[p], getattr(module, f"{p}_proj"), bits) for p in ("gate_up", "down"))
+            if not torch.equal(gu[2], dn[2]):
+                raise ValueError("quantized gate_up and down experts must share one codebook")
         mod._buffers["codebook"] = gu[2]
         mod.set_quantized("gate_up", *gu[:2], gu[3])
         mod.set_quantized("down", *dn[:2], dn[3])

@@ -25,7 +25,7 @@ from ..formats import kbit
 
 from ..formats.kbit import tiled as kbit_tiled
 from .base import describe
-from .linear import KbitLinear
+from .linear import KbitLinear, quantized_codes
 
 #: sibling names fused by ``quantize_model(..., fuse=True)``, each group read from one input in
 #: transformers' code: Llama/Qwen/Mistral-style attention, MLPs and shared experts (gate/up),
@@ -86,8 +86,10 @@ class FusedKbitLinear(KbitLinear):
         install(model.get_submodule(parent_name) if parent_name else model, self.part_names, self)
 
     @classmethod
-    def from_linears(cls, linears: Sequence[nn.Linear], bits: int = 4, codebook=None) -> "FusedKbitLinear":
-        """Quantize ``linears`` (same input size, all with or all without bias, same dtype and device) as one weight."""
+    def from_linears(cls, linears: Sequence[nn.Linear], bits: int = 4, codebook=None,
+                     quantized: tuple | None = None) -> "FusedKbitLinear":
+        """Quantize ``linears`` (same input size, all with or all without bias, same dtype and device) as one
+        weight; ``quantized``: the concatenated weight's (codes, absmax, codebook, scale), as from_linear."""
         linears = list(linears)
         if len(linears) < 2 or not all(isinstance(lin, nn.Linear) for lin in linears):
             raise TypeError("from_linears needs a list of >= 2 torch.nn.Linear modules")
@@ -101,7 +103,7 @@ class FusedKbitLinear(KbitLinear):
         if len(has_bias) != 1:
             raise ValueError("fused linears must all have a bias or all have none")
         weight = torch.cat([lin.weight.detach() for lin in linears])
-        codes, absmax, codebook, scale = kbit.quantize_codes(weight, bits, codebook)
+        codes, absmax, codebook, scale = quantized_codes(weight, bits, codebook, quantized)
         del weight
         qweight, qabsmax = kbit_tiled.pack_codes(codes, absmax, bits)
         del codes

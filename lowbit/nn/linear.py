@@ -13,8 +13,24 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import kbit
+from ..formats.kbit import columns as kbit_columns
 from ..formats.kbit import tiled as kbit_tiled
 from .base import QuantizedModule, describe
+
+
+def quantized_codes(weight: torch.Tensor, bits: int, codebook, quantized: tuple | None):
+    """``kbit.quantize_codes(weight, ...)``, or ``quantized`` (codes, absmax, codebook, scale) checked
+    against the weight's shape."""
+    if quantized is None:
+        return kbit.quantize_codes(weight.detach(), bits, codebook)
+    codes, absmax, codebook, scale = quantized
+    lead, (n, k) = weight.shape[:-2], weight.shape[-2:]
+    if tuple(codes.shape) != (*lead, n, k // kbit.BLOCK, kbit.BLOCK) or tuple(absmax.shape) != (*lead, n, k // kbit.BLOCK):
+        raise ValueError(f"quantized codes {tuple(codes.shape)} / absmax {tuple(absmax.shape)} do not fit a weight "
+                         f"of shape {tuple(weight.shape)}")
+    if codebook.numel() != 2**bits or (codes.numel() and int(codes.max()) >= 2**bits):
+        raise ValueError(f"quantized codes / codebook are not {bits}-bit")
+    return codes, absmax, codebook, scale
 
 
 def _check_features(in_features: int, out_features: int) -> None:
@@ -80,14 +96,18 @@ class KbitLinear(QuantizedModule):
         self._launcher = None
         self._cpu_weight = None  # (qweight it was decoded from, fp32 weight): the CPU path's cache
 
+    column_quantizer = kbit_columns.ColumnQuantizer
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook: torch.Tensor | None = None) -> "KbitLinear":
-        """Quantize an ``nn.Linear`` (on its device: a GPU quantizes in milliseconds)."""
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook: torch.Tensor | None = None,
+                    quantized: tuple | None = None) -> "KbitLinear":
+        """Quantize an ``nn.Linear`` (on its device: a GPU quantizes in milliseconds). ``quantized``:
+        ``(codes, absmax, codebook, scale)`` already chosen (a calibration's result) instead of rounding."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
         w = linear.weight
         _check_features(w.shape[1], w.shape[0])
-        codes, absmax, codebook, scale = kbit.quantize_codes(w.detach(), bits, codebook)
+        codes, absmax, codebook, scale = quantized_codes(w, bits, codebook, quantized)
         qweight, qabsmax = kbit_tiled.pack_codes(codes, absmax, bits)
         del codes
         mod = cls(w.shape[1], w.shape[0], bias=linear.bias is not None, bits=bits, device="meta")

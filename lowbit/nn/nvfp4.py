@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import nvfp4
+from ..formats.nvfp4 import columns as nvfp4_columns
 from .base import QuantizedModule, describe
 from .linear import apply_keeping_dtypes
 
@@ -71,13 +72,19 @@ class NvFp4Linear(QuantizedModule):
         if given:
             raise ValueError(f"format='nvfp4' is 4-bit E2M1 with E4M3 block scales; {', '.join(given)} are kbit options")
 
+    column_quantizer = nvfp4_columns.ColumnQuantizer
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook=None) -> "NvFp4Linear":
-        """Quantize an ``nn.Linear`` (on its device) with :func:`lowbit.quantize_nvfp4` (``bits`` must be 4)."""
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook=None,
+                    quantized: nvfp4.NvFp4Weight | None = None) -> "NvFp4Linear":
+        """Quantize an ``nn.Linear`` (on its device) with :func:`lowbit.quantize_nvfp4` (``bits`` must be 4);
+        ``quantized``: an ``NvFp4Weight`` already chosen (a calibration's result) instead."""
         cls.check_options(bits, codebook)
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
-        return cls.from_weight(nvfp4.quantize(linear.weight.detach()), linear.bias)
+        if quantized is not None and tuple(quantized.shape) != tuple(linear.weight.shape):
+            raise ValueError(f"quantized weight {tuple(quantized.shape)} does not fit {tuple(linear.weight.shape)}")
+        return cls.from_weight(quantized if quantized is not None else nvfp4.quantize(linear.weight.detach()), linear.bias)
 
     def nvfp4_weight(self) -> nvfp4.NvFp4Weight:
         """The weight as an :class:`~lowbit.formats.nvfp4.NvFp4Weight` (validated when the buffers change)."""

@@ -2,10 +2,11 @@
 
 * :mod:`.definition` -- the format itself, in PyTorch (the reference every kernel is tested against);
 * :mod:`.tiled` -- the GPU layout the kernels read, and its pack / unpack;
-* :mod:`.weight` -- ``KbitWeight`` / ``KbitExperts``: a quantized weight with its GPU layout built once.
+* :mod:`.weight` -- ``KbitWeight`` / ``KbitExperts``: a quantized weight with its GPU layout built once;
+* :mod:`.columns` -- the format quantized column by column, for error-compensating calibration (GPTQ).
 """
 
-from . import definition, tiled, weight
+from . import columns, definition, tiled, weight
 from .definition import *  # noqa: F401,F403
 from .definition import BLOCK, SUPPORTED_BITS, _check_codebook_values  # noqa: F401
 from .weight import KbitExperts, KbitWeight, quantize, quantize_experts  # noqa: F401

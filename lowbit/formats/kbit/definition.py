@@ -83,16 +83,22 @@ def fit_codebook(normalized: torch.Tensor, bits: int, iters: int = 25, sample: i
         sums = torch.zeros_like(c).index_add_(0, idx, v)
         counts = torch.zeros_like(c).index_add_(0, idx, torch.ones_like(v))
         c = torch.where(counts > 0, sums / counts.clamp_min(1), c).clamp(-1, 1).sort().values
-    c = c.to(torch.bfloat16).to(torch.float32)
-    vals = c.tolist()
-    for i in range(1, len(vals)):  # bf16 rounding may merge neighbours: move up past the previous one
+    return bf16_codebook(c, bits)
+
+
+def bf16_codebook(c: torch.Tensor, bits: int) -> torch.Tensor:
+    """Sorted fitted entries in [-1, 1] rounded to bf16 (what the tensor-core kernels hold), kept
+    distinct (bf16 rounding may merge neighbours: each moves up past the previous one); the
+    normal-float codebook if that pushes the top entries past +1."""
+    vals = c.to(torch.bfloat16).to(torch.float32).tolist()
+    for i in range(1, len(vals)):
         if vals[i] <= vals[i - 1]:
             step = max(abs(vals[i - 1]) * 2.0**-7, 2.0**-20)
             vals[i] = float(torch.tensor(vals[i - 1] + step).to(torch.bfloat16))
-    c = torch.tensor(vals, dtype=torch.float32, device=c.device)
-    if bool((c.abs() > 1).any()):  # only if the top entries were all crowded at +1: fall back
+    out = torch.tensor(vals, dtype=torch.float32, device=c.device)
+    if bool((out.abs() > 1).any()):
         return normal_float_codebook(bits).to(c.device)
-    return c.contiguous()
+    return out.contiguous()
 
 
 def check_codebook(codebook: object, bits: int) -> torch.Tensor:

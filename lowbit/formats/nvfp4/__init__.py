@@ -2,10 +2,11 @@
 
 * :mod:`.definition` -- the format in PyTorch (encode / decode, the checkpoint layouts, the W4A4 reference);
 * :mod:`.tiled` -- the GPU layout the tensor-core kernels read (kbit's K=4 tiles + per-lane scales);
-* :mod:`.weight` -- ``NvFp4Weight``, ``NvFp4Experts``, ``quantize`` and the checkpoint conventions.
+* :mod:`.weight` -- ``NvFp4Weight``, ``NvFp4Experts``, ``quantize`` and the checkpoint conventions;
+* :mod:`.columns` -- the format quantized column by column, for error-compensating calibration (GPTQ).
 """
 
-from . import definition, tiled, weight
+from . import columns, definition, tiled, weight
 from .definition import *  # noqa: F401,F403
 from .definition import _MIDPOINTS  # noqa: F401
 from .weight import (COMPRESSED_TENSORS_KEYS, MODELOPT_KEYS, NvFp4Experts, NvFp4Weight, dequantize_tiled,  # noqa: F401

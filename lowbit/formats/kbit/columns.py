@@ -1,0 +1,94 @@
+"""kbit quantized one column at a time: what error-compensating calibration (GPTQ) asks of the format.
+
+GPTQ walks a weight ``W[N, K]`` column by column and, after each column, moves its rounding error
+onto the columns not yet quantized. The format's part is :class:`ColumnQuantizer`: the tensor-level
+choices made once (fp32 tensor scale, codebook), a block's absmax taken when the walk reaches the
+block (:meth:`~ColumnQuantizer.set_block`, from the error-updated weights), and one column rounded
+to the nearest codebook entry of its block's scale (:meth:`~ColumnQuantizer.quantize`). The values
+it returns are exactly what the kbit dequantizer computes from the codes it records, so the error
+GPTQ propagates is the error the kernels will see.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import e4m4
+from .definition import BLOCK, bf16_codebook, check_bits, normal_float_codebook
+
+
+def weighted_codebook(normalized: torch.Tensor, weights: torch.Tensor, bits: int, iters: int = 25,
+                      sample: int = 1 << 22) -> torch.Tensor:
+    """Lloyd-Max codebook of block-normalized values with a weight per value (a column's Hessian
+    diagonal: the output error a unit of rounding error in that column costs). Same rules as
+    :func:`fit_codebook` (start at the normal-float codebook, entries in [-1, 1], bf16, distinct)."""
+    v, w = normalized.reshape(-1).float(), weights.reshape(-1).float()
+    if v.numel() > sample:
+        step = v.numel() // sample
+        v, w = v[::step][:sample], w[::step][:sample]
+    c = normal_float_codebook(bits).to(v.device)
+    for _ in range(iters):
+        idx = torch.bucketize(v, (c[1:] + c[:-1]) / 2)
+        sums = torch.zeros_like(c).index_add_(0, idx, v * w)
+        mass = torch.zeros_like(c).index_add_(0, idx, w)
+        c = torch.where(mass > 0, sums / mass.clamp_min(1e-30), c).clamp(-1, 1).sort().values
+    return bf16_codebook(c, bits)
+
+
+class ColumnQuantizer:
+    """kbit quantization of one weight ``[N, K]`` column by column (see the module doc).
+
+    ``codebook``: a tensor of ``2**bits`` values, None (normal-float), or ``"fit"`` with
+    ``importance`` (``[K]``, the Hessian diagonal): fitted by :func:`weighted_codebook` on this
+    weight's blocks normalized by their round-to-nearest scales.
+    The fp32 tensor scale comes from the weight as given (``max |W| / E4M4 max``, as
+    :func:`~lowbit.formats.kbit.quantize_codes` sets it); a block absmax that error feedback pushes
+    past it saturates at the largest E4M4 code and its largest values clip to the codebook's ends.
+    """
+
+    group = BLOCK
+
+    def __init__(self, weight: torch.Tensor, bits: int, codebook: torch.Tensor | str | None = None,
+                 importance: torch.Tensor | None = None):
+        check_bits(bits)
+        w = weight.detach().to(torch.float32)
+        n, k = w.shape
+        if k % BLOCK:
+            raise ValueError(f"kbit needs K_in % {BLOCK} == 0, got {k}")
+        self.bits, self.n, self.k = bits, n, k
+        gmax = w.abs().amax()
+        self.scale = (gmax / torch.full_like(gmax, e4m4.MAX_VALUE) if bool(gmax > 0) else torch.ones_like(gmax)).float()
+        if isinstance(codebook, str):
+            if codebook != "fit":
+                raise ValueError(f"codebook must be a tensor, None or 'fit', got {codebook!r}")
+            blocks = w.reshape(n, k // BLOCK, BLOCK)
+            bs = e4m4.decode(e4m4.encode(blocks.abs().amax(-1) / self.scale)) * self.scale
+            normalized = torch.where(bs[..., None] > 0, blocks / bs[..., None].clamp_min(1e-38), 0.0)
+            imp = torch.ones(k, device=w.device) if importance is None else importance.float().clamp_min(0)
+            codebook = weighted_codebook(normalized, imp.reshape(1, k // BLOCK, BLOCK).expand(n, -1, -1), bits)
+        elif codebook is None:
+            codebook = normal_float_codebook(bits)
+        self.codebook = codebook.to(device=w.device, dtype=torch.float32).contiguous()
+        self._sorted, self._order = self.codebook.sort()
+        self._mids = (self._sorted[1:] + self._sorted[:-1]) / 2
+        self.absmax = torch.zeros((n, k // BLOCK), dtype=torch.uint8, device=w.device)
+        self.block_scale = torch.zeros((n, k // BLOCK), dtype=torch.float32, device=w.device)
+        self.codes = torch.zeros((n, k), dtype=torch.uint8, device=w.device)
+
+    def set_block(self, b: int, columns: torch.Tensor) -> None:
+        """Block ``b``'s absmax from its current (error-updated) columns ``[N, 32]``."""
+        a = e4m4.encode(columns.abs().amax(dim=1) / self.scale)
+        self.absmax[:, b] = a
+        self.block_scale[:, b] = e4m4.decode(a) * self.scale  # the dequantizer's fp32 ops
+
+    def quantize(self, col: int, w: torch.Tensor) -> torch.Tensor:
+        """Round column ``col`` (values ``w [N]``) in its block's scale; returns the dequantized column."""
+        bs = self.block_scale[:, col // BLOCK]
+        normalized = torch.where(bs > 0, w / bs.clamp_min(1e-38), 0.0)
+        code = self._order[torch.bucketize(normalized, self._mids)]
+        self.codes[:, col] = code.to(torch.uint8)
+        return self.codebook[code] * bs
+
+    def result(self):
+        """``(codes [N, K/32, 32], absmax [N, K/32], codebook, scale)``: :func:`quantize_codes`'s outputs."""
+        return self.codes.reshape(self.n, self.k // BLOCK, BLOCK), self.absmax, self.codebook, self.scale
