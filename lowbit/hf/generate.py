@@ -298,7 +298,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--method gptq: windows of calibration text (default 128)")
     p.add_argument("--calibration-seq-len", type=_positive, default=None, metavar="L",
                    help="--method gptq: tokens per window (default 512)")
-    p.add_argument("--act-order", action="store_true", help="--method gptq: columns in decreasing importance")
+    p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
+                   help="--method gptq: columns in decreasing importance (default on; --no-act-order: in order)")
     p.add_argument("--format", dest="fmt", default="kbit",
                    help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
                         f"({','.join(formats())}), are timed side by side (default %(default)s)")
@@ -357,7 +358,8 @@ def check_args(args) -> None:
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
     gptq_only = [o for o, v in (("--calibration", args.calibration), ("--calibration-samples", args.calibration_samples),
-                                ("--calibration-seq-len", args.calibration_seq_len), ("--act-order", args.act_order)) if v]
+                                ("--calibration-seq-len", args.calibration_seq_len), ("--act-order", args.act_order))
+                 if v is not None]
     if gptq_only and args.method != "gptq":
         raise UsageError(f"{', '.join(gptq_only)}: options of --method gptq")
     if args.method == "gptq" and args.load:
@@ -382,7 +384,9 @@ def _cmd(args) -> int:
 def gptq_options(args):
     import lowbit
 
-    o = lowbit.GptqOptions(act_order=args.act_order)
+    o = lowbit.GptqOptions()
+    if args.act_order is not None:
+        o.act_order = args.act_order
     if args.calibration_samples:
         o.samples = args.calibration_samples
     if args.calibration_seq_len:

@@ -40,18 +40,19 @@ class GptqOptions:
 
     damp: float = 0.01             # added to H's diagonal, as a fraction of its mean
     block_size: int = 128          # columns updated eagerly; the rest once per block
-    act_order: bool = False        # columns by decreasing H diagonal, block scales fixed beforehand
+    act_order: bool = True         # columns by decreasing H diagonal, block scales fixed beforehand
     samples: int = DEFAULT_SAMPLES  # windows cut from calibration text
     seq_len: int = DEFAULT_SEQ_LEN  # tokens per window
     batch_tokens: int = 8192       # tokens per forward through a block
     min_expert_tokens: int = 32    # an expert routed fewer calibration tokens uses its block's pooled H
+    scale_search: int = 0          # > 1: each block scale the best of this many candidates (absmax .. 0.6 absmax)
 
     def check(self) -> None:
         if not (isinstance(self.damp, (int, float)) and 0 <= self.damp < 1):
             raise ValueError(f"damp must be in [0, 1), got {self.damp!r}")
-        for name in ("block_size", "samples", "seq_len", "batch_tokens", "min_expert_tokens"):
+        for name in ("block_size", "samples", "seq_len", "batch_tokens", "min_expert_tokens", "scale_search"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "min_expert_tokens" else 1):
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("min_expert_tokens", "scale_search") else 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
@@ -274,7 +275,7 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
                     h = acc.hessian()
                     _check_finite(name, h)
                     w = torch.cat([m.weight for m in mod[2]]) if kind == "fused" else mod.weight
-                    q = quantizer_cls(w, bits, codebook, importance=torch.diagonal(h))
+                    q = quantizer_cls(w, bits, codebook, importance=torch.diagonal(h), search=options.scale_search)
                     gptq_mod.gptq(w, h, q, damp=options.damp, block_size=options.block_size, act_order=options.act_order)
                     quantized = q.result()
                 build(item, quantized)
@@ -302,7 +303,7 @@ def _experts(name, mod, hess: _ExpertHessians, quantizer_cls, bits, codebook, op
     for prefix, stack, hs in (("gate_up", mod.gate_up_proj, gu_h), ("down", mod.down_proj, dn_h)):
         for e in range(stack.shape[0]):
             _check_finite(f"{name}.{prefix}[{e}]", hs[e])
-            q = quantizer_cls(stack[e], bits, codebook, importance=torch.diagonal(hs[e]))
+            q = quantizer_cls(stack[e], bits, codebook, importance=torch.diagonal(hs[e]), search=options.scale_search)
             gptq_mod.gptq(stack[e], hs[e], q, damp=options.damp, block_size=options.block_size,
                           act_order=options.act_order)
             r = q.result()

@@ -49,7 +49,7 @@ class ColumnQuantizer:
     group = BLOCK
 
     def __init__(self, weight: torch.Tensor, bits: int, codebook: torch.Tensor | str | None = None,
-                 importance: torch.Tensor | None = None):
+                 importance: torch.Tensor | None = None, search: int = 0):
         check_bits(bits)
         w = weight.detach().to(torch.float32)
         n, k = w.shape
@@ -71,13 +71,28 @@ class ColumnQuantizer:
         self.codebook = codebook.to(device=w.device, dtype=torch.float32).contiguous()
         self._sorted, self._order = self.codebook.sort()
         self._mids = (self._sorted[1:] + self._sorted[:-1]) / 2
+        # search > 0: each block's scale is the best of `search` candidates from its absmax down to 60% of
+        # it (importance-weighted squared error of the block rounded alone); 0: the absmax, as RTN
+        self.search = search
+        self.importance = None if importance is None else importance.detach().float().clamp_min(0).to(w.device)
+        self._ratios = torch.linspace(1.0, 0.6, max(search, 1), device=w.device)
         self.absmax = torch.zeros((n, k // BLOCK), dtype=torch.uint8, device=w.device)
         self.block_scale = torch.zeros((n, k // BLOCK), dtype=torch.float32, device=w.device)
         self.codes = torch.zeros((n, k), dtype=torch.uint8, device=w.device)
 
     def set_block(self, b: int, columns: torch.Tensor) -> None:
         """Block ``b``'s absmax from its current (error-updated) columns ``[N, 32]``."""
-        a = e4m4.encode(columns.abs().amax(dim=1) / self.scale)
+        amax = columns.abs().amax(dim=1)
+        a = e4m4.encode(amax / self.scale)
+        if self.search > 1:
+            cand = e4m4.encode(amax[None, :] * self._ratios[:, None] / self.scale)  # [S, N]
+            bs = e4m4.decode(cand) * self.scale
+            norm = torch.where(bs[..., None] > 0, columns[None] / bs[..., None].clamp_min(1e-38), 0.0)
+            q = self._sorted[torch.bucketize(norm, self._mids)] * bs[..., None]
+            imp = (torch.ones(BLOCK, device=columns.device) if self.importance is None
+                   else self.importance[b * BLOCK:(b + 1) * BLOCK])
+            err = ((q - columns[None]).square() * imp).sum(-1)  # [S, N]
+            a = cand.gather(0, err.argmin(0, keepdim=True))[0]
         self.absmax[:, b] = a
         self.block_scale[:, b] = e4m4.decode(a) * self.scale  # the dequantizer's fp32 ops
 

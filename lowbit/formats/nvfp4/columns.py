@@ -19,7 +19,7 @@ class ColumnQuantizer:
 
     group = BLOCK
 
-    def __init__(self, weight: torch.Tensor, bits: int = 4, codebook=None, importance=None):
+    def __init__(self, weight: torch.Tensor, bits: int = 4, codebook=None, importance=None, search: int = 0):
         if bits != 4 or codebook is not None:
             raise ValueError("NVFP4 is 4-bit E2M1 with E4M3 block scales: bits and codebook are kbit options")
         w = weight.detach().to(torch.float32)
@@ -27,6 +27,11 @@ class ColumnQuantizer:
         if k % BLOCK:
             raise ValueError(f"NVFP4 needs K % {BLOCK} == 0, got {k}")
         self.n, self.k = n, k
+        # search > 1: each block's E4M3 scale the best of `search` candidates from its absmax down to 60% of
+        # it (importance-weighted squared error of the block rounded alone); else the absmax (ModelOpt's rule)
+        self.search = search
+        self.importance = None if importance is None else importance.detach().float().clamp_min(0).to(w.device)
+        self._ratios = torch.linspace(1.0, 0.6, max(search, 1), device=w.device)
         amax = w.abs().amax()
         self.scale_2 = (amax / (E2M1_MAX * E4M3_MAX) if bool(amax > 0) else torch.ones_like(amax)).to(torch.float32)
         self.scales = torch.zeros((n, k // BLOCK), dtype=torch.float8_e4m3fn, device=w.device)
@@ -34,7 +39,17 @@ class ColumnQuantizer:
         self.codes = torch.zeros((n, k), dtype=torch.uint8, device=w.device)
 
     def set_block(self, b: int, columns: torch.Tensor) -> None:
-        s = encode_e4m3((columns.abs().amax(dim=1) / E2M1_MAX) / self.scale_2)
+        amax = columns.abs().amax(dim=1)
+        s = encode_e4m3((amax / E2M1_MAX) / self.scale_2)
+        if self.search > 1:
+            cand = encode_e4m3((amax[None, :] * self._ratios[:, None] / E2M1_MAX) / self.scale_2)  # [S, N]
+            step = cand.to(torch.float32) * self.scale_2
+            safe = torch.where(step > 0, step, torch.ones_like(step))[..., None]
+            q = decode_e2m1(encode_e2m1(torch.where(step[..., None] > 0, columns[None] / safe, 0.0))) * step[..., None]
+            imp = (torch.ones(BLOCK, device=columns.device) if self.importance is None
+                   else self.importance[b * BLOCK:(b + 1) * BLOCK])
+            err = ((q - columns[None]).square() * imp).sum(-1)
+            s = cand.view(torch.uint8).gather(0, err.argmin(0, keepdim=True))[0].view(torch.float8_e4m3fn)
         self.scales[:, b] = s
         self._sf[:, b] = s.to(torch.float32)
 
