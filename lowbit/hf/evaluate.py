@@ -266,7 +266,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="rtn (round to nearest), gptq (calibrated on the default text), or both: rtn,gptq "
                         "(default %(default)s)")
     p.add_argument("--calibration-samples", type=int, default=None, metavar="N",
-                   help="--method gptq: windows of the calibration text (default 128)")
+                   help="--method gptq: windows of the calibration text (default 64)")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")

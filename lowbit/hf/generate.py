@@ -295,7 +295,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--method gptq: a text file to calibrate on (default: the Python language reference that "
                         "ships with Python, not the text lowbit eval scores on)")
     p.add_argument("--calibration-samples", type=_positive, default=None, metavar="N",
-                   help="--method gptq: windows of calibration text (default 128)")
+                   help="--method gptq: windows of calibration text (default 64)")
     p.add_argument("--calibration-seq-len", type=_positive, default=None, metavar="L",
                    help="--method gptq: tokens per window (default 512)")
     p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,

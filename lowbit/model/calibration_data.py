@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-DEFAULT_SAMPLES = 128
+DEFAULT_SAMPLES = 64
 DEFAULT_SEQ_LEN = 512
 
 
