@@ -307,3 +307,9 @@ def test_cli_generate_gptq_saves_and_records(tmp_path):
     assert "to kbit3 with GPTQ" in p.stdout and "4 x 32 = 128 tokens" in p.stdout
     index = json.loads((out / "lowbit_model.json").read_text())
     assert index["quantization"]["method"] == "gptq"
+
+
+def test_format_without_column_quantizer_refused(monkeypatch, gen):
+    monkeypatch.setattr(lowbit.nn.KbitLinear, "column_quantizer", None)
+    with pytest.raises(ValueError, match="has no column quantizer"):
+        lowbit.quantize_model(build("llama", 0), method="gptq", calibration=_ids(gen, n=2, seq=16), progress=False)

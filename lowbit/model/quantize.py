@@ -273,10 +273,11 @@ def quantize_model(
     def build(item, quantized=None) -> None:
         """Install ``item``'s quantized module (from a calibration result, or rounded to nearest)."""
         name, mod, kind = item
+        given = {} if quantized is None else {"quantized": quantized}  # formats without GPTQ need not take it
         if kind == "fused":
             parent, g, mods, b = mod
             b = b or bits
-            new = fused_cls.from_linears(mods, b, codebook, quantized=quantized)
+            new = fused_cls.from_linears(mods, b, codebook, **given)
             new.train(mods[0].training)
             install(parent, g, new)
             before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
@@ -286,12 +287,12 @@ def quantize_model(
             return
         b = layer_bits(name) or bits
         if kind == "linear":
-            new = linear_cls.from_linear(mod, bits=b, codebook=codebook, quantized=quantized)
+            new = linear_cls.from_linear(mod, bits=b, codebook=codebook, **given)
             before = _tensor_bytes(mod.weight, mod.bias)
             after = _tensor_bytes(*new.buffers(), new.bias)
             shape = (mod.out_features, mod.in_features)
         else:
-            new = experts_cls.from_experts(mod, b, codebook, quantized=quantized)
+            new = experts_cls.from_experts(mod, b, codebook, **given)
             before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
             after = _tensor_bytes(*new.buffers(recurse=False))
             shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
