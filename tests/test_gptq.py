@@ -313,3 +313,11 @@ def test_format_without_column_quantizer_refused(monkeypatch, gen):
     monkeypatch.setattr(lowbit.nn.KbitLinear, "column_quantizer", None)
     with pytest.raises(ValueError, match="has no column quantizer"):
         lowbit.quantize_model(build("llama", 0), method="gptq", calibration=_ids(gen, n=2, seq=16), progress=False)
+
+
+def test_nvfp4_column_encode_matches_the_definition(gen):
+    from lowbit.formats.nvfp4.columns import _encode
+
+    mids = torch.tensor(nvfp4._MIDPOINTS)
+    x = torch.cat([torch.randn(20000, generator=gen) * 3, mids, -mids, torch.tensor([0.0, -0.0, 6.0, 7.0, 1e9, -1e9])])
+    assert torch.equal(_encode(x, mids), nvfp4.encode_e2m1(x))
