@@ -165,7 +165,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
                 f"in {time.perf_counter() - t_save:.1f} s")
         if not compare and not quiet and f == "kbit" and not load:  # before the text it qualifies
-            note = expected_quality(f"kbit{bits}" + ("-gptq" if method == "gptq" else ""))
+            note = expected_quality(f"kbit{bits}" + ("-fit" if codebook == "fit" else "") +
+                                    ("-gptq" if method == "gptq" else ""))
             if note:
                 print(note)
         q_r, q_text = run(m, label)
