@@ -21,8 +21,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..formats import kbit
-
 from ..formats.kbit import tiled as kbit_tiled
 from .base import describe
 from .linear import KbitLinear, quantized_codes
