@@ -232,6 +232,7 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
     for it in items:
         b = _block_index(it[0], prefix)
         (outside if b is None else per_block.setdefault(b, [])).append(it)
+    items.clear()  # from here on each block's list holds its original layers: freed once the block is done
     params = next(iter(model.parameters()))
     device = params.device
     cuda = device.type == "cuda"
