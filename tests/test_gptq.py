@@ -321,3 +321,19 @@ def test_nvfp4_column_encode_matches_the_definition(gen):
     mids = torch.tensor(nvfp4._MIDPOINTS)
     x = torch.cat([torch.randn(20000, generator=gen) * 3, mids, -mids, torch.tensor([0.0, -0.0, 6.0, 7.0, 1e9, -1e9])])
     assert torch.equal(_encode(x, mids), nvfp4.encode_e2m1(x))
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_stacked_walk_equals_one_walk_per_expert(act_order, gen):
+    """MoE experts go through GPTQ together (gptq_stack); each comes out as if walked alone."""
+    from lowbit.model.gptq import gptq_stack
+
+    xs, ws = zip(*[_correlated(gen, 24, 96, rows=384) for _ in range(3)])
+    w, h = torch.stack(ws), torch.stack([_hessian(x) for x in xs])
+    stacked = KbitColumns(w, 3)
+    gptq_stack(w, h, stacked, block_size=64, act_order=act_order)
+    for e in range(3):
+        alone = KbitColumns(w[e], 3)
+        gptq(w[e], h[e], alone, block_size=64, act_order=act_order)
+        assert (alone.codes != stacked.codes[e]).float().mean().item() <= 2e-3
+        assert torch.equal(alone.absmax, stacked.absmax[e]) and torch.equal(alone.scale, stacked.scale[e])

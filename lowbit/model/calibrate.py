@@ -46,11 +46,13 @@ class GptqOptions:
     batch_tokens: int = 8192       # tokens per forward through a block
     min_expert_tokens: int = 32    # an expert routed fewer calibration tokens uses its block's pooled H
     scale_search: int = 0          # > 1: each block scale the best of this many candidates (absmax .. 0.6 absmax)
+    codebook_rounds: int = 1       # codebook="fit": GPTQ runs again with the codebook refitted to its targets
 
     def check(self) -> None:
         if not (isinstance(self.damp, (int, float)) and 0 <= self.damp < 1):
             raise ValueError(f"damp must be in [0, 1), got {self.damp!r}")
-        for name in ("block_size", "samples", "seq_len", "batch_tokens", "min_expert_tokens", "scale_search"):
+        for name in ("block_size", "samples", "seq_len", "batch_tokens", "min_expert_tokens", "scale_search",
+                     "codebook_rounds"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name in ("min_expert_tokens", "scale_search") else 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -276,9 +278,7 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
                     h = acc.hessian()
                     _check_finite(name, h)
                     w = torch.cat([m.weight for m in mod[2]]) if kind == "fused" else mod.weight
-                    q = quantizer_cls(w, bits, codebook, importance=torch.diagonal(h), search=options.scale_search)
-                    gptq_mod.gptq(w, h, q, damp=options.damp, block_size=options.block_size, act_order=options.act_order)
-                    quantized = q.result()
+                    quantized = _linear(w, h, quantizer_cls, bits, codebook, options)
                 build(item, quantized)
             del shared, tables, experts
             for j, h in enumerate(hidden):  # the next block's inputs: this block's outputs, quantized
@@ -294,23 +294,46 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
     return info
 
 
+def _linear(w, h, quantizer_cls, bits, codebook, options):
+    """GPTQ of one weight; with a fitted codebook and ``codebook_rounds`` > 1, the codebook is refitted to
+    what each walk rounded and the walk runs again (the last walk's result is kept)."""
+    rounds = options.codebook_rounds if isinstance(codebook, str) else 1
+    for r in range(rounds):
+        q = quantizer_cls(w, bits, codebook, importance=torch.diagonal(h), search=options.scale_search)
+        if r + 1 < rounds and hasattr(q, "record_targets"):
+            q.record_targets()
+        gptq_mod.gptq(w, h, q, damp=options.damp, block_size=options.block_size, act_order=options.act_order)
+        if r + 1 < rounds and getattr(q, "targets", None) is not None:
+            codebook = q.refit_codebook()
+    return q.result()
+
+
+#: experts walked together by one gptq_stack call: bounds its fp32 copies (weights, H, its factors) to ~1 GiB
+_STACK_BYTES = 1 << 30
+
+
 def _experts(name, mod, hess: _ExpertHessians, quantizer_cls, bits, codebook, options, info):
-    """Per-expert GPTQ of a fused expert block -> {"gate_up": [results], "down": [results]}."""
+    """GPTQ of a fused expert block, each expert with its own Hessian, a chunk of experts per walk
+    (:func:`lowbit.model.gptq.gptq_stack`) -> ``{"gate_up": result, "down": result}`` (stacked results)."""
     gu_h, dn_h, few = hess.hessians(options.min_expert_tokens)
     if few:
         info.fallbacks.append((name, f"experts {few} were routed < {options.min_expert_tokens} calibration "
                                      "tokens: their block's pooled Hessian"))
-    out = {"gate_up": [], "down": []}
+    out = {}
     for prefix, stack, hs in (("gate_up", mod.gate_up_proj, gu_h), ("down", mod.down_proj, dn_h)):
-        for e in range(stack.shape[0]):
-            _check_finite(f"{name}.{prefix}[{e}]", hs[e])
-            q = quantizer_cls(stack[e], bits, codebook, importance=torch.diagonal(hs[e]), search=options.scale_search)
-            gptq_mod.gptq(stack[e], hs[e], q, damp=options.damp, block_size=options.block_size,
-                          act_order=options.act_order)
-            r = q.result()
-            out[prefix].append(r)
-            if isinstance(codebook, str) and isinstance(r, tuple):
-                codebook = r[2]  # one codebook per expert block: fitted on the first expert, kept
+        _check_finite(f"{name}.{prefix}", hs)
+        e_, n, k = stack.shape
+        per = max(1, _STACK_BYTES // (4 * (3 * k * k + 2 * n * k)))
+        parts = []
+        for lo in range(0, e_, per):
+            w, h = stack[lo:lo + per], hs[lo:lo + per]
+            q = quantizer_cls(w, bits, codebook, importance=torch.diagonal(h, dim1=-2, dim2=-1),
+                              search=options.scale_search)
+            gptq_mod.gptq_stack(w, h, q, damp=options.damp, block_size=options.block_size, act_order=options.act_order)
+            parts.append(q.result())
+            codebook = parts[-1][2]  # one codebook per expert block: fitted ("fit") on the first chunk, kept
+        out[prefix] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), codebook,
+                       torch.cat([p[3].reshape(-1) for p in parts]))
     return out
 
 

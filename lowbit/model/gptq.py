@@ -124,6 +124,63 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, quantizer: ColumnQuantizer
     return GptqStats(error=float(err_total), damp=rel, dead=dead)
 
 
+def gptq_stack(weight: torch.Tensor, hessian: torch.Tensor, quantizer: ColumnQuantizer, *, damp: float = 0.01,
+               block_size: int = 128, act_order: bool = False) -> GptqStats:
+    """:func:`gptq` for a stack of independent weights ``[E, N, K]`` with their own Hessians ``[E, K, K]``
+    (MoE experts) in one walk: every step works on all E at once (the quantizer takes ``[E, N]``
+    columns and, with act-order, a column index per weight). Same arithmetic per weight as :func:`gptq`."""
+    g = quantizer.group
+    if block_size % g:
+        raise ValueError(f"block_size must be a multiple of the format's block ({g}), got {block_size}")
+    w = weight.detach().to(torch.float32).clone()
+    h = hessian.detach().to(torch.float32, copy=True)
+    e_, n, k = w.shape
+    if tuple(h.shape) != (e_, k, k):
+        raise ValueError(f"hessian must be [{e_}, {k}, {k}] for weights of shape {tuple(w.shape)}, got {tuple(h.shape)}")
+    if not bool(torch.isfinite(h).all()):
+        raise ValueError("the Hessian has NaN or inf entries: the calibration activations are not finite")
+    diag = torch.diagonal(h, dim1=-2, dim2=-1)
+    dead = diag == 0
+    diag[dead] = 1.0  # a view: H's diagonal (see gptq's _prepare)
+    perm = torch.argsort(diag, dim=-1, descending=True, stable=True) if act_order else None
+    if perm is not None:
+        h = h.gather(1, perm[:, :, None].expand(e_, k, k)).gather(2, perm[:, None, :].expand(e_, k, k))
+    mean = torch.diagonal(h, dim1=-2, dim2=-1).mean(-1)[:, None, None]
+    eye = torch.eye(k, dtype=torch.float32, device=h.device)
+    rel = damp
+    for _ in range(6):
+        chol, info = torch.linalg.cholesky_ex(h + rel * mean * eye)
+        if not bool(info.any()):
+            u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(chol), upper=True)
+            if not bool(info.any()):
+                break
+        rel = max(rel * 10, 1e-4)
+    else:
+        raise ValueError(f"a Hessian is not positive definite even with damping {rel / 10:g} x its mean diagonal")
+    if perm is not None:
+        for b in range(k // g):
+            quantizer.set_block(b, w[..., b * g:(b + 1) * g])
+        w = w.gather(2, perm[:, None, :].expand(e_, n, k))
+    err_total = torch.zeros((), dtype=torch.float32, device=w.device)
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        w1 = w[..., i1:i2].clone()
+        u1 = u[:, i1:i2, i1:i2]
+        e1 = torch.empty_like(w1)
+        for i in range(i2 - i1):
+            c = perm[:, i1 + i] if perm is not None else i1 + i
+            if perm is None and c % g == 0:
+                quantizer.set_block(c // g, w1[..., i:i + g])
+            col = w1[..., i]
+            err = (col - quantizer.quantize(c, col)) / u1[:, i, i, None]
+            err_total += err.square().sum()
+            w1[..., i + 1:] -= err[..., None] * u1[:, i, None, i + 1:]
+            e1[..., i] = err
+        if i2 < k:
+            w[..., i2:] -= torch.bmm(e1, u[:, i1:i2, i2:])
+    return GptqStats(error=float(err_total), damp=rel, dead=int(dead.sum()))
+
+
 def gptq_reference(weight: torch.Tensor, hessian: torch.Tensor, quantizer: ColumnQuantizer, *,
                    damp: float = 0.01) -> None:
     """The unblocked loop, the algorithm as written (tests compare :func:`gptq` with it)."""

@@ -68,20 +68,16 @@ def _quantize_stack(w: torch.Tensor, bits: int, codebook):
             torch.cat([p[2] for p in parts]))
 
 
-def _stack_quantized(per_expert: list, w: torch.Tensor, bits: int):
-    """Each expert's (codes, absmax, codebook, scale) -> (qweight, qabsmax, codebook, scales), packed a few at a time."""
-    if len(per_expert) != w.shape[0]:
-        raise ValueError(f"quantized experts: {len(per_expert)} results for {w.shape[0]} experts")
-    codebook = per_expert[0][2]
-    if any(not torch.equal(r[2], codebook) for r in per_expert):
-        raise ValueError("quantized experts must share one codebook")
+def _stack_quantized(quantized: tuple, w: torch.Tensor, bits: int):
+    """Stacked (codes [E, ...], absmax [E, ...], codebook, scales [E]) -> (qweight, qabsmax, codebook, scales),
+    packed a few experts at a time."""
+    codes_all, absmax_all, codebook, scales_all = quantized_codes(w, bits, quantized[2], quantized)
+    if tuple(scales_all.shape) != (w.shape[0],):
+        raise ValueError(f"quantized experts: scales must be [{w.shape[0]}], got {tuple(scales_all.shape)}")
     per = max(1, _QUANT_CHUNK_WEIGHTS // (w.shape[1] * w.shape[2]))
     parts = []
     for lo in range(0, w.shape[0], per):
-        chunk = per_expert[lo:lo + per]
-        codes, absmax, _, scales = quantized_codes(w[lo:lo + len(chunk)], bits, codebook, (
-            torch.stack([r[0] for r in chunk]), torch.stack([r[1] for r in chunk]), codebook,
-            torch.stack([r[3].reshape(()) for r in chunk])))
+        codes, absmax, scales = codes_all[lo:lo + per], absmax_all[lo:lo + per], scales_all[lo:lo + per]
         parts.append((*kbit_tiled.pack_codes(codes, absmax, bits), scales))
     return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), codebook,
             torch.cat([p[2] for p in parts]))
@@ -160,8 +156,8 @@ class KbitMoeExperts(QuantizedModule):
 
         All experts of both projections share one codebook: with ``codebook="fit"`` it is fitted on
         the first chunk of gate/up experts (``_QUANT_CHUNK_WEIGHTS``) and reused for the rest.
-        ``quantized``: ``{"gate_up": [...], "down": [...]}``, each expert's (codes, absmax, codebook,
-        scale) from a calibration (one codebook for all) instead of rounding.
+        ``quantized``: ``{"gate_up": (codes, absmax, codebook, scales), "down": (...)}``, the stacked
+        results of a calibration (``[E, ...]``, one codebook for both) instead of rounding.
         """
         layout = fused_experts_layout(module)
         if layout is None:
