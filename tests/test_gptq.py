@@ -337,3 +337,19 @@ def test_stacked_walk_equals_one_walk_per_expert(act_order, gen):
         gptq(w[e], h[e], alone, block_size=64, act_order=act_order)
         assert (alone.codes != stacked.codes[e]).float().mean().item() <= 2e-3
         assert torch.equal(alone.absmax, stacked.absmax[e]) and torch.equal(alone.scale, stacked.scale[e])
+
+
+def test_true_sequential_and_codebook_rounds_run(gen):
+    base = build("llama", _seed(gen), hidden=128, inter=256)
+    calib, held_out = _ids(gen, n=8, seq=64), _ids(gen, n=2, seq=64)
+    ref = base(held_out).logits
+    errs = {}
+    for name, opts in (("rtn", None), ("seq", lowbit.GptqOptions(true_sequential=True, codebook_rounds=2))):
+        m = build("llama", 0, hidden=128, inter=256)
+        m.load_state_dict(base.state_dict())
+        kw = {} if opts is None else dict(method="gptq", calibration=calib, gptq=opts)
+        r = lowbit.quantize_model(m, bits=3, codebook="fit", progress=False, **kw)
+        errs[name] = rel_err(m(held_out).logits, ref)
+        if opts is not None:
+            assert r.linears == 14 and r.calibration.blocks == 2
+    assert errs["seq"] < errs["rtn"], errs

@@ -47,6 +47,7 @@ class GptqOptions:
     min_expert_tokens: int = 32    # an expert routed fewer calibration tokens uses its block's pooled H
     scale_search: int = 0          # > 1: each block scale the best of this many candidates (absmax .. 0.6 absmax)
     codebook_rounds: int = 1       # codebook="fit": GPTQ runs again with the codebook refitted to its targets
+    true_sequential: bool = False  # within a block, each group of layers sees the quantized ones before it
 
     def check(self) -> None:
         if not (isinstance(self.damp, (int, float)) and 0 <= self.damp < 1):
@@ -145,6 +146,11 @@ class _SharedInputs:
         self.by_key: dict = {}
         self.alive: list = []  # the first batch's inputs, held so no later tensor reuses their memory (and key)
         self.batch = 0
+        self.order: list = []  # item keys in the order the block first called them
+
+    def called(self, item_key) -> None:
+        if item_key not in self.order:
+            self.order.append(item_key)
 
     def next_batch(self, j: int) -> None:
         self.batch = j
@@ -155,6 +161,7 @@ class _SharedInputs:
     def hook(self, item_key, table: dict):
         def fn(module, inputs, output):
             x = inputs[0]
+            self.called(item_key)
             acc = table.get(item_key)
             if acc is None:  # first batch: the same tensor (storage, view and version) means the same input
                 key = (x.data_ptr(), tuple(x.shape), x.stride(), x._version)
@@ -247,40 +254,12 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
         bar = _bar(todo, progress, f"GPTQ, {len(todo)} blocks")
         for bi in bar:
             blk = blocks[bi]
-            work = per_block.pop(bi)
-            shared, tables, handles, experts = _SharedInputs(), {}, [], {}
-            for idx, (name, mod, kind) in enumerate(work):
-                if kind == "experts":
-                    experts[idx] = _ExpertHessians(mod)
-                    handles.append(mod.register_forward_hook(experts[idx].hook, with_kwargs=True))
-                else:
-                    target = mod[2][0] if kind == "fused" else mod
-                    handles.append(target.register_forward_hook(shared.hook(idx, tables)))
-            try:
-                for j, h in enumerate(hidden):
-                    shared.next_batch(j)
-                    _run_block(blk, h, *calls[bi][j])
-                shared.next_batch(len(hidden))
-            finally:
-                for hd in handles:
-                    hd.remove()
-            for idx, item in enumerate(work):
-                name, mod, kind = item
-                bits = bits_of(item)
-                if kind == "experts":
-                    quantized = _experts(name, mod, experts.pop(idx), quantizer_cls, bits, codebook, options, info)
-                else:
-                    acc = tables.get(idx)
-                    if acc is None:  # the block never called it: nothing to calibrate with
-                        info.fallbacks.append((name, "not called on the calibration data: round-to-nearest"))
-                        build(item, None)
-                        continue
-                    h = acc.hessian()
-                    _check_finite(name, h)
-                    w = torch.cat([m.weight for m in mod[2]]) if kind == "fused" else mod.weight
-                    quantized = _linear(w, h, quantizer_cls, bits, codebook, options)
-                build(item, quantized)
-            del shared, tables, experts
+            work = dict(enumerate(per_block.pop(bi)))
+            while work:  # one pass (all layers), or with true_sequential one per distinct input, in call order
+                done = _calibrate_pass(blk, work, hidden, calls[bi], quantizer_cls, bits_of, codebook, options, info,
+                                       build)
+                for idx in done:
+                    del work[idx]
             for j, h in enumerate(hidden):  # the next block's inputs: this block's outputs, quantized
                 hidden[j] = _run_block(blk, h, *calls[bi][j])
             info.blocks += 1
@@ -292,6 +271,55 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
         info.peak_memory = torch.cuda.max_memory_allocated(device)
     info.seconds = time.perf_counter() - start
     return info
+
+
+def _calibrate_pass(blk, work: dict, hidden, calls, quantizer_cls, bits_of, codebook, options, info, build) -> list:
+    """Run the block once over the calibration batches with hooks on the layers in ``work`` ({index: item}),
+    then GPTQ and install them: all of them, or with ``options.true_sequential`` those that read the first
+    input the block computed (q/k/v, then o, then gate/up, then down: each later group then sees the
+    quantized earlier ones). Returns the indices done."""
+    shared, tables, handles, experts = _SharedInputs(), {}, [], {}
+    for idx, (name, mod, kind) in work.items():
+        if kind == "experts":
+            experts[idx] = _ExpertHessians(mod)
+
+            def hook(module, args, kwargs, output, _h=experts[idx], _i=idx):
+                shared.called(_i)
+                _h.hook(module, args, kwargs, output)
+            handles.append(mod.register_forward_hook(hook, with_kwargs=True))
+        else:
+            target = mod[2][0] if kind == "fused" else mod
+            handles.append(target.register_forward_hook(shared.hook(idx, tables)))
+    try:
+        for j, h in enumerate(hidden):
+            shared.next_batch(j)
+            _run_block(blk, h, *calls[j])
+        shared.next_batch(len(hidden))
+    finally:
+        for hd in handles:
+            hd.remove()
+    todo = list(work)
+    if options.true_sequential and shared.order:
+        first = shared.order[0]
+        todo = [first] + [i for i in shared.order[1:] if first in tables and tables.get(i) is tables[first]]
+    for idx in todo:
+        item = work[idx]
+        name, mod, kind = item
+        bits = bits_of(item)
+        if kind == "experts":
+            quantized = _experts(name, mod, experts.pop(idx), quantizer_cls, bits, codebook, options, info)
+        else:
+            acc = tables.get(idx)
+            if acc is None:  # the block never called it: nothing to calibrate with
+                info.fallbacks.append((name, "not called on the calibration data: round-to-nearest"))
+                build(item, None)
+                continue
+            h = acc.hessian()
+            _check_finite(name, h)
+            w = torch.cat([m.weight for m in mod[2]]) if kind == "fused" else mod.weight
+            quantized = _linear(w, h, quantizer_cls, bits, codebook, options)
+        build(item, quantized)
+    return todo
 
 
 def _linear(w, h, quantizer_cls, bits, codebook, options):
