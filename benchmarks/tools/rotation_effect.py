@@ -8,6 +8,10 @@ matrix, which spreads outliers as a Hadamard transform does; the kernels would h
 every input, which this measures the value of, not the cost).
 
     python3 benchmarks/tools/rotation_effect.py [--bits 2,3] [--blocks 0,10,20] [--codebook fit]
+                                                [--rotation random|hadamard32|hadamard64]
+
+``hadamardB``: a block-diagonal Walsh-Hadamard rotation of B-element blocks (B = 32 is kbit's block: a
+kernel could apply it to the activations it already holds, 5 butterfly stages in registers).
 """
 
 from __future__ import annotations
@@ -42,11 +46,22 @@ def dequant(result, n, k):
     return (codebook[codes.long()] * (e4m4.decode(absmax) * scale)[..., None]).reshape(n, k)
 
 
+def rotation(kind: str, k: int) -> torch.Tensor:
+    if kind == "random":
+        return torch.linalg.qr(torch.randn(k, k, generator=torch.Generator().manual_seed(1)))[0]
+    b = int(kind.removeprefix("hadamard"))
+    h = torch.ones(1, 1)
+    while h.shape[0] < b:  # Sylvester construction
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return torch.block_diag(*[h / b**0.5] * (k // b))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bits", default="2,3")
     p.add_argument("--blocks", default="0,10,20")
     p.add_argument("--codebook", default="fit", choices=("fit", "default"))
+    p.add_argument("--rotation", default="random", choices=("random", "hadamard32", "hadamard64"))
     args = p.parse_args()
     torch.manual_seed(0)
     model, tok, desc = sources.load(None, dtype=torch.float32, device="cpu")
@@ -56,7 +71,8 @@ def main() -> None:
     ev = tok(quality.stdlib_docstrings(), return_tensors="pt")["input_ids"][0][:2048].reshape(4, 512)
     xc, xe = activations(model, cal, names), activations(model, ev, names)
     cb = "fit" if args.codebook == "fit" else None
-    print(f"{desc}; H from 16 x 512 calibration tokens, error on 2048 eval-text tokens; codebook {args.codebook}")
+    print(f"{desc}; H from 16 x 512 calibration tokens, error on 2048 eval-text tokens; codebook {args.codebook}; "
+          f"rotation {args.rotation}")
     mods = dict(model.named_modules())
     for bits in map(int, args.bits.split(",")):
         tot = {"plain": [], "rotated": []}
@@ -67,7 +83,7 @@ def main() -> None:
             q = ColumnQuantizer(w, bits, cb, importance=torch.diagonal(h))
             gptq(w, h, q, act_order=True)
             e_plain = float((xe[n] @ dequant(q.result(), *w.shape).t() - y).norm() / y.norm())
-            r, _ = torch.linalg.qr(torch.randn(w.shape[1], w.shape[1], generator=torch.Generator().manual_seed(1)))
+            r = rotation(args.rotation, w.shape[1])
             wr, hr = w @ r, r.t() @ h @ r
             qr = ColumnQuantizer(wr, bits, cb, importance=torch.diagonal(hr))
             gptq(wr, hr, qr, act_order=True)
