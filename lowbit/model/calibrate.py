@@ -11,9 +11,11 @@ builds itself from that quantizer's result.
 2. Block by block: forward hooks on the layers to quantize accumulate ``H = 2 X^T X / n`` in fp32 (one
    H per distinct input: q/k/v or gate/up read the same tensor and share it); MoE expert blocks get one
    H per expert from the tokens routed to it (and for ``down`` the expert's own intermediate). Each
-   layer is then quantized by :func:`lowbit.model.gptq.gptq` and replaced by its quantized module, and
-   the block runs again so the next block sees the outputs of this quantized one. Only one block's
-   activations are held (updated in place).
+   layer is then quantized by :func:`lowbit.model.gptq.gptq` (experts: a chunk of them per
+   :func:`~lowbit.model.gptq.gptq_stack` walk) and replaced by its quantized module, and the block runs
+   again so the next block sees the outputs of this quantized one. Only one block's activations are
+   held (updated in place). ``GptqOptions.true_sequential`` instead quantizes the layers reading the
+   block's first input, runs the block again, and so on (q/k/v, o, gate/up, down).
 3. Layers outside the decoder blocks (an ``lm_head`` that ``bits_for`` asks for) are rounded to nearest
    and listed in the report.
 
