@@ -353,3 +353,45 @@ def test_true_sequential_and_codebook_rounds_run(gen):
         if opts is not None:
             assert r.linears == 14 and r.calibration.blocks == 2
     assert errs["seq"] < errs["rtn"], errs
+
+
+# ------------------------------------------------------------------------------------- rotation
+def test_rotation_is_an_involution_and_modules_agree_on_every_path(gen):
+    from lowbit import dispatch
+    from lowbit.formats.kbit import rotation
+
+    x = torch.randn(5, 96, generator=gen)
+    assert torch.allclose(rotation.rotate(rotation.rotate(x)), x, atol=1e-5)
+    h = rotation.hadamard()
+    assert torch.allclose(h @ h.t(), torch.eye(32), atol=1e-6)
+    lin = nn.Linear(96, 40)
+    lin.weight.data = torch.randn(40, 96, generator=gen)
+    m = lowbit.nn.KbitLinear.from_linear(lin, bits=4, rotation=32)
+    y = m(x)  # CPU path: the weight decoded and rotated back
+    b = m._buffers
+    y_op = dispatch.kbit_tiled_linear_op(rotation.rotate(x), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
+                                         4, 40, 96, m.bias)  # what CUDA and torch.compile run
+    assert rel_err(y_op, y) < 1e-5
+    assert rel_err(y, lin(x)) < 0.15  # kbit4 of a Gaussian weight: ~0.09
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        lowbit.nn.KbitLinear.from_linear(lin, bits=4, rotation=16)
+
+
+def test_rotation_through_quantize_model_gptq_and_checkpoints(tmp_path, gen):
+    base = build("llama", _seed(gen), hidden=128, inter=256)
+    calib, held_out = _ids(gen, n=8, seq=64), _ids(gen, n=2, seq=64)
+    ref = base(held_out).logits
+    m = build("llama", 0, hidden=128, inter=256)
+    m.load_state_dict(base.state_dict())
+    lowbit.quantize_model(m, bits=3, progress=False, method="gptq", calibration=calib, rotation=32)
+    fused = m.model.layers[0].self_attn.lowbit_fused_q_proj_k_proj_v_proj
+    assert fused.rotation == 32 and m.model.layers[0].mlp.down_proj.rotation == 32
+    assert rel_err(m(held_out).logits, ref) < 0.6
+    assert m.lowbit_quantization["rotation"] == 32
+    lowbit.save_quantized(m, tmp_path)
+    fresh = build("llama", 0, hidden=128, inter=256)
+    lowbit.load_quantized(fresh, tmp_path)
+    assert fresh.model.layers[0].mlp.down_proj.rotation == 32
+    assert torch.equal(fresh(held_out).logits, m(held_out).logits)
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        lowbit.quantize_model(build("llama", 0), format="nvfp4", rotation=32, progress=False)

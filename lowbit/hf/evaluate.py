@@ -3,6 +3,7 @@
     lowbit eval                       # SmolLM2-135M-Instruct, kbit2..5 (+ fit codebook), NF4-b64, int4-g128/g32
     lowbit eval --prompts             # also: greedy answers to FACTUAL_PROMPTS, agreement with the unquantized model
     lowbit eval --method rtn,gptq     # every row rounded to nearest and calibrated (GPTQ on the default text)
+    lowbit eval --method gptq --rotate   # kbit rows with the block-32 Hadamard rotation (suffix -h32)
 
 Every variant quantizes the same layers ``quantize_model`` does (all nn.Linear but lm_head); the
 baselines replace those weights by their fake-quantized values (``lowbit.bench.baselines``).
@@ -68,12 +69,14 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
     return out
 
 
-def _apply(model, spec, tok=None, gptq=None):
+def _apply(model, spec, tok=None, gptq=None, rotation=0):
     import lowbit
     from ..bench.baselines import BASELINES
 
     kind, a, b, method = spec
     kw = dict(progress=False) if method == "rtn" else dict(progress=False, method=method, tokenizer=tok, gptq=gptq)
+    if rotation and kind.startswith("kbit"):
+        kw["rotation"] = rotation
     if kind == "kbit":  # each linear alone: the format's own numbers (fused rows are separate)
         return lowbit.quantize_model(model, bits=a, codebook=b, fuse=False, **kw)
     if kind == "kbit-lm_head":  # b: the lm_head's bits
@@ -114,7 +117,7 @@ def _answer(model, tok, prompt, max_new_tokens=16):
 
 def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 1024, fit: bool = True,
              baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None,
-             fuse: bool = False, methods=("rtn",), gptq=None) -> dict:
+             fuse: bool = False, methods=("rtn",), gptq=None, rotation: int = 0) -> dict:
     from . import quality, sources
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -127,6 +130,8 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
     variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
+    if rotation:  # kbit rows rotated (their names say so); the other rows as they are
+        variants = [(n + "-h32" if s[0].startswith("kbit") else n, s) for n, s in variants]
     if "gptq" in methods:
         from ..model.calibration_data import default_text_info
 
@@ -138,7 +143,7 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     for name, spec in variants:
         view.scoring(name)
         m = copy.deepcopy(base)
-        report = _apply(m, spec, tok, gptq)
+        report = _apply(m, spec, tok, gptq, rotation)
         row = quality.compare(ref_logits, quality.logits_over(m, ids), ids[1:])
         if prompts:
             answers = [_answer(m, tok, p)[0] for p in FACTUAL_PROMPTS]
@@ -267,6 +272,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(default %(default)s)")
     p.add_argument("--calibration-samples", type=int, default=None, metavar="N",
                    help="--method gptq: windows of the calibration text (default 64)")
+    p.add_argument("--rotate", action="store_true", help="kbit rows with the block-32 Hadamard rotation (-h32)")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
@@ -300,7 +306,7 @@ def _cmd(args) -> int:
     gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}))
     r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
                  prompts=args.prompts, device=args.device, lm_head=args.lm_head,
-                 fuse=args.fuse, methods=methods, gptq=gptq)
+                 fuse=args.fuse, methods=methods, gptq=gptq, rotation=32 if args.rotate else 0)
     if args.encoder:
         r["encoder"] = encoder_cosine(bits)
     if args.out:

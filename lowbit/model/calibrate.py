@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..formats.kbit import rotation as kbit_rotation
 from . import gptq as gptq_mod
 from .calibration_data import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
 
@@ -227,7 +228,7 @@ def _check_finite(name: str, h: torch.Tensor) -> None:
 
 
 def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, ids: torch.Tensor, data: str,
-              options: GptqOptions, bits_of: Callable, codebook, progress: bool) -> CalibrationInfo:
+              options: GptqOptions, bits_of: Callable, codebook, progress: bool, rotation: int = 0) -> CalibrationInfo:
     """GPTQ every item of ``items`` (quantize_model's work list: ``(name, module, kind)``) block by block;
     ``build(item, quantized)`` installs an item's module from its quantizer's result (None: round to
     nearest). See the module doc."""
@@ -259,7 +260,7 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
             work = dict(enumerate(per_block.pop(bi)))
             while work:  # one pass (all layers), or with true_sequential one per distinct input, in call order
                 done = _calibrate_pass(blk, work, hidden, calls[bi], quantizer_cls, bits_of, codebook, options, info,
-                                       build)
+                                       build, rotation)
                 for idx in done:
                     del work[idx]
             for j, h in enumerate(hidden):  # the next block's inputs: this block's outputs, quantized
@@ -275,7 +276,8 @@ def calibrate(model: nn.Module, items: list, build: Callable, quantizer_cls, *, 
     return info
 
 
-def _calibrate_pass(blk, work: dict, hidden, calls, quantizer_cls, bits_of, codebook, options, info, build) -> list:
+def _calibrate_pass(blk, work: dict, hidden, calls, quantizer_cls, bits_of, codebook, options, info, build,
+                    rotation: int = 0) -> list:
     """Run the block once over the calibration batches with hooks on the layers in ``work`` ({index: item}),
     then GPTQ and install them: all of them, or with ``options.true_sequential`` those that read the first
     input the block computed (q/k/v, then o, then gate/up, then down: each later group then sees the
@@ -319,6 +321,9 @@ def _calibrate_pass(blk, work: dict, hidden, calls, quantizer_cls, bits_of, code
             h = acc.hessian()
             _check_finite(name, h)
             w = torch.cat([m.weight for m in mod[2]]) if kind == "fused" else mod.weight
+            if rotation:  # GPTQ of W H against H^T Hess H: the rotated weight the module will store
+                r = torch.block_diag(*[kbit_rotation.hadamard(w.device)] * (w.shape[1] // kbit_rotation.BLOCK))
+                w, h = kbit_rotation.rotate(w.detach().to(torch.float32)), r.t() @ h @ r
             quantized = _linear(w, h, quantizer_cls, bits, codebook, options)
         build(item, quantized)
     return todo

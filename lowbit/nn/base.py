@@ -32,6 +32,8 @@ class QuantizedModule(nn.Module):
     #: quantization (``quantize_model(method="gptq")``); its ``result()`` is what ``from_linear`` (and the
     #: fused / experts constructors) take as ``quantized=``. None: the format has no calibrated path.
     column_quantizer: type | None = None
+    #: input-space rotations its modules can store (``quantize_model(rotation=...)``; 0: none)
+    rotations: tuple[int, ...] = (0,)
 
     @classmethod
     def label(cls, bits: int) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..formats.kbit import rotation as rotation_mod
 from ..formats.kbit import tiled as kbit_tiled
 from .base import describe
 from .linear import KbitLinear, quantized_codes
@@ -40,11 +41,11 @@ class FusedKbitLinear(KbitLinear):
     """``len(out_sizes)`` projections of one input in one kbit weight (rows concatenated in order)."""
 
     def __init__(self, in_features: int, out_sizes: Sequence[int], bias: bool = True, bits: int = 4, *,
-                 device=None, dtype: torch.dtype | None = None):
+                 device=None, dtype: torch.dtype | None = None, rotation: int = 0):
         out_sizes = tuple(int(n) for n in out_sizes)
         if len(out_sizes) < 2 or min(out_sizes) < 1:
             raise ValueError(f"out_sizes must list >= 2 positive sizes, got {out_sizes}")
-        super().__init__(in_features, sum(out_sizes), bias, bits, device=device, dtype=dtype)
+        super().__init__(in_features, sum(out_sizes), bias, bits, device=device, dtype=dtype, rotation=rotation)
         self.out_sizes = out_sizes
         self.offsets = tuple(sum(out_sizes[:i]) for i in range(len(out_sizes)))
         self.part_names: tuple[str, ...] = ()  # the parent's children it serves, set where it is installed
@@ -55,7 +56,8 @@ class FusedKbitLinear(KbitLinear):
         if not self.part_names:
             raise ValueError("a FusedKbitLinear not installed in a model (no part names) cannot be saved")
         return {"bits": self.bits, "in_features": self.in_features, "out_sizes": list(self.out_sizes),
-                "bias": self.bias is not None, "parts": list(self.part_names)}
+                "bias": self.bias is not None, "parts": list(self.part_names),
+                **({"rotation": self.rotation} if self.rotation else {})}
 
     @staticmethod
     def replaced_module(name: str, cfg: dict) -> str:
@@ -71,7 +73,7 @@ class FusedKbitLinear(KbitLinear):
             if not (isinstance(have, (nn.Linear, KbitLinear, KbitLinearPart)) and have.in_features == k
                     and have.out_features == n and (isinstance(have, KbitLinearPart) or (have.bias is not None) == bias)):
                 raise ValueError(f"saved part {part!r} ({k} -> {n}, bias={bias}) does not fit this model's {describe(have)}")
-        new = cls(k, sizes, bias=bias, bits=cfg["bits"], device="meta")
+        new = cls(k, sizes, bias=bias, bits=cfg["bits"], device="meta", rotation=cfg.get("rotation", 0))
         new.part_names = tuple(parts)
         return new
 
@@ -85,7 +87,7 @@ class FusedKbitLinear(KbitLinear):
 
     @classmethod
     def from_linears(cls, linears: Sequence[nn.Linear], bits: int = 4, codebook=None,
-                     quantized: tuple | None = None) -> "FusedKbitLinear":
+                     quantized: tuple | None = None, rotation: int = 0) -> "FusedKbitLinear":
         """Quantize ``linears`` (same input size, all with or all without bias, same dtype and device) as one
         weight; ``quantized``: the concatenated weight's (codes, absmax, codebook, scale), as from_linear."""
         linears = list(linears)
@@ -101,11 +103,14 @@ class FusedKbitLinear(KbitLinear):
         if len(has_bias) != 1:
             raise ValueError("fused linears must all have a bias or all have none")
         weight = torch.cat([lin.weight.detach() for lin in linears])
+        if rotation and quantized is None:  # store W H (formats/kbit/rotation.py)
+            weight = rotation_mod.rotate(weight.to(torch.float32))
         codes, absmax, codebook, scale = quantized_codes(weight, bits, codebook, quantized)
         del weight
         qweight, qabsmax = kbit_tiled.pack_codes(codes, absmax, bits)
         del codes
-        mod = cls(first.shape[1], [lin.out_features for lin in linears], bias=has_bias.pop(), bits=bits, device="meta")
+        mod = cls(first.shape[1], [lin.out_features for lin in linears], bias=has_bias.pop(), bits=bits, device="meta",
+                  rotation=rotation_mod.check_rotation(rotation))
         mod.set_quantized(qweight, qabsmax, codebook, scale)
         if mod.bias is not None:
             mod.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)

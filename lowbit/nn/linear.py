@@ -14,6 +14,7 @@ from torch import nn
 from .. import dispatch
 from ..formats import kbit
 from ..formats.kbit import columns as kbit_columns
+from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
 from .base import QuantizedModule, describe
 
@@ -79,10 +80,12 @@ class KbitLinear(QuantizedModule):
     k_multiple = kbit.BLOCK
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4, *,
-                 device=None, dtype: torch.dtype | None = None):
+                 device=None, dtype: torch.dtype | None = None, rotation: int = 0):
         super().__init__()
         _check_features(in_features, out_features)
         self.bits = kbit.check_bits(bits)
+        # 32: the stored weight is W H (block-32 Hadamard) and inputs are rotated the same way (formats/kbit/rotation.py)
+        self.rotation = kbit_rotation.check_rotation(rotation)
         self.in_features, self.out_features = in_features, out_features
         tiles, groups = kbit_tiled.tiled_shape(out_features, in_features)
         self.register_buffer("qweight", torch.zeros((tiles, groups, bits, 32, 4), dtype=torch.int32, device=device))
@@ -97,20 +100,25 @@ class KbitLinear(QuantizedModule):
         self._cpu_weight = None  # (qweight it was decoded from, fp32 weight): the CPU path's cache
 
     column_quantizer = kbit_columns.ColumnQuantizer
+    rotations = kbit_rotation.ROTATIONS
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook: torch.Tensor | None = None,
-                    quantized: tuple | None = None) -> "KbitLinear":
+                    quantized: tuple | None = None, rotation: int = 0) -> "KbitLinear":
         """Quantize an ``nn.Linear`` (on its device: a GPU quantizes in milliseconds). ``quantized``:
-        ``(codes, absmax, codebook, scale)`` already chosen (a calibration's result) instead of rounding."""
+        ``(codes, absmax, codebook, scale)`` already chosen (a calibration's result, of the rotated weight
+        when ``rotation``) instead of rounding. ``rotation=32``: store ``W H`` (block-32 Hadamard)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
         w = linear.weight
         _check_features(w.shape[1], w.shape[0])
+        kbit_rotation.check_rotation(rotation)
+        if rotation and quantized is None:
+            w = kbit_rotation.rotate(w.detach().to(torch.float32))
         codes, absmax, codebook, scale = quantized_codes(w, bits, codebook, quantized)
         qweight, qabsmax = kbit_tiled.pack_codes(codes, absmax, bits)
         del codes
-        mod = cls(w.shape[1], w.shape[0], bias=linear.bias is not None, bits=bits, device="meta")
+        mod = cls(w.shape[1], w.shape[0], bias=linear.bias is not None, bits=bits, device="meta", rotation=rotation)
         mod.set_quantized(qweight, qabsmax, codebook, scale)
         if linear.bias is not None:
             mod.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
@@ -132,6 +140,8 @@ class KbitLinear(QuantizedModule):
             raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
         if not x.is_contiguous():
             x = x.contiguous()
+        if self.rotation and not (x.device.type == "cpu" and not torch.compiler.is_compiling()):
+            x = kbit_rotation.rotate(x)  # the kernels hold W H: feed them x H (the CPU path below decodes W itself)
         if x.is_cuda and not torch.compiler.is_compiling():
             # Eager decode: straight to the kernel (a few us of CPU; see dispatch.eager_launcher).
             m = x.numel() // k
@@ -161,9 +171,11 @@ class KbitLinear(QuantizedModule):
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight ``[out_features, in_features]`` as the reference decodes it."""
-        return kbit_tiled.dequantize(self.qweight, self.qabsmax, self.codebook, self.scale, self.bits,
-                                     self.out_features, self.in_features, dtype)
+        """The weight ``[out_features, in_features]`` as the reference decodes it (rotated back to x's space
+        when the module stores a rotated weight)."""
+        w = kbit_tiled.dequantize(self.qweight, self.qabsmax, self.codebook, self.scale, self.bits,
+                                  self.out_features, self.in_features, torch.float32 if self.rotation else dtype)
+        return kbit_rotation.rotate(w).to(dtype) if self.rotation else w
 
     @classmethod
     def check_options(cls, bits: int = 4, codebook=None) -> None:
@@ -172,13 +184,13 @@ class KbitLinear(QuantizedModule):
     # -- checkpoints (lowbit.model.checkpoint) -----------------------------------------------
     def checkpoint_config(self) -> dict:
         return {"bits": self.bits, "in_features": self.in_features, "out_features": self.out_features,
-                "bias": self.bias is not None}
+                "bias": self.bias is not None, **({"rotation": self.rotation} if self.rotation else {})}
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "KbitLinear":
         n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
         if isinstance(old, (nn.Linear, KbitLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
-            return cls(k, n, bias=bias, bits=cfg["bits"], device="meta")
+            return cls(k, n, bias=bias, bits=cfg["bits"], device="meta", rotation=cfg.get("rotation", 0))
         raise ValueError(f"saved {cls.__name__}({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
 
     def compact_pairs(self):
@@ -214,4 +226,4 @@ class KbitLinear(QuantizedModule):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, bits={self.bits}")
+                f"bias={self.bias is not None}, bits={self.bits}" + (f", rotation={self.rotation}" if self.rotation else ""))

@@ -36,3 +36,19 @@ def test_gptq_on_cuda_runs_the_kernels_and_beats_rtn(name, fmt, bits, gen):
         if method == "gptq":
             assert report.calibration.peak_memory and report.calibration.blocks == 2
     assert errs["gptq"] < errs["rtn"], errs
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_rotated_model_on_cuda_matches_its_cpu_reference(method, gen):
+    """rotation=32: the kernels get x H and hold W H; the CPU reference decodes W itself. Same logits
+    within the bf16 bound of tests/gpu/test_models_gpu.py."""
+    import copy
+
+    m = build("llama", _seed(gen), dtype=torch.bfloat16, device="cuda")
+    kw = dict(method="gptq", calibration=torch.randint(0, 320, (8, 64), generator=gen)) if method == "gptq" else {}
+    lowbit.quantize_model(m, bits=3, progress=False, rotation=32, **kw)
+    x = torch.randint(0, 320, (2, 24), generator=gen)
+    with torch.no_grad():
+        got = m(x.cuda()).logits.float().cpu()
+        want = copy.deepcopy(m).cpu().float()(x).logits
+    assert rel_err(got, want) < 5e-2
