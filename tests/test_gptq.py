@@ -315,12 +315,17 @@ def test_format_without_column_quantizer_refused(monkeypatch, gen):
         lowbit.quantize_model(build("llama", 0), method="gptq", calibration=_ids(gen, n=2, seq=16), progress=False)
 
 
-def test_nvfp4_column_encode_matches_the_definition(gen):
-    from lowbit.formats.nvfp4.columns import _encode
-
+def test_nvfp4_encode_matches_one_compare_per_midpoint(gen):
+    """encode_e2m1 (one search, what GPTQ calls per column) against the rule written out: one compare per
+    midpoint, ties at odd midpoints up to the even code."""
     mids = torch.tensor(nvfp4._MIDPOINTS)
     x = torch.cat([torch.randn(20000, generator=gen) * 3, mids, -mids, torch.tensor([0.0, -0.0, 6.0, 7.0, 1e9, -1e9])])
-    assert torch.equal(_encode(x, mids), nvfp4.encode_e2m1(x))
+    a = x.abs()
+    want = torch.zeros(x.shape, dtype=torch.uint8)
+    for i, mid in enumerate(nvfp4._MIDPOINTS):
+        want += ((a > mid) | ((a == mid) & (i % 2 == 1))).to(torch.uint8)
+    want |= torch.signbit(x).to(torch.uint8) << 3
+    assert torch.equal(nvfp4.encode_e2m1(x), want)
 
 
 @pytest.mark.parametrize("act_order", [False, True])

@@ -14,25 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import e4m4
-from .definition import BLOCK, bf16_codebook, check_bits, normal_float_codebook
-
-
-def weighted_codebook(normalized: torch.Tensor, weights: torch.Tensor, bits: int, iters: int = 25,
-                      sample: int = 1 << 22) -> torch.Tensor:
-    """Lloyd-Max codebook of block-normalized values with a weight per value (a column's Hessian
-    diagonal: the output error a unit of rounding error in that column costs). Same rules as
-    :func:`fit_codebook` (start at the normal-float codebook, entries in [-1, 1], bf16, distinct)."""
-    v, w = normalized.reshape(-1).float(), weights.reshape(-1).float()
-    if v.numel() > sample:
-        step = v.numel() // sample
-        v, w = v[::step][:sample], w[::step][:sample]
-    c = normal_float_codebook(bits).to(v.device)
-    for _ in range(iters):
-        idx = torch.bucketize(v, (c[1:] + c[:-1]) / 2)
-        sums = torch.zeros_like(c).index_add_(0, idx, v * w)
-        mass = torch.zeros_like(c).index_add_(0, idx, w)
-        c = torch.where(mass > 0, sums / mass.clamp_min(1e-30), c).clamp(-1, 1).sort().values
-    return bf16_codebook(c, bits)
+from .definition import BLOCK, bf16_codebook, check_bits, normal_float_codebook, weighted_codebook
 
 
 class ColumnQuantizer:

@@ -72,17 +72,27 @@ def fit_codebook(normalized: torch.Tensor, bits: int, iters: int = 25, sample: i
     ``sample`` values, keeps entries in [-1, 1], rounds them to bf16 (what the tensor-core
     kernels hold) and keeps them distinct; deterministic for a given tensor.
     """
+    return weighted_codebook(normalized, None, bits, iters, sample)
+
+
+def weighted_codebook(normalized: torch.Tensor, weights: torch.Tensor | None, bits: int, iters: int = 25,
+                      sample: int = 1 << 22) -> torch.Tensor:
+    """:func:`fit_codebook` with a weight per value (GPTQ passes each column's Hessian diagonal: the
+    output error a unit of rounding error in that column costs); None: every value counts once."""
     v = normalized.reshape(-1)
+    w = None if weights is None else weights.reshape(-1)
     if v.numel() > sample:
-        v = v[:: v.numel() // sample][:sample]
+        step = v.numel() // sample
+        v = v[::step][:sample]
+        w = None if w is None else w[::step][:sample]
     v = v.to(torch.float32)
+    w = torch.ones_like(v) if w is None else w.to(torch.float32)
     c = normal_float_codebook(bits).to(v.device)
     for _ in range(iters):
-        mids = (c[1:] + c[:-1]) / 2
-        idx = torch.bucketize(v, mids)
-        sums = torch.zeros_like(c).index_add_(0, idx, v)
-        counts = torch.zeros_like(c).index_add_(0, idx, torch.ones_like(v))
-        c = torch.where(counts > 0, sums / counts.clamp_min(1), c).clamp(-1, 1).sort().values
+        idx = torch.bucketize(v, (c[1:] + c[:-1]) / 2)
+        sums = torch.zeros_like(c).index_add_(0, idx, v * w)
+        mass = torch.zeros_like(c).index_add_(0, idx, w)
+        c = torch.where(mass > 0, sums / mass.clamp_min(1e-30), c).clamp(-1, 1).sort().values
     return bf16_codebook(c, bits)
 
 

@@ -10,18 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .definition import _MIDPOINTS, BLOCK, E2M1_MAX, E4M3_MAX, decode_e2m1, encode_e4m3, pack
+from .definition import BLOCK, E2M1_MAX, E4M3_MAX, decode_e2m1, encode_e2m1, encode_e4m3, pack
 from .weight import NvFp4Weight
-
-
-def _encode(x: torch.Tensor, mids: torch.Tensor) -> torch.Tensor:
-    """:func:`encode_e2m1` in a few vector ops (one search instead of one compare per midpoint): GPTQ calls
-    it once per column. Same codes, ties to the even code included."""
-    a = x.abs()
-    code = torch.bucketize(a, mids)  # index of the first midpoint >= a: a tie lands on the lower code
-    at = mids[code.clamp(max=mids.numel() - 1)]
-    code = code + ((a == at) & (code % 2 == 1))  # ties at odd midpoints go up to the even code
-    return code.to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3)
 
 
 class ColumnQuantizer:
@@ -47,7 +37,6 @@ class ColumnQuantizer:
         self.scales = torch.zeros((n, k // BLOCK), dtype=torch.float8_e4m3fn, device=w.device)
         self._sf = torch.zeros((n, k // BLOCK), dtype=torch.float32, device=w.device)
         self.codes = torch.zeros((n, k), dtype=torch.uint8, device=w.device)
-        self._mids = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=w.device)
 
     def set_block(self, b: int, columns: torch.Tensor) -> None:
         amax = columns.abs().amax(dim=1)
@@ -56,7 +45,7 @@ class ColumnQuantizer:
             cand = encode_e4m3((amax[None, :] * self._ratios[:, None] / E2M1_MAX) / self.scale_2)  # [S, N]
             step = cand.to(torch.float32) * self.scale_2
             safe = torch.where(step > 0, step, torch.ones_like(step))[..., None]
-            q = decode_e2m1(_encode(torch.where(step[..., None] > 0, columns[None] / safe, 0.0), self._mids)) * step[..., None]
+            q = decode_e2m1(encode_e2m1(torch.where(step[..., None] > 0, columns[None] / safe, 0.0))) * step[..., None]
             imp = (torch.ones(BLOCK, device=columns.device) if self.importance is None
                    else self.importance[b * BLOCK:(b + 1) * BLOCK])
             err = ((q - columns[None]).square() * imp).sum(-1)
@@ -68,7 +57,7 @@ class ColumnQuantizer:
         sf = self._sf[:, col // BLOCK]
         step = sf * self.scale_2
         scaled = torch.where(step > 0, w / torch.where(step > 0, step, torch.ones_like(step)), torch.zeros_like(w))
-        code = _encode(scaled, self._mids)
+        code = encode_e2m1(scaled)
         self.codes[:, col] = code
         return decode_e2m1(code) * step  # e2m1 * (float(scale) * scale_2): dequantize_reference's fp32 ops
 

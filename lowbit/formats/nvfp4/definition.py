@@ -53,11 +53,20 @@ def e2m1_values(device=None) -> torch.Tensor:
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     """fp32 values (already divided by their scale) -> E2M1 codes (uint8 0..15), see the module doc."""
     a = x.abs()
-    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
-    for i, mid in enumerate(_MIDPOINTS):
-        up = (a > mid) | ((a == mid) & (i % 2 == 1))  # ties at odd midpoints round up to the even code
-        code += up.to(torch.uint8)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
+    mids = _midpoints(x.device)
+    code = torch.bucketize(a, mids)  # index of the first midpoint >= a: a tie lands on the lower code
+    code = code + ((a == mids[code.clamp(max=mids.numel() - 1)]) & (code % 2 == 1))  # odd-midpoint ties go up to even
+    return code.to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+_MIDS: dict = {}
+
+
+def _midpoints(device) -> torch.Tensor:
+    m = _MIDS.get(device)
+    if m is None:
+        m = _MIDS[device] = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=device)
+    return m
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
