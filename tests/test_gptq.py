@@ -199,7 +199,8 @@ def _seed(gen):
 @pytest.mark.parametrize("fmt, bits", [("kbit", 3), ("nvfp4", 4)])
 def test_gptq_model_closer_than_rtn_and_deterministic(fmt, bits, gen):
     base = build("llama", _seed(gen), hidden=128, inter=256)
-    calib, held_out = _ids(gen, n=16, seq=64), _ids(gen, n=2, seq=64)
+    # 32 x 64 tokens: with 16 x 64 a seed was seen where NVFP4's GPTQ lost to RTN on held-out tokens
+    calib, held_out = _ids(gen, n=32, seq=64), _ids(gen, n=2, seq=64)
     ref = base(held_out).logits
     models = {}
     for method in ("rtn", "gptq", "gptq"):
@@ -210,7 +211,7 @@ def test_gptq_model_closer_than_rtn_and_deterministic(fmt, bits, gen):
         models.setdefault(method, []).append(m)
         if method == "gptq":
             assert report.method == "gptq" and report.calibration.blocks == 2
-            assert "16 x 64 = 1024 tokens" in str(report) and "with GPTQ" in report.summary()
+            assert "32 x 64 = 2048 tokens" in str(report) and "with GPTQ" in report.summary()
     e_rtn = rel_err(models["rtn"][0](held_out).logits, ref)
     e_gptq = rel_err(models["gptq"][0](held_out).logits, ref)
     assert e_gptq < e_rtn, (e_gptq, e_rtn)
@@ -346,7 +347,8 @@ def test_stacked_walk_equals_one_walk_per_expert(act_order, gen):
 
 def test_true_sequential_and_codebook_rounds_run(gen):
     base = build("llama", _seed(gen), hidden=128, inter=256)
-    calib, held_out = _ids(gen, n=8, seq=64), _ids(gen, n=2, seq=64)
+    # 32 x 64 tokens: with 8 x 64 a seed was seen where GPTQ over-fitted and lost to RTN on held-out tokens
+    calib, held_out = _ids(gen, n=32, seq=64), _ids(gen, n=2, seq=64)
     ref = base(held_out).logits
     errs = {}
     for name, opts in (("rtn", None), ("seq", lowbit.GptqOptions(true_sequential=True, codebook_rounds=2))):
