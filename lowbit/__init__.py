@@ -44,8 +44,8 @@ _register_kernels()  # every format's CUDA implementations, registered on the op
 
 from . import nn  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .model import (GptqOptions, QuantizeReport, load_nvfp4_checkpoint, load_quantized, quantize_model,  # noqa: E402
-                    save_quantized)
+from .model import (GptqOptions, QuantizeReport, gptq_recipe, load_nvfp4_checkpoint, load_quantized,  # noqa: E402
+                    quantize_model, save_quantized)
 
 
 
@@ -162,6 +162,7 @@ __all__ = [
     "nn",
     "quantize_model",
     "GptqOptions",
+    "gptq_recipe",
     "save_quantized",
     "KbitExperts",
     "KbitWeight",

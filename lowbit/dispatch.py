@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from . import ops
+from .formats.kbit import rotation as kbit_rotation
 from .kernels import tiled
 from .kernels.library import library_or_none
 from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
@@ -310,11 +311,15 @@ def nvfp4_grouped_op(x2, offsets, experts, check_offsets: bool = True) -> torch.
 
 
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
-                         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K_in] @ W^T (+ bias)`` for a weight held in the tiled layout, through the custom ops."""
+                         bias: torch.Tensor | None = None, rotation: int = 0) -> torch.Tensor:
+    """``x2 [M, K_in] @ W^T (+ bias)`` for a weight held in the tiled layout, through the custom ops.
+    ``rotation=32``: the weight holds ``W H``; the GEMV rotates x in its registers, the other paths
+    take ``x H`` from :func:`lowbit.formats.kbit.rotation.rotate` (prefill: one small matmul)."""
     path = kbit_path(x2, n)
     if path == "gemv":
-        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    if rotation:
+        x2 = kbit_rotation.rotate(x2)
     if path == "gemm":
         return ops.kbit_gemm(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
@@ -333,7 +338,7 @@ def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, 
 # dispatcher and the ops' re-checks that costs several times the kernel. A module's tensors were
 # checked when it was built, so it keeps a launcher that calls the kernel directly;
 # ``torch.compile`` traces the custom ops instead (``*_op`` above).
-def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: torch.Tensor):
+def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: torch.Tensor, rotation: int = 0):
     """A ``GemvLauncher`` (kind "gemv"), ``GroupedLauncher`` ("grouped") or ``GroupedGemmLauncher``
     ("grouped_gemm") for the module's buffers, or None where the compiled library is unavailable
     (the op path then runs)."""
@@ -344,4 +349,9 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
         return None
     cls = {"gemv": tiled.GemvLauncher, "grouped": tiled.GroupedLauncher, "grouped_gemm": tiled.GroupedGemmLauncher}[kind]
     scale = buffers["scale"] if kind == "gemv" else buffers["scales"]
+    if rotation:
+        if kind != "gemv":
+            raise ValueError(f"rotation={rotation}: only the dense GEMV rotates its input")
+        return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n,
+                   k_in, rotation)
     return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in)

@@ -27,6 +27,11 @@ CASES = [
     ("generate --method awq", "argument --method: invalid choice"),
     ("eval --method awq", "--method takes rtn, gptq or rtn,gptq, got 'awq'"),
     ("eval --calibration-samples 4", "--calibration-samples takes a count >= 1, with --method gptq"),
+    ("generate --codebook-rounds 2", "--codebook-rounds: options of --method gptq"),
+    ("generate --method gptq --bits 4 --codebook-rounds 2", "--codebook-rounds refits a fitted codebook: add --codebook fit"),
+    ("generate --method gptq --bits 2 --codebook default --codebook-rounds 2", "--codebook-rounds refits a fitted codebook"),
+    ("generate --format nvfp4 --rotate", "--rotate: --format nvfp4 has no rotated weights"),
+    ("eval --codebook-rounds 2", "--codebook-rounds takes a count >= 1, with --method gptq"),
 ]
 
 

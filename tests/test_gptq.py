@@ -306,8 +306,27 @@ def test_cli_generate_gptq_saves_and_records(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "to kbit3 with GPTQ" in p.stdout and "4 x 32 = 128 tokens" in p.stdout
+    assert "[kbit3-fit-gptq-h32]" in p.stdout  # the 3-bit recipe: fitted codebook + rotation (gptq_recipe)
     index = json.loads((out / "lowbit_model.json").read_text())
-    assert index["quantization"]["method"] == "gptq"
+    assert index["quantization"]["method"] == "gptq" and index["quantization"]["rotation"] == 32
+
+
+def test_gptq_recipe_fills_only_what_the_caller_left_open():
+    from lowbit.hf.generate import resolve_recipe, variant_label
+
+    opts = lowbit.GptqOptions()
+    assert resolve_recipe("kbit", 2, "gptq", "auto", "auto", opts) == ("fit", 32, lowbit.GptqOptions(codebook_rounds=2))
+    assert resolve_recipe("kbit", 3, "gptq", "auto", "auto", opts) == ("fit", 32, opts)
+    assert resolve_recipe("kbit", 4, "gptq", "auto", "auto", opts) == (None, 0, opts)
+    assert resolve_recipe("kbit", 2, "rtn", "auto", "auto", None) == (None, 0, opts)
+    assert resolve_recipe("nvfp4", 4, "gptq", "auto", "auto", opts) == (None, 0, opts)
+    # what the caller said stays: no rotation, the default codebook, three rounds
+    three = lowbit.GptqOptions(codebook_rounds=3)
+    assert resolve_recipe("kbit", 2, "gptq", "fit", 0, three) == ("fit", 0, three)
+    assert resolve_recipe("kbit", 2, "gptq", None, "auto", opts) == (None, 32, opts)
+    assert variant_label("kbit2", "fit", "gptq", 32, lowbit.GptqOptions(codebook_rounds=2)) == "kbit2-fit-gptq-h32-r2"
+    assert variant_label("kbit4", None, "rtn", 0, None) == "kbit4"
+    assert lowbit.gptq_recipe("kbit", 3) == {"codebook": "fit", "rotation": 32}
 
 
 def test_format_without_column_quantizer_refused(monkeypatch, gen):
@@ -376,9 +395,21 @@ def test_rotation_is_an_involution_and_modules_agree_on_every_path(gen):
     m = lowbit.nn.KbitLinear.from_linear(lin, bits=4, rotation=32)
     y = m(x)  # CPU path: the weight decoded and rotated back
     b = m._buffers
-    y_op = dispatch.kbit_tiled_linear_op(rotation.rotate(x), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                         4, 40, 96, m.bias)  # what CUDA and torch.compile run
-    assert rel_err(y_op, y) < 1e-5
+    # what CUDA and torch.compile run: the rotation inside the op (the GEMV's kernel rotates x in
+    # registers), or x rotated first (GEMM / dequantize paths) -- the same product
+    for rows in (2, 9, 40):
+        xr = torch.randn(rows, 96, generator=gen)
+        want = m(xr)
+        y_op = dispatch.kbit_tiled_linear_op(xr, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], 4, 40, 96, m.bias,
+                                             32)
+        assert rel_err(y_op, want) < 1e-5
+    xh = x.bfloat16()  # the GEMV op's own reference (its CPU / meta implementation)
+    y_gemv = lowbit.ops.kbit_gemv(xh, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], 4, 40, 96,
+                                  m.bias.detach().bfloat16(), 32)
+    assert rel_err(y_gemv.float(), m(xh).float()) < 1e-2
+    assert rel_err(torch.compile(m, fullgraph=True)(x), y) < 1e-5
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        lowbit.ops.kbit_gemv(xh, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], 4, 40, 96, None, 16)
     assert rel_err(y, lin(x)) < 0.15  # kbit4 of a Gaussian weight: ~0.09
     with pytest.raises(ValueError, match="rotation must be one of"):
         lowbit.nn.KbitLinear.from_linear(lin, bits=4, rotation=16)

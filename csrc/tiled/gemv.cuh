@@ -44,14 +44,68 @@ struct LaneCtx {
     uint32_t lane_op;  // Lut::lane_operand
     uint32_t table;    // the table's shared-window address (uniform)
     int k_blocks;      // k_in / 32
+    uint32_t rot;      // ROT: this lane's Hadamard A-fragment value (rotate_x)
 };
+
+// ---- rotation = 32 (lowbit/formats/kbit/rotation.py): the weight holds W H per 32-column block
+// (H: the orthonormal Sylvester Walsh-Hadamard matrix), so the kernel multiplies by x H instead of
+// x. x H is computed on the tensor cores from the lane's x registers, exactly in fp32 and rounded
+// once: the block's 32 x 8 (columns x tokens) x is the B operand of two m16n8k16 MMAs per 16
+// rotated columns, with a constant A of +-1/8 (exact in fp16/bf16; the output is scaled by
+// sqrt(2) = 8 / sqrt(32) once, kRotOutFix). The MMA leaves x H transposed (rows: columns); one
+// movmatrix per register turns it back into the B layout of the main MMAs. Cost per block: 4 MMAs,
+// 4 converts, 4 movmatrix, 2 negations; shared by the 16 rows of the unit.
+//
+// Lane (g, t) holds block columns c = 8t + 2q + e in x register q (q = 0..3, e = half), so a B
+// fragment's k (2t + e, or 2t + 8 + e) is column 8t + 4kc + 2h + e for MMA kc in {0, 1} and half
+// h. Rotated column r of D row 8h' + 2t' + e' of m-tile mt is assigned 8t' + 4mt + 2h' + e', so that
+// after the transpose lane t holds rotated columns 8t + 2q + e in register q = 2mt + h' -- the
+// layout the main MMAs read. With these orders the sign (-1)^popc(r & c) of A splits into
+// t-bits x e-bits (the lane's value P), h x h' (register 3 only) and mt x kc (B negated for mt = 1
+// on kc = 1): the A fragment is {P, P, P, -P} for both m-tiles.
+constexpr float kRotOutFix = 1.4142135623730951f;  // sqrt(2): the +-1/8 of A times sqrt(32) / 8
+
+template <typename T>
+__device__ __forceinline__ uint32_t rot_fragment(int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const bool flip_t = __popc((g >> 1) & t) & 1;  // (-1)^popc(t_r & t_c): the columns' lane bits
+    const float lo = flip_t ? -0.125f : 0.125f;    // e_c = 0
+    const float hi = (g & 1) ? -lo : lo;           // e_c = 1: (-1)^(e_r & e_c)
+    return Pack2<T>::pack(lo, hi);
+}
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
+    uint32_t d;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
+    return d;
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 rotate_x(const uint4& xv, uint32_t p) {
+    const uint32_t a[4] = {p, p, p, p ^ 0x80008000u};
+    float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+    mma16816<T>(d0, a, xv.x, xv.y);  // m-tile 0: columns of kc 0 + kc 1
+    mma16816<T>(d0, a, xv.z, xv.w);
+    mma16816<T>(d1, a, xv.x, xv.y);  // m-tile 1: kc 0 - kc 1
+    mma16816<T>(d1, a, xv.z ^ 0x80008000u, xv.w ^ 0x80008000u);
+    uint4 r;
+    r.x = movmatrix_trans(Pack2<T>::pack(d0[0], d0[1]));
+    r.y = movmatrix_trans(Pack2<T>::pack(d0[2], d0[3]));
+    r.z = movmatrix_trans(Pack2<T>::pack(d1[0], d1[1]));
+    r.w = movmatrix_trans(Pack2<T>::pack(d1[2], d1[3]));
+    return r;
+}
+
+template <bool ROT>
+constexpr float kRotFix = ROT ? kRotOutFix : 1.f;
 
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 // NVFP4 (FP4): the lane's 8 columns lie in one 16-column block, so its fragments are scaled before
 // the MMAs (exact in fp16/bf16, as in the GEMM) and the MMAs accumulate straight into acc.
-template <int BITS, bool QUAD, typename T, bool FP4, int J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                              const uint4& xv, uint32_t lane_op, uint32_t table) {
+                                              const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot) {
+    const uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
     uint32_t frag[2][4];
     lookup_block<BITS, QUAD, J>(frag, w, lane_op, table);
     if constexpr (FP4) {
@@ -79,11 +133,11 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
     acc[3] = fmaf(s_hi, part[3], acc[3]);
 }
 
-template <int BITS, bool QUAD, typename T, bool FP4, int... J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                                const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
-                                               std::integer_sequence<int, J...>) {
-    (process_block<BITS, QUAD, T, FP4, J>(acc, w, a, xv[J], lane_op, table), ...);
+                                               uint32_t rot, std::integer_sequence<int, J...>) {
+    (process_block<BITS, QUAD, T, FP4, ROT, J>(acc, w, a, xv[J], lane_op, table, rot), ...);
 }
 
 // The output factor besides the tensor scale: kbit partial sums carry the block scales times
@@ -123,24 +177,26 @@ __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<
 
 // One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
 // they add exactly 0 (never 0 * Inf).
-template <int BITS, bool QUAD, typename T, bool FP4 = false>
+template <int BITS, bool QUAD, typename T, bool FP4 = false, bool ROT = false>
 __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BITS>& d, const uint4 (&xv)[kGroupBlocks],
                                              const LaneCtx<T>& ctx) {
+
     uint32_t w[4 * BITS];
 #pragma unroll
     for (int c = 0; c < BITS; ++c) {
         w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
     }
     const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
-    process_blocks<BITS, QUAD, T, FP4>(acc, w, a, xv, ctx.lane_op, ctx.table, std::make_integer_sequence<int, kGroupBlocks>{});
+    process_blocks<BITS, QUAD, T, FP4, ROT>(acc, w, a, xv, ctx.lane_op, ctx.table, ctx.rot,
+                                            std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false>
+template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false, bool ROT = false>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
     load_x<PDL>(xv, ctx, grp);
-    decode_group<BITS, QUAD, T, FP4>(acc, d, xv, ctx);
+    decode_group<BITS, QUAD, T, FP4, ROT>(acc, d, xv, ctx);
 }
 
 template <int BITS, bool QUAD, typename T>
@@ -153,6 +209,7 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     c.table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
     c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
+    c.rot = rot_fragment<T>(lane);
     return c;
 }
 
@@ -174,7 +231,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, bool ROT, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -186,7 +243,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
             if (u < u_end) {
                 if (u + S - 1 < u_end)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, QUAD, T, PDL, FP4>(acc, buf[i], ctx, grp);
+                compute_group<BITS, QUAD, T, PDL, FP4, ROT>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -226,7 +283,7 @@ struct StreamK {
 // PDL (template flag; launched with the programmatic-serialization attribute): trigger the next
 // kernel at entry; weights, scale and table (constants) are read before griddepcontrol.wait;
 // x, y, workspace and counters (stream-ordered data) only after it.
-template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false>
+template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -244,7 +301,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     constexpr int S = kStreamStages(BITS);
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
-    const float scale = *scale_ptr;  // issued early: its latency overlaps the table build
+    const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template build<kWarps * 32, T>(codebook);
     m = m < MAXM ? m : MAXM;
     __syncthreads();
@@ -288,7 +345,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, PDL, FP4>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+    run_units<BITS, QUAD, T, S, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                           u_begin - first_tile * n_groups, n_groups, flush);
 }
 
@@ -365,7 +422,7 @@ inline __device__ int compact_experts(ActiveExpert* list, const int64_t* __restr
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
-template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false>
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -396,7 +453,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * kGemvOutFix<FP4> * scale + bias_of(ebias, row));
+            if (tok < m && row < n)
+                y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale + bias_of(ebias, row));
         }
     };
 
@@ -416,7 +474,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            decode_group<BITS, false, T, FP4>(acc, d, xv, ctx);
+            decode_group<BITS, false, T, FP4, ROT>(acc, d, xv, ctx);
 #pragma unroll
             for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
         }
@@ -460,13 +518,26 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, PDL, FP4>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
             __syncthreads();  // partial[] is rewritten by the next chunk / item
         }
     }
+}
+
+// The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2;
+
+// Pick the <PDL, ROT> instance of a kernel template (ROT only where the format has it).
+template <bool FP4, typename Pick>
+__host__ auto pick_instance(int flags, Pick&& pick) {
+    const bool pdl = flags & kFlagPdl;
+    if constexpr (!FP4) {
+        if (flags & kFlagRot32) return pdl ? pick(std::true_type{}, std::true_type{}) : pick(std::false_type{}, std::true_type{});
+    }
+    return pdl ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
 }
 
 // Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
@@ -488,10 +559,14 @@ struct Launch {
 template <int BITS, typename T, int MAXM, bool FP4 = false>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
-                int pdl, void* stream) {
+                int flags, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = stream_smem<BITS>();
-    auto kernel = pdl ? kbit_gemv_kernel<BITS, T, MAXM, true, FP4> : kbit_gemv_kernel<BITS, T, MAXM, false, FP4>;
+    if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
+    const int pdl = flags & kFlagPdl;
+    auto kernel = pick_instance<FP4>(flags, [](auto pdl_, auto rot_) {
+        return kbit_gemv_kernel<BITS, T, MAXM, decltype(pdl_)::value, FP4, decltype(rot_)::value>;
+    });
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
@@ -517,8 +592,10 @@ inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarp
 template <int BITS, typename T, bool FP4 = false>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
-                 int max_ctas, int pdl, void* stream) {
+                 int max_ctas, int flags, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
+    const int pdl = flags & kFlagPdl;
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
@@ -534,8 +611,11 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const size_t smem = split_smem<BITS>(n_experts);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    auto kernel = pdl ? kbit_split_gemv_kernel<BITS, T, true, false, FP4>
-                      : (one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4> : kbit_split_gemv_kernel<BITS, T, false, false, FP4>);
+    auto kernel = pick_instance<FP4>(flags, [one](auto pdl_, auto rot_) {
+        constexpr bool P = decltype(pdl_)::value, R = decltype(rot_)::value;
+        if constexpr (P) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
+        else return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, false, false, FP4, R>;
+    });
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
     Launch l(grid, kWarps, smem, stream, pdl);

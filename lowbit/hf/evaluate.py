@@ -132,6 +132,8 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
     if rotation:  # kbit rows rotated (their names say so); the other rows as they are
         variants = [(n + "-h32" if s[0].startswith("kbit") else n, s) for n, s in variants]
+    if gptq is not None and gptq.codebook_rounds > 1:  # the fitted-codebook GPTQ rows: -r<rounds>
+        variants = [(n + f"-r{gptq.codebook_rounds}" if "-fit-gptq" in n else n, s) for n, s in variants]
     if "gptq" in methods:
         from ..model.calibration_data import default_text_info
 
@@ -273,6 +275,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--calibration-samples", type=int, default=None, metavar="N",
                    help="--method gptq: windows of the calibration text (default 64)")
     p.add_argument("--rotate", action="store_true", help="kbit rows with the block-32 Hadamard rotation (-h32)")
+    p.add_argument("--codebook-rounds", type=int, default=None, metavar="N",
+                   help="--method gptq: the fitted-codebook rows refit their codebook to GPTQ's result and run "
+                        "again, N walks in all (-rN; default 1)")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
@@ -303,7 +308,10 @@ def _cmd(args) -> int:
     sources.check_spec(args.model)
     import lowbit
 
-    gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}))
+    if args.codebook_rounds is not None and (args.codebook_rounds < 1 or "gptq" not in methods or args.no_fit):
+        raise UsageError("--codebook-rounds takes a count >= 1, with --method gptq and the fitted-codebook rows")
+    gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}),
+                              **({"codebook_rounds": args.codebook_rounds} if args.codebook_rounds else {}))
     r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
                  prompts=args.prompts, device=args.device, lm_head=args.lm_head,
                  fuse=args.fuse, methods=methods, gptq=gptq, rotation=32 if args.rotate else 0)

@@ -87,7 +87,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
              lm_head_bits: int | None = None, fuse: bool | None = None, fmt="kbit", method: str = "rtn",
-             calibration: str | None = None, gptq_options=None, rotation: int = 0) -> dict:
+             calibration: str | None = None, gptq_options=None, rotation: int | str = 0) -> dict:
     """The main job as a function; returns every number it prints (see the module docstring).
 
     ``fmt``: ``"kbit"``, ``"nvfp4"``, or several (``"kbit,nvfp4"``): each quantizes its own copy of
@@ -96,6 +96,10 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     ``method="gptq"`` calibrates (``quantize_model(method="gptq")``) on ``calibration`` (a text file's
     path; default: lowbit's default text) with ``gptq_options`` (a ``lowbit.GptqOptions``); a random-init
     model (no tokenizer) calibrates on uniformly random token ids (seed 0): for timing only.
+    ``codebook="auto"`` / ``rotation="auto"`` (the command line's defaults): with ``method="gptq"``, what
+    :func:`lowbit.gptq_recipe` measured best for the format and bits (kbit 2-3 bits: fitted codebook,
+    block-32 rotation, at 2 bits a second codebook round unless ``gptq_options`` says otherwise);
+    otherwise the default codebook and no rotation.
     """
     import copy
 
@@ -145,15 +149,15 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             say(f"loaded the quantized weights from {load} in {result['load_s']:.1f} s")
             label = f"loaded from {load}"
         else:
-            kw = {} if method == "rtn" else dict(method=method, gptq=gptq_options, **calibration_data(
-                tok, net.config.vocab_size, calibration, gptq_options or lowbit.GptqOptions()))
-            if rotation:
-                kw["rotation"] = rotation
-            report = lowbit.quantize_model(m, format=f, bits=bits, codebook=codebook, progress=not quiet, fuse=fuse,
+            codebook_f, rotation_f, options_f = resolve_recipe(f, bits, method, codebook, rotation, gptq_options)
+            kw = {} if method == "rtn" else dict(method=method, gptq=options_f, **calibration_data(
+                tok, net.config.vocab_size, calibration, options_f))
+            if rotation_f:
+                kw["rotation"] = rotation_f
+            report = lowbit.quantize_model(m, format=f, bits=bits, codebook=codebook_f, progress=not quiet, fuse=fuse,
                                            bits_for={"lm_head": lm_head_bits} if lm_head_bits else None, **kw)
             quantize_s = report.seconds
-            label = report.label.lower() + ("-fit" if codebook == "fit" else "") + \
-                ("-gptq" if method == "gptq" else "") + ("-h32" if rotation else "") + \
+            label = variant_label(report.label.lower(), codebook_f, method, rotation_f, options_f) + \
                 (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
             say(str(report))
             result.setdefault("calibration", report.calibration and {
@@ -168,8 +172,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             say(f"saved to {save}: {size / 2**20:.1f} MiB (unquantized tensors in {str(save_dtype).removeprefix('torch.')}) "
                 f"in {time.perf_counter() - t_save:.1f} s")
         if not compare and not quiet and f == "kbit" and not load:  # before the text it qualifies
-            note = expected_quality(f"kbit{bits}" + ("-fit" if codebook == "fit" else "") +
-                                    ("-gptq" if method == "gptq" else "") + ("-h32" if rotation else ""))
+            note = expected_quality(variant_label(f"kbit{bits}", codebook_f, method, rotation_f, options_f))
             if note:
                 print(note)
         q_r, q_text = run(m, label)
@@ -193,6 +196,33 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
                 torch.cuda.empty_cache()
     _table(rows, result, quiet)
     return result
+
+
+def resolve_recipe(fmt: str, bits: int, method: str, codebook, rotation, options):
+    """(codebook, rotation, GptqOptions) for one format: ``"auto"`` codebook / rotation filled from
+    :func:`lowbit.gptq_recipe` with ``method="gptq"`` (else the default codebook, no rotation); the
+    recipe's codebook rounds only where ``options`` left them at the default (1)."""
+    import dataclasses
+
+    import lowbit
+
+    recipe = lowbit.gptq_recipe(fmt, bits) if method == "gptq" else {}
+    if codebook == "auto":
+        codebook = recipe.get("codebook")
+    if rotation == "auto":
+        rotation = recipe.get("rotation", 0)
+    options = options or lowbit.GptqOptions()
+    if method == "gptq" and codebook == "fit" and options.codebook_rounds == 1 and "codebook_rounds" in recipe:
+        options = dataclasses.replace(options, codebook_rounds=recipe["codebook_rounds"])
+    return codebook, rotation, options
+
+
+def variant_label(base: str, codebook, method: str, rotation: int, options) -> str:
+    """``kbit3-fit-gptq-h32``: the format, ``-fit`` (fitted codebook), ``-gptq``, ``-h32`` (rotation),
+    ``-r2`` (codebook rounds) -- the names ``lowbit eval`` gives its rows."""
+    rounds = options.codebook_rounds if (method == "gptq" and codebook == "fit" and options is not None) else 1
+    return (base + ("-fit" if codebook == "fit" else "") + ("-gptq" if method == "gptq" else "") +
+            ("-h32" if rotation else "") + (f"-r{rounds}" if rounds > 1 else ""))
 
 
 def expected_quality(label: str) -> str | None:
@@ -284,7 +314,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (then CUDA graph)")
     p.add_argument("--no-graph", action="store_true", help="eager decode loop on CUDA too")
-    p.add_argument("--codebook", choices=("default", "fit"), default="default", help="fit: Lloyd-Max codebook per tensor")
+    p.add_argument("--codebook", choices=("default", "fit"), default="auto",
+                   help="fit: Lloyd-Max codebook per tensor (default: fit with --method gptq at 2-3 bits, else default)")
     p.add_argument("--load", default=None, help="load a saved quantized model (from --save) instead of quantizing")
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
     p.add_argument("--layers", type=_positive, default=None, help="random:<name> models: number of layers")
@@ -304,9 +335,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--method gptq: tokens per window (default 512)")
     p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
                    help="--method gptq: columns in decreasing importance (default on; --no-act-order: in order)")
-    p.add_argument("--rotate", action="store_true",
-                   help="kbit: store weights rotated by a block-32 Hadamard transform, inputs rotated to match "
-                        "(with --method gptq: lower error at 2-3 bits)")
+    p.add_argument("--codebook-rounds", type=_positive, default=None, metavar="N",
+                   help="--method gptq --codebook fit: refit the codebook to GPTQ's result and run it again, N walks "
+                        "in all (default 2 at 2 bits, else 1)")
+    p.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
+                   help="kbit: store weights rotated by a block-32 Hadamard transform; the GEMV rotates its input "
+                        "in registers (default: on with --method gptq at 2-3 bits, where it lowers the error; "
+                        "costs ~8%% decode speed)")
     p.add_argument("--format", dest="fmt", default="kbit",
                    help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
                         f"({','.join(formats())}), are timed side by side (default %(default)s)")
@@ -367,10 +402,18 @@ def check_args(args) -> None:
     if not args.prompt.strip():
         raise UsageError("--prompt is empty")
     gptq_only = [o for o, v in (("--calibration", args.calibration), ("--calibration-samples", args.calibration_samples),
-                                ("--calibration-seq-len", args.calibration_seq_len), ("--act-order", args.act_order))
+                                ("--calibration-seq-len", args.calibration_seq_len), ("--act-order", args.act_order),
+                                ("--codebook-rounds", args.codebook_rounds))
                  if v is not None]
     if gptq_only and args.method != "gptq":
         raise UsageError(f"{', '.join(gptq_only)}: options of --method gptq")
+    if args.codebook_rounds:
+        import lowbit
+
+        fitted = args.codebook == "fit" or (args.codebook == "auto" and
+                                             lowbit.gptq_recipe(fmts[0], args.bits).get("codebook") == "fit")
+        if not fitted:
+            raise UsageError("--codebook-rounds refits a fitted codebook: add --codebook fit")
     if args.method == "gptq" and args.load:
         raise UsageError("--load reads weights already quantized: --method applies when quantizing")
     if args.calibration is not None and not Path(args.calibration).is_file():
@@ -383,10 +426,11 @@ def _cmd(args) -> int:
     check_args(args)
     generate(args.model, bits=args.bits, prompt=args.prompt, max_new_tokens=args.max_new_tokens, batch=args.batch,
              compare=args.compare, device=args.device, compile=args.compile,
-             codebook="fit" if args.codebook == "fit" else None, load=args.load, save=args.save, layers=args.layers,
+             codebook={"fit": "fit", "default": None}.get(args.codebook, "auto"), load=args.load, save=args.save,
+             layers=args.layers,
              chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits,
              fuse=args.fuse, fmt=args.fmt, method=args.method, calibration=args.calibration,
-             gptq_options=gptq_options(args), rotation=32 if args.rotate else 0)
+             gptq_options=gptq_options(args), rotation="auto" if args.rotate is None else (32 if args.rotate else 0))
     return 0
 
 
@@ -400,4 +444,6 @@ def gptq_options(args):
         o.samples = args.calibration_samples
     if args.calibration_seq_len:
         o.seq_len = args.calibration_seq_len
+    if args.codebook_rounds:
+        o.codebook_rounds = args.codebook_rounds
     return o

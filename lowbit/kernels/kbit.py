@@ -60,12 +60,12 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
 
 
 @ops.kbit_gemv.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     lib = library_or_none(x.device)
     if lib is None:
-        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in)
+        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in, rotation)
     return with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 

@@ -76,12 +76,15 @@ def tiled_format(fmt) -> TiledFormat:
     raise TypeError(f"fmt must be a TiledFormat or kbit's bits (int), got {fmt!r}")
 
 
-_PDL_ARG = (ctypes.c_int(0), ctypes.c_int(1))
+# The GEMV launchers' `flags` (csrc/tiled/gemv.cuh): bit 0 PDL, bit 1 the block-32 rotation.
+FLAG_ROT32 = 2
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(4))
 
 
-def _pdl_arg(supported: bool) -> ctypes.c_int:
-    """Programmatic dependent launch for this call: ``lowbit.programmatic_launch()`` / LOWBIT_PDL, sm_90+."""
-    return _PDL_ARG[int(pdl_enabled() and supported)]
+def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
+    """The launch flags of this call: ``flags`` plus programmatic dependent launch when
+    ``lowbit.programmatic_launch()`` / LOWBIT_PDL asks for it and the device has it (sm_90+)."""
+    return _FLAG_ARGS[flags | int(pdl_enabled() and supported)]
 
 
 def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
@@ -255,12 +258,17 @@ class GemvLauncher(_Launcher):
     Call: ``launcher(x, m, out_shape, bias=None)`` with x contiguous, ``m = x.numel() // K_in`` in
     1..8 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
     ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
+    ``rotation=32`` (kbit): the weight holds ``W H`` and the kernel multiplies by ``x H``
+    (lowbit/formats/kbit/rotation.py), rotating x in its registers.
     """
 
-    def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in):
+    def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in, rotation: int = 0):
         super().__init__(lib, (qweight, qscales, values, scale), fmt, n, k_in)
         self.tiles = kbit_tiled.tiled_shape(n, k_in)[0]
         self.pdl_ok = pdl_supported(self.device)
+        if rotation not in (0, 32) or (rotation and tiled_format(fmt).name != "kbit"):
+            raise ValueError(f"rotation={rotation!r}: the GEMV rotates kbit weights' inputs by 32-blocks only")
+        self.flags = FLAG_ROT32 if rotation else 0
 
     def _plan(self, dtype, m):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
@@ -293,13 +301,13 @@ class GemvLauncher(_Launcher):
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
-                          _pdl_arg(self.pdl_ok), stream)
+                          _pdl_arg(self.pdl_ok, self.flags), stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
-                          warps, _pdl_arg(self.pdl_ok), stream)
+                          warps, _pdl_arg(self.pdl_ok, self.flags), stream)
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y

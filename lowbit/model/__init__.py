@@ -3,8 +3,8 @@ calibrated with GPTQ (:mod:`.calibrate`, :mod:`.gptq`, :mod:`.calibration_data`)
 its integrity checks, and install other tools' NVFP4 checkpoints (:mod:`.checkpoint`)."""
 
 from .checkpoint import LoadError, load_nvfp4_checkpoint, load_quantized, save_quantized
-from .calibrate import CalibrationInfo, GptqOptions
+from .calibrate import CalibrationInfo, GptqOptions, gptq_recipe
 from .quantize import QuantizeReport, model_bytes, quantize_model
 
-__all__ = ["CalibrationInfo", "GptqOptions", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized",
+__all__ = ["CalibrationInfo", "GptqOptions", "gptq_recipe", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized",
            "model_bytes", "quantize_model", "save_quantized"]

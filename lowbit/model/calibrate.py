@@ -37,6 +37,21 @@ from . import gptq as gptq_mod
 from .calibration_data import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN
 
 
+#: What ``lowbit generate --method gptq`` adds where its command line does not say, per (format, bits):
+#: measured best on the default model (benchmarks/journal/2026-11-24_gptq_calibration.md, KL over 1,024
+#: eval tokens): kbit3 needs the fitted codebook and the block-32 rotation to reach RTN kbit4's KL
+#: (0.43 -> 0.211), kbit2 also a second codebook round (7.07 -> 0.927). The rotation costs decode
+#: speed (about 8% at batch 1 on Llama-3-8B shapes), so 4-5 bits, already good without it, go without.
+GPTQ_RECIPES = {("kbit", 2): {"codebook": "fit", "rotation": 32, "codebook_rounds": 2},
+                ("kbit", 3): {"codebook": "fit", "rotation": 32}}
+
+
+def gptq_recipe(fmt: str, bits: int) -> dict:
+    """The measured GPTQ settings for ``fmt`` at ``bits`` (keys ``codebook``, ``rotation``,
+    ``codebook_rounds``; empty where the plain defaults are best)."""
+    return dict(GPTQ_RECIPES.get((fmt, bits), {}))
+
+
 @dataclass
 class GptqOptions:
     """GPTQ's settings (``quantize_model(..., method="gptq", gptq=GptqOptions(...))``)."""

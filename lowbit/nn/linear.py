@@ -140,15 +140,14 @@ class KbitLinear(QuantizedModule):
             raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
         if not x.is_contiguous():
             x = x.contiguous()
-        if self.rotation and not (x.device.type == "cpu" and not torch.compiler.is_compiling()):
-            x = kbit_rotation.rotate(x)  # the kernels hold W H: feed them x H (the CPU path below decodes W itself)
         if x.is_cuda and not torch.compiler.is_compiling():
             # Eager decode: straight to the kernel (a few us of CPU; see dispatch.eager_launcher).
             m = x.numel() // k
             if dispatch.use_gemv(True, x.dtype, m):
                 launch = self._launcher
                 if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.index != x.get_device():
-                    launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features, k, x)
+                    launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features,
+                                                                      k, x, self.rotation)
                 if launch is not None:
                     out_shape = (*x.shape[:-1], self.out_features)
                     bias = self.bias
@@ -166,8 +165,10 @@ class KbitLinear(QuantizedModule):
                 cached = self._cpu_weight = (b["qweight"], self.dequantize(torch.float32))
             bias = None if self.bias is None else self.bias.to(torch.float32)
             return torch.nn.functional.linear(x.to(torch.float32), cached[1], bias).to(x.dtype)
+        # rotation: the GEMV rotates x in registers, the other paths in PyTorch (dispatch); the CPU path
+        # above decodes W itself
         y = dispatch.kbit_tiled_linear_op(x.reshape(-1, k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                          self.bits, self.out_features, k, self.bias)
+                                          self.bits, self.out_features, k, self.bias, self.rotation)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
+from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
 from .common import GEMV_MAX_M, _check_out_dtype, check_bias, per_expert
 
@@ -105,22 +106,25 @@ def _check_kernel_x_args(op, rows, x, qweight, qabsmax, codebook, scale, bits, n
     return x.shape[0]
 
 
-def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
+def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0) -> int:
+    kbit_rotation.check_rotation(rotation)
     return _check_kernel_x_args("kbit_gemv", (1, GEMV_MAX_M), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
 def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int,
-              bias: Tensor | None = None) -> Tensor:
+              bias: Tensor | None = None, rotation: int = 0) -> Tensor:
     """Decode GEMV ``x[M<=8, K_in] @ W^T (+ bias)`` from the tiled layout; fp16/bf16 in and out, fp32
-    accumulation, the bias added in fp32 before the one rounding."""
-    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    accumulation, the bias added in fp32 before the one rounding. ``rotation=32``: the weight holds
+    ``W H`` (block-32 Hadamard, :mod:`lowbit.formats.kbit.rotation`) and the product is ``(x H) (W H)^T``;
+    the kernel rotates x in registers (x H rounded once to x's dtype), the reference in fp32."""
+    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
 
 
 @kbit_gemv.register_fake
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     return x.new_empty((m, n))
 
 
@@ -241,7 +245,10 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
     return x.new_empty((x.shape[0], n))
 
 
-def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    if rotation:
+        x32 = kbit_rotation.rotate(x.to(torch.float32))
+        return tiled_linear_reference(x32, qweight, qabsmax, codebook, scale, bits, n, k_in, bias).to(x.dtype)
     return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 

@@ -16,7 +16,7 @@ from lowbit.kernels import tiled
 from lowbit.kernels.tiled import counters, gemv_warps, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
-from .kbit_check import BOUND, DTYPES
+from .kbit_check import BOUND, DTYPES, capture
 from .kbit_check import dtype_id as ids
 from .kbit_check import ref as _ref
 from .kbit_check import rel as _rel
@@ -308,3 +308,90 @@ def test_pdl_chain_in_graph_equals_serialized_chain(dense_path, gen, monkeypatch
             torch.cuda.synchronize()
             for a, b in zip(got, want):
                 assert torch.equal(a, b)
+
+
+# ---- rotation = 32: the kernels multiply by x H (block-32 Hadamard) in registers --------------------
+def _rotated_ref(x, q):
+    """fp64 (x H) W^T: what a weight stored as W H gives a rotated GEMV (lowbit/formats/kbit/rotation.py)."""
+    from lowbit.formats.kbit import rotation
+
+    h = torch.block_diag(*[rotation.hadamard().double()] * (x.shape[-1] // 32))
+    return _ref((x.cpu().double() @ h), q)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_rotated_gemv_matches_reference(bits, m, dtype, dense_path, gen):
+    """x H is computed by tensor-core MMAs and rounded once to x's dtype: the bound stays the plain GEMV's.
+    Poisoned output: every element written."""
+    for n, k_in in _shapes(gen):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        qw, qa = q.tiled()
+        x = (torch.randn(m, k_in, generator=gen) * torch.rand(k_in, generator=gen) * 4).to(dtype).cuda()
+        y = lowbit.ops.kbit_gemv(x, qw, qa, q.codebook, q.scale, bits, n, k_in, None, 32)
+        err = _rel(y, _rotated_ref(x, q))
+        assert err <= BOUND[dtype], f"N={n} K_in={k_in}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+@pytest.mark.parametrize("dense_kernel", ["kbit_gemv", "kbit_split_gemv"])
+def test_rotated_gemv_poisoned_output_and_guard(pdl, dense_kernel, gen):
+    """Direct C call with the rotation flag (and PDL) on a NaN-filled buffer with a guard tail."""
+    for n, k_in, m in ((37, 96, 1), (1000, 4096, 3), (64, 8192, 8)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=3).to("cuda")
+        x = torch.randn(m, k_in, generator=gen).half().cuda()
+        qw, qa = q.tiled()
+        lib = get_library()
+        buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+        flags = pdl | tiled.FLAG_ROT32
+        if dense_kernel == "kbit_gemv":
+            warps = gemv_warps(lib, x.device, 3, torch.float16, m, n, k_in)
+            ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
+            args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
+                    ptr(counters(x.device, -(-n // 16))), m, n, k_in, warps, flags, stream_of(x.device)]
+            lib.call("kbit_gemv", args, bits=3, dtype=torch.float16, m=tiled.gemv_instance(m))
+        else:
+            ctas = split_max_ctas(lib, x.device, 3, torch.float16, 1)
+            args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n,
+                    k_in, ctas, flags, stream_of(x.device)]
+            lib.call("kbit_split_gemv", args, bits=3, dtype=torch.float16)
+        torch.cuda.synchronize()
+        assert _rel(buf[: m * n].view(m, n), _rotated_ref(x, q)) <= 1e-3
+        assert buf[m * n :].isnan().all()
+
+
+def test_rotated_gemv_refused_for_nvfp4():
+    """The NVFP4 instances have no rotation: the flag is an error, not a silent unrotated product."""
+    w = lowbit.quantize_nvfp4(torch.randn(64, 256)).to("cuda")
+    qw, qs = w.tiled()
+    lib = get_library()
+    x = torch.randn(1, 256).half().cuda()
+    y = torch.empty(1, 64, dtype=torch.float16, device="cuda")
+    ctas = split_max_ctas(lib, x.device, tiled.NVFP4, torch.float16, 1)
+    from lowbit.kernels.nvfp4 import e2m1_codebook
+
+    args = [ptr(x), ptr(None), 1, ptr(qw), ptr(qs), ptr(e2m1_codebook(x.device)), ptr(w.scale_2), ptr(y), ptr(None), 1,
+            64, 256, ctas, tiled.FLAG_ROT32, stream_of(x.device)]
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        lib.call("nvfp4_split_gemv", args, dtype=torch.float16)
+
+
+def test_rotated_module_eager_compiled_and_graph_agree(gen):
+    """KbitLinear(rotation=32) on every path: eager launcher (GEMV), the op under torch.compile, a CUDA
+    graph replay, and M > 8 (the GEMM on x H from PyTorch) -- all against the module's CPU reference."""
+    lin = torch.nn.Linear(512, 300, bias=True)
+    mod = lowbit.nn.KbitLinear.from_linear(lin, bits=4, rotation=32)
+    cpu = mod.dequantize(torch.float32)
+    mod = mod.to("cuda", torch.bfloat16)
+    for m in (1, 5, 40):
+        x = torch.randn(m, 512, generator=gen).bfloat16().cuda()
+        want = (x.float().cpu() @ cpu.t() + lin.bias.detach().float()).double()
+        assert _rel(mod(x), want) < 1e-2
+    x = torch.randn(2, 512, generator=gen).bfloat16().cuda()
+    eager = mod(x)
+    assert torch.equal(torch.compile(mod, fullgraph=True)(x), eager)
+    g, out = capture(lambda: mod(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

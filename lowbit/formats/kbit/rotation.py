@@ -3,11 +3,14 @@
 A weight stored with ``rotation=32`` holds ``W H`` (``H``: block-diagonal, one orthonormal 32 x 32
 Walsh-Hadamard matrix per 32-element block, kbit's own block) and computes ``y = (x H) (W H)^T``, which
 is ``x W^T`` before quantization. The rotation spreads each block's outliers over its 32 elements, so
-the block absmax wastes fewer levels; with GPTQ it measured kbit3 KL 0.295 -> 0.242 and kbit2 1.66 ->
-1.07 on SmolLM2 (benchmarks/journal/2026-11-24_gptq_calibration.md). ``H`` is symmetric and its own
-inverse, so the same transform rotates activations in and weights back out. Today the modules apply it
-to the activations in PyTorch (one small matmul per input); inside the kernels' block loads it would
-cost a few register butterflies.
+the block absmax wastes fewer levels; with GPTQ and a fitted codebook it took SmolLM2's KL from 0.293
+to 0.211 at 3 bits and from 1.63 to 0.93 at 2 bits (benchmarks/journal/2026-11-24_gptq_calibration.md).
+``H`` is symmetric and its own inverse, so the same transform rotates activations in and weights back out.
+
+Where it runs: the decode GEMV (M <= 8) computes ``x H`` inside the kernel, on the tensor cores, from
+the x registers it already holds (csrc/tiled/gemv.cuh, ``rotate_x``); larger batches rotate x with
+:func:`rotate` before the GEMM. Cost (H100, cold L2): +15-30% per GEMV on Llama-3-8B shapes, ~8% of a
+batch-1 decode step: a 16-row unit rotates its x again, so the work grows with N x K / 16, not K.
 """
 
 from __future__ import annotations
