@@ -4,7 +4,7 @@
 #
 #   SUITE=a|b|c   the whole `pytest -m gpu` takes three 10-minute calls (-n 4): a = kbit GEMV, dense GEMV,
 #                 dequantize, bench harness (+ `pytest -m timing` alone); b = kbit GEMM, NVFP4 tiled;
-#                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, input checks
+#                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, GPTQ, input checks
 #   TESTS=...     instead of SUITE: these test paths
 #   E2E=1         also `lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4`
 set -uo pipefail
@@ -14,7 +14,7 @@ case "${SUITE:-}" in
   a) FILES="tests/gpu/test_kbit_gemv_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_kbit_dequant_gpu.py
             tests/gpu/test_kbit_tiled_dequant_gpu.py tests/gpu/test_bench_gpu.py" ;;
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
-  c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py
+  c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py tests/gpu/test_gptq_gpu.py
             tests/test_input_checks.py" ;;
   *) FILES="${TESTS:-tests/gpu/test_decode_formats_gpu.py tests/test_input_checks.py}" ;;
 esac
