@@ -2,8 +2,8 @@
 # One device call (library built here and carried in .lowbit_cache): a part of the GPU suite, then
 # optionally the end-to-end run of the README's headline command.
 #
-#   SUITE=a|b|c   the whole `pytest -m gpu` takes three 10-minute calls (-n 4): a = kbit GEMV, dense GEMV,
-#                 dequantize, bench harness (+ `pytest -m timing` alone); b = kbit GEMM, NVFP4 tiled;
+#   SUITE=a|b|c|d the whole `pytest -m gpu` takes four calls of up to 10 minutes (-n 4): a = kbit GEMV
+#                 (+ `pytest -m timing` alone); d = dense GEMV, dequantize, bench harness; b = kbit GEMM, NVFP4 tiled;
 #                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, GPTQ, input checks
 #   TESTS=...     instead of SUITE: these test paths
 #   E2E=1         also `lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4`
@@ -11,8 +11,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 case "${SUITE:-}" in
-  a) FILES="tests/gpu/test_kbit_gemv_gpu.py tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_kbit_dequant_gpu.py
-            tests/gpu/test_kbit_tiled_dequant_gpu.py tests/gpu/test_bench_gpu.py" ;;
+  a) FILES="tests/gpu/test_kbit_gemv_gpu.py" ;;
+  d) FILES="tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_kbit_dequant_gpu.py tests/gpu/test_kbit_tiled_dequant_gpu.py
+            tests/gpu/test_bench_gpu.py" ;;
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
   c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py tests/gpu/test_gptq_gpu.py
             tests/test_input_checks.py" ;;
@@ -22,7 +23,7 @@ esac
   nvidia-smi --query-gpu=name,driver_version --format=csv
   echo "== gpu tests ${SUITE:-}"
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -m gpu -q -p no:cacheprovider -n 4 -rf $FILES 2>&1 | tail -25
+  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${WORKERS:-4}" -rf $FILES 2>&1 | tail -25
   if [ "${SUITE:-}" = a ]; then
     echo "== timing tests (the GPU alone)"; timeout 120 python3 -m pytest -m timing -q -p no:cacheprovider tests 2>&1 | tail -3
   fi
