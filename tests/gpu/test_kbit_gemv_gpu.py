@@ -315,12 +315,12 @@ def _rotated_ref(x, q):
     """fp64 (x H) W^T: what a weight stored as W H gives a rotated GEMV (lowbit/formats/kbit/rotation.py)."""
     from lowbit.formats.kbit import rotation
 
-    h = torch.block_diag(*[rotation.hadamard().double()] * (x.shape[-1] // 32))
-    return _ref((x.cpu().double() @ h), q)
+    x = x.cpu().double()
+    return _ref((x.reshape(x.shape[0], -1, 32) @ rotation.hadamard().double()).reshape(x.shape), q)
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_rotated_gemv_matches_reference(bits, m, dtype, dense_path, gen):
     """x H is computed by tensor-core MMAs and rounded once to x's dtype: the bound stays the plain GEMV's.
