@@ -15,6 +15,9 @@ the compiled kernels where one exists):
     c = lowbit.ops.nvfp4_w4a4_gemv(a, b, sfa, sfb)  # GPU MODE nvfp4_gemv (W4A4); ops.nvfp4_quantize_act: x -> NVFP4
     e = lowbit.quantize_nvfp4_experts(W)          # W: [E, N, K]
     y = lowbit.nvfp4_grouped_linear(x_sorted, offsets, e)       # MoE, one launch
+    s = lowbit.quantize_sbvr(weight, num_sums=4)  # SbvrWeight (sums of coefficient x bitvector per 128)
+    W = lowbit.dequantize_sbvr(s, torch.bfloat16)
+    y = lowbit.sbvr_linear(x, s)
 
 Models:
 
@@ -31,7 +34,8 @@ import torch
 from . import dispatch, ops
 from ._checks import check_tensor, check_x, offsets_for
 from .dispatch import DENSE_GEMV_MAX_M, GEMV_MAX_M
-from .formats import e4m4, kbit, nvfp4
+from .formats import e4m4, kbit, nvfp4, sbvr
+from .formats.sbvr import SbvrWeight
 from .formats.nvfp4 import NvFp4Weight
 from .formats.nvfp4 import quantize as quantize_nvfp4
 from .formats.kbit import KbitExperts, KbitWeight, normal_float_codebook
@@ -129,6 +133,33 @@ def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     return y.reshape(*lead, n)
 
 
+def quantize_sbvr(weight: torch.Tensor, num_sums: int = 4, group: int = sbvr.GROUP, *,
+                  progress: bool = False) -> SbvrWeight:
+    """SBVR of a float weight ``[N, K]`` (K a multiple of ``group``), encoded on its device
+    (:mod:`lowbit.formats.sbvr`); ``progress``: a bar over rows."""
+    check_tensor("weight", weight, dtypes=(torch.float32, torch.float16, torch.bfloat16), dim=2)
+    return sbvr.quantize(weight, num_sums, group, progress=progress)
+
+
+def _check_sbvr(w: object) -> SbvrWeight:
+    if not isinstance(w, SbvrWeight):
+        raise TypeError(f"w must be a lowbit SbvrWeight (from lowbit.quantize_sbvr), got {type(w).__name__}")
+    return w
+
+
+def dequantize_sbvr(w: SbvrWeight, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """The ``[N, K]`` weight in ``dtype`` (each element's subset sum in fp32, one rounding)."""
+    return _check_sbvr(w).dequantize(dtype)
+
+
+def sbvr_linear(x: torch.Tensor, w: SbvrWeight) -> torch.Tensor:
+    """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype (:func:`lowbit.dispatch.sbvr_linear_op`)."""
+    _check_sbvr(w)
+    n, k = w.shape
+    check_x(x, k, w.device, what="K")
+    return dispatch.sbvr_linear_op(x.reshape(-1, k), w).reshape(*x.shape[:-1], n)
+
+
 def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4.NvFp4Experts":
     """NVFP4 of a stack of expert weights ``[E, N, K]`` (K % 32 == 0) in the tiled layout, for
     :func:`nvfp4_grouped_linear`."""
@@ -155,6 +186,11 @@ __all__ = [
     "nvfp4",
     "nvfp4_linear",
     "quantize_nvfp4",
+    "quantize_sbvr",
+    "dequantize_sbvr",
+    "sbvr_linear",
+    "SbvrWeight",
+    "sbvr",
     "GEMV_MAX_M",
     "QuantizeReport",
     "load_nvfp4_checkpoint",

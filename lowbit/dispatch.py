@@ -293,6 +293,17 @@ def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     return ops.kbit_linear(x2, *w.tensors(), w.bits)
 
 
+def sbvr_linear_op(x2: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias)`` for an :class:`~lowbit.formats.sbvr.SbvrWeight`: the weight decoded in
+    PyTorch then one matmul on CUDA (fp16/bf16: cuBLAS, one rounding of the decoded weight), the fp32
+    reference on CPU and for fp32. SBVR has no decode kernel of its own yet."""
+    from .formats import sbvr
+
+    if x2.is_cuda and x2.dtype in GEMV_DTYPES:
+        return torch.nn.functional.linear(x2, w.dequantize(x2.dtype), None if bias is None else bias.to(x2.dtype))
+    return sbvr.linear_reference(x2, w, bias)
+
+
 def dense_linear_op(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x2 [M, K] @ weight^T`` for an unquantized fp16/bf16 weight: lowbit's tuned GEMV for
     1 <= M <= DENSE_GEMV_MAX_M, cuBLAS above on CUDA, the fp32 reference on CPU."""

@@ -1,0 +1,10 @@
+"""SBVR: weights as sums of coefficient x bitvector per group, coefficients from a shared cache.
+
+* :mod:`.definition` -- the format in PyTorch: encoder, decoder, bit packing, the exact product and the
+  authors' bit-plane-activation product;
+* :mod:`.weight` -- ``SbvrWeight`` and ``quantize``.
+"""
+
+from . import definition, weight
+from .definition import *  # noqa: F401,F403
+from .weight import SbvrWeight, linear_reference, quantize  # noqa: F401

@@ -1,0 +1,83 @@
+"""``SbvrWeight``: one SBVR-quantized weight (see :mod:`.definition`), and ``quantize``."""
+
+from __future__ import annotations
+
+import torch
+
+from . import definition
+from .definition import GROUP, WORD, check_sbvr_tensors
+
+
+class SbvrWeight:
+    """An SBVR weight ``[N, K]``: ``bitvectors`` int32 [N, K/32, num_sums], ``coeff_idx`` int16 [N, K/group]
+    (unsigned cache rows), ``cache`` fp16 [lines, num_sums], ``group`` (elements per coefficient vector)."""
+
+    __slots__ = ("bitvectors", "coeff_idx", "cache", "group")
+
+    def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor, group: int = GROUP):
+        check_sbvr_tensors(bitvectors, coeff_idx, cache, group)
+        devices = {t.device for t in (bitvectors, coeff_idx, cache)}
+        if len(devices) != 1:
+            raise ValueError(f"bitvectors, coeff_idx and cache must be on one device, got {sorted(map(str, devices))}")
+        self.bitvectors, self.coeff_idx, self.cache, self.group = bitvectors, coeff_idx, cache, group
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.bitvectors.shape[0], self.bitvectors.shape[1] * WORD
+
+    @property
+    def num_sums(self) -> int:
+        return self.bitvectors.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.bitvectors.device
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.bitvectors, self.coeff_idx, self.cache
+
+    def to(self, device) -> "SbvrWeight":
+        return SbvrWeight(*(t.to(device) for t in self.tensors()), group=self.group)
+
+    def nbytes(self) -> int:
+        """Stored bytes: bitvectors + 16-bit indices + the fp16 cache."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def bits_per_weight(self) -> float:
+        n, k = self.shape
+        return 8 * self.nbytes() / (n * k)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return definition.decode(*self.tensors(), self.group, dtype)
+
+    def __repr__(self) -> str:
+        n, k = self.shape
+        return (f"SbvrWeight({n}x{k}, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines, "
+                f"{self.bits_per_weight():.3f} bits/weight, device={self.device})")
+
+
+def quantize(weight: torch.Tensor, num_sums: int = 4, group: int = GROUP, *, progress: bool = False) -> SbvrWeight:
+    """Encode a float weight ``[N, K]`` (K a multiple of ``group``) on its device; ``progress``: a bar over rows."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=weight.shape[0], desc=f"SBVR encode {tuple(weight.shape)}", unit="row", leave=False)
+    done = [0]
+
+    def tick(rows: int) -> None:
+        if bar is not None:
+            bar.update(rows - done[0])
+            done[0] = rows
+
+    try:
+        codes, idx, cache = definition.encode(weight, num_sums, group, progress=tick)
+    finally:
+        if bar is not None:
+            bar.close()
+    idx16 = torch.where(idx >= 1 << 15, idx - (1 << 16), idx).to(torch.int16)
+    return SbvrWeight(definition.pack_bits(codes, num_sums), idx16, cache, group)
+
+
+def linear_reference(x: torch.Tensor, w: SbvrWeight, bias=None) -> torch.Tensor:
+    return definition.linear_reference(x, *w.tensors(), w.group, bias)

@@ -1,0 +1,137 @@
+"""``SbvrLinear``: a drop-in for ``nn.Linear`` with an SBVR weight (:mod:`lowbit.formats.sbvr`). Models of them
+come from ``lowbit.quantize_model(model, format="sbvr", bits=num_sums)``. Its forward is
+:func:`lowbit.dispatch.sbvr_linear_op`. Inference only."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import dispatch
+from ..formats import sbvr
+from .base import QuantizedModule, describe
+
+
+def group_for(in_features: int) -> int:
+    """The largest of 128, 64, 32 that divides ``in_features`` (the format's group; 128 where it can)."""
+    for g in (128, 64, 32):
+        if in_features % g == 0:
+            return g
+    raise ValueError(f"SBVR needs in_features % 32 == 0, got {in_features}")
+
+
+class SbvrLinear(QuantizedModule):
+    """``y = x @ W^T + b`` with W in SBVR (``num_sums`` bitvectors per group + a coefficient-cache index).
+    ``SbvrLinear(in, out, bias, num_sums=, group=, cache_lines=)`` is an empty skeleton for loading."""
+
+    format_name = "sbvr"
+    k_multiple = sbvr.WORD
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, num_sums: int = 4,
+                 group: int | None = None, cache_lines: int = 1, device=None, dtype: torch.dtype | None = None):
+        super().__init__()
+        if not (isinstance(in_features, int) and isinstance(out_features, int) and in_features > 0 and out_features > 0):
+            raise ValueError(f"in_features and out_features must be positive ints, got {in_features}, {out_features}")
+        group = group_for(in_features) if group is None else sbvr.check_group(group)
+        if in_features % group:
+            raise ValueError(f"in_features={in_features} is not a multiple of group={group}")
+        self.in_features, self.out_features = in_features, out_features
+        self.num_sums, self.group = sbvr.check_num_sums(num_sums), group
+        self.register_buffer("bitvectors", torch.zeros((out_features, in_features // sbvr.WORD, num_sums),
+                                                       dtype=torch.int32, device=device))
+        self.register_buffer("coeff_idx", torch.zeros((out_features, in_features // group), dtype=torch.int16, device=device))
+        self.register_buffer("cache", torch.zeros((cache_lines, num_sums), dtype=torch.float16, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def label(cls, bits: int) -> str:
+        return f"sbvr{bits}"
+
+    @classmethod
+    def check_options(cls, bits: int = 4, codebook=None) -> None:
+        if codebook is not None:
+            raise ValueError("codebook is a kbit option; SBVR's coefficients come from its own search")
+        try:
+            sbvr.check_num_sums(bits)
+        except ValueError:
+            raise ValueError(f"format='sbvr' takes bits = num_sums in {sbvr.SUPPORTED_NUM_SUMS}, got {bits!r}") from None
+
+    @classmethod
+    def from_weight(cls, w: sbvr.SbvrWeight, bias: torch.Tensor | None = None) -> "SbvrLinear":
+        if not isinstance(w, sbvr.SbvrWeight):
+            raise TypeError(f"w must be an SbvrWeight, got {type(w).__name__}")
+        n, k = w.shape
+        mod = cls(k, n, bias=bias is not None, num_sums=w.num_sums, group=w.group, cache_lines=w.cache.shape[0],
+                  device="meta")
+        mod._buffers.update(bitvectors=w.bitvectors, coeff_idx=w.coeff_idx, cache=w.cache)
+        if bias is not None:
+            if tuple(bias.shape) != (n,):
+                raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+            mod.bias = nn.Parameter(bias.detach().clone().to(w.device), requires_grad=False)
+        return mod
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook=None, quantized: sbvr.SbvrWeight | None = None,
+                    group: int | None = None) -> "SbvrLinear":
+        """Encode an ``nn.Linear`` (on its device) with ``num_sums = bits``; ``quantized``: an ``SbvrWeight``
+        already chosen instead."""
+        cls.check_options(bits, codebook)
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        if quantized is None:
+            quantized = sbvr.quantize(linear.weight.detach(), bits, group or group_for(linear.in_features))
+        elif tuple(quantized.shape) != tuple(linear.weight.shape):
+            raise ValueError(f"quantized weight {tuple(quantized.shape)} does not fit {tuple(linear.weight.shape)}")
+        return cls.from_weight(quantized, linear.bias)
+
+    def sbvr_weight(self) -> sbvr.SbvrWeight:
+        b = self._buffers
+        return sbvr.SbvrWeight(b["bitvectors"], b["coeff_idx"], b["cache"], self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.in_features
+        if x.shape[-1] != k:
+            raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        y = dispatch.sbvr_linear_op(x.reshape(-1, k), self.sbvr_weight(), self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.sbvr_weight().dequantize(dtype)
+
+    def format_bytes(self) -> int:
+        return self.sbvr_weight().nbytes()
+
+    def _apply(self, fn, recurse=True):
+        # dtype casts (model.half()) must not touch the bitvectors, indices or the fp16 cache
+        from .linear import apply_keeping_dtypes
+
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("cache",))
+        return self
+
+    def checkpoint_config(self) -> dict:
+        return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None,
+                "num_sums": self.num_sums, "group": self.group, "cache_lines": int(self.cache.shape[0])}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrLinear":
+        n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
+        if isinstance(old, (nn.Linear, SbvrLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
+            return cls(k, n, bias=bias, num_sums=cfg["num_sums"], group=cfg["group"], cache_lines=cfg["cache_lines"],
+                       device="meta")
+        raise ValueError(f"saved SbvrLinear({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        try:
+            sbvr.check_sbvr_tensors(staged[f"{name}.bitvectors"], staged[f"{name}.coeff_idx"], staged[f"{name}.cache"],
+                                    self.group)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"module {name!r}: {e}") from None
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines")
