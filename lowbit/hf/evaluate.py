@@ -59,14 +59,27 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
             out += [(f"kbit{b}+lm_head{lm_head}{tag}", ("kbit-lm_head", b, lm_head, method)) for b in bits_list]
         if fuse:
             out += [(f"kbit{b}+fuse{tag}", ("kbit-fuse", b, None, method)) for b in bits_list]
-        # every other format at its defaults
-        out += [(f + tag, ("format", f, None, method)) for f in formats() if f != "kbit"
-                and (method == "rtn" or linear_class(f).column_quantizer is not None)]
+        # every other format: one row per bit width it takes (sbvr2..5: num_sums), or one at its default
+        for f in formats():
+            cls = linear_class(f)
+            if f == "kbit" or (method != "rtn" and cls.column_quantizer is None):
+                continue
+            widths = [b for b in bits_list if _takes_bits(cls, b)]
+            out += ([(f"{f}{b}{tag}", ("format", f, b, method)) for b in widths] if len(widths) > 1 or
+                    (widths and not _takes_bits(cls, 4)) else [(f + tag, ("format", f, None, method))])
     if baselines:
         from ..bench.baselines import BASELINES
 
         out += [(name, ("fake", name, None, "rtn")) for name in BASELINES]
     return out
+
+
+def _takes_bits(cls, bits: int) -> bool:
+    try:
+        cls.check_options(bits=bits)
+    except ValueError:
+        return False
+    return True
 
 
 def _apply(model, spec, tok=None, gptq=None, rotation=0):
@@ -84,7 +97,7 @@ def _apply(model, spec, tok=None, gptq=None, rotation=0):
     if kind == "kbit-fuse":
         return lowbit.quantize_model(model, bits=a, fuse=True, **kw)
     if kind == "format":
-        return lowbit.quantize_model(model, format=a, **kw)
+        return lowbit.quantize_model(model, format=a, **({"bits": b} if b is not None else {}), **kw)
     fn = BASELINES[a][0]
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -117,9 +130,19 @@ def _answer(model, tok, prompt, max_new_tokens=16):
 
 def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 1024, fit: bool = True,
              baselines: bool = True, prompts: bool = False, device: str | None = None, lm_head: int | None = None,
-             fuse: bool = False, methods=("rtn",), gptq=None, rotation: int = 0) -> dict:
+             fuse: bool = False, methods=("rtn",), gptq=None, rotation: int = 0, only=None) -> dict:
     from . import quality, sources
 
+    variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
+    if rotation:  # kbit rows rotated (their names say so); the other rows as they are
+        variants = [(n + "-h32" if s[0].startswith("kbit") else n, s) for n, s in variants]
+    if gptq is not None and gptq.codebook_rounds > 1:  # the fitted-codebook GPTQ rows: -r<rounds>
+        variants = [(n + f"-r{gptq.codebook_rounds}" if "-fit-gptq" in n else n, s) for n, s in variants]
+    if only:  # these rows only (names as printed)
+        unknown = sorted(set(only) - {n for n, _ in variants})
+        if unknown:
+            raise ValueError(f"--only: no rows named {unknown}; the rows are {[n for n, _ in variants]}")
+        variants = [(n, s) for n, s in variants if n in only]
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     base, tok, desc = sources.load(model, dtype=dtype, device=device)
@@ -129,11 +152,6 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     ref_answers = [_answer(base, tok, p) for p in FACTUAL_PROMPTS] if prompts else None
     if prompts:
         result["reference_answers"] = [{"prompt": p, "answer": a, "margin": m} for p, (a, m) in zip(FACTUAL_PROMPTS, ref_answers)]
-    variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
-    if rotation:  # kbit rows rotated (their names say so); the other rows as they are
-        variants = [(n + "-h32" if s[0].startswith("kbit") else n, s) for n, s in variants]
-    if gptq is not None and gptq.codebook_rounds > 1:  # the fitted-codebook GPTQ rows: -r<rounds>
-        variants = [(n + f"-r{gptq.codebook_rounds}" if "-fit-gptq" in n else n, s) for n, s in variants]
     if "gptq" in methods:
         from ..model.calibration_data import default_text_info
 
@@ -283,6 +301,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
     p.add_argument("--fuse", action="store_true", help="also kbit<b>+fuse rows (quantize_model(fuse=True))")
     p.add_argument("--encoder", action="store_true", help="also all-MiniLM-L6-v2: embedding cosine vs unquantized")
+    p.add_argument("--only", default=None, metavar="ROWS",
+                   help="comma-separated row names to score (e.g. sbvr3,sbvr3-gptq); the others are left out")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=_cmd)
     return p
@@ -312,12 +332,22 @@ def _cmd(args) -> int:
         raise UsageError("--codebook-rounds takes a count >= 1, with --method gptq and the fitted-codebook rows")
     gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}),
                               **({"codebook_rounds": args.codebook_rounds} if args.codebook_rounds else {}))
-    r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
-                 prompts=args.prompts, device=args.device, lm_head=args.lm_head,
-                 fuse=args.fuse, methods=methods, gptq=gptq, rotation=32 if args.rotate else 0)
+    try:
+        r = _run_eval(args, bits, methods, gptq)
+    except ValueError as e:
+        if str(e).startswith("--only"):
+            raise UsageError(str(e)) from None
+        raise
     if args.encoder:
         r["encoder"] = encoder_cosine(bits)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=1)
     return 0
+
+
+def _run_eval(args, bits, methods, gptq):
+    return evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
+                    prompts=args.prompts, device=args.device, lm_head=args.lm_head, fuse=args.fuse, methods=methods,
+                    gptq=gptq, rotation=32 if args.rotate else 0,
+                    only=None if args.only is None else [r.strip() for r in args.only.split(",") if r.strip()])

@@ -26,6 +26,7 @@ class SbvrLinear(QuantizedModule):
 
     format_name = "sbvr"
     k_multiple = sbvr.WORD
+    column_quantizer = sbvr.columns.ColumnQuantizer
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, num_sums: int = 4,
                  group: int | None = None, cache_lines: int = 1, device=None, dtype: torch.dtype | None = None):

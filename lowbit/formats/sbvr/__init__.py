@@ -2,9 +2,10 @@
 
 * :mod:`.definition` -- the format in PyTorch: encoder, decoder, bit packing, the exact product and the
   authors' bit-plane-activation product;
-* :mod:`.weight` -- ``SbvrWeight`` and ``quantize``.
+* :mod:`.weight` -- ``SbvrWeight`` and ``quantize``;
+* :mod:`.columns` -- the format quantized column by column, for error-compensating calibration (GPTQ).
 """
 
-from . import definition, weight
+from . import columns, definition, weight
 from .definition import *  # noqa: F401,F403
 from .weight import SbvrWeight, linear_reference, quantize  # noqa: F401

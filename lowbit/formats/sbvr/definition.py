@@ -108,6 +108,60 @@ def _nearest(values: torch.Tensor, pts: torch.Tensor) -> tuple[torch.Tensor, tor
     return code, err
 
 
+class Lines:
+    """The candidate cache lines of one tensor: ``SHAPES`` shapes x ``SCALES`` ladder scales, as stored
+    (fp16), the ladder's top fixed from the tensor as given (1.25 x its largest group span)."""
+
+    def __init__(self, weight: torch.Tensor, num_sums: int, group: int):
+        self.num_sums, self.group = check_num_sums(num_sums), check_group(group)
+        w = weight.detach().to(torch.float32)
+        dev = w.device
+        span = w.reshape(-1, group).aminmax(dim=-1)
+        self.top = float((span.max - span.min).max()) * 1.25 or 1.0
+        self.ladder = scale_ladder(self.top, dev)
+        self.family = shape_family(num_sums, dev)
+        self.family_points = points(self.family)  # [SHAPES, P], span 1
+        self.values = (self.ladder[None, :, None] * self.family[:, None, :]).to(torch.float16).reshape(-1, num_sums)
+
+    def choose(self, g: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+        """The line (shape * SCALES + scale) for each group ``g [G, group]``: every shape at the scale the
+        group's span suggests (one bucketize per shape, shared boundaries), then the best shape at
+        +-SCALE_SEARCH ladder steps with the stored fp16 coefficients; squared error weighted by
+        ``importance [group]`` when given."""
+        dev = g.device
+        span = (g.amax(-1) - g.amin(-1)).clamp_min(self.top * 2.0 ** (-SCALES / SCALE_STEPS_PER_OCTAVE))
+        b0 = torch.round(torch.log2(self.top / span) * SCALE_STEPS_PER_OCTAVE).clamp(0, SCALES - 1).to(torch.int64)
+        gn = g / self.ladder[b0][:, None]
+        imp = torch.ones(g.shape[-1], device=dev) if importance is None else importance.to(dev, torch.float32)
+        best_err = torch.full((g.shape[0],), float("inf"), device=dev)
+        best_shape = torch.zeros(g.shape[0], dtype=torch.int64, device=dev)
+        for a in range(self.family.shape[0]):
+            srt = self.family_points[a].sort().values
+            err = (((gn - srt[torch.bucketize(gn, (srt[1:] + srt[:-1]) * 0.5)]) ** 2) * imp).sum(-1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_shape = torch.where(better, a, best_shape)
+        best_err = torch.full((g.shape[0],), float("inf"), device=dev)
+        best_b = b0.clone()
+        for db in range(-SCALE_SEARCH, SCALE_SEARCH + 1):
+            b = (b0 + db).clamp(0, SCALES - 1)
+            _, err = _nearest(g, points(self.values[best_shape * SCALES + b]))
+            err = (err * imp).sum(-1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_b = torch.where(better, b, best_b)
+        return best_shape * SCALES + best_b
+
+    def nearest(self, values: torch.Tensor, lines: torch.Tensor) -> torch.Tensor:
+        """Codes of ``values [R, L]`` against the points of ``lines [R]``."""
+        return _nearest(values, points(self.values[lines]))[0]
+
+    def cache(self, lines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(coeff_idx int64 like ``lines``, cache fp16 [used lines, num_sums]): the lines some group uses."""
+        used, idx = torch.unique(lines, return_inverse=True)
+        return idx, self.values[used]
+
+
 def encode(weight: torch.Tensor, num_sums: int = 4, group: int = GROUP, *, chunk_groups: int = 1 << 16,
            progress: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Encode ``weight [N, K]`` (K a multiple of ``group``): returns ``(codes uint8 [N, K], coeff_idx int64
@@ -119,54 +173,19 @@ def encode(weight: torch.Tensor, num_sums: int = 4, group: int = GROUP, *, chunk
     if not bool(torch.isfinite(w).all()):
         raise ValueError("weight has NaN or Inf entries")
     n, k = w.shape
-    dev = w.device
+    lines = Lines(w, num_sums, group)
     groups = w.reshape(-1, group)
-    span = groups.amax(-1) - groups.amin(-1)
-    top = float(span.max()) * 1.25 or 1.0
-    ladder = scale_ladder(top, dev)
-    family = shape_family(num_sums, dev)
-    fam_pts = points(family)                         # [SHAPES, P], span 1
-    # every (shape, scale) line, rounded to fp16 as it is stored; its points are what codes decode to
-    lines16 = (ladder[None, :, None] * family[:, None, :]).to(torch.float16)  # [SHAPES, SCALES, ns]
-    g_total = groups.shape[0]
-    line_of = torch.empty(g_total, dtype=torch.int64, device=dev)
-    codes = torch.empty(groups.shape, dtype=torch.uint8, device=dev)
-    rows_per_group = k // group
-    for g0 in range(0, g_total, chunk_groups):
+    line_of = torch.empty(groups.shape[0], dtype=torch.int64, device=w.device)
+    codes = torch.empty(groups.shape, dtype=torch.uint8, device=w.device)
+    for g0 in range(0, groups.shape[0], chunk_groups):
         g = groups[g0:g0 + chunk_groups]
-        s = span[g0:g0 + chunk_groups].clamp_min(top * 2.0 ** (-SCALES / SCALE_STEPS_PER_OCTAVE))
-        b0 = torch.round(torch.log2(top / s) * SCALE_STEPS_PER_OCTAVE).clamp(0, SCALES - 1).to(torch.int64)
-        sigma = ladder[b0]
-        # 1. each shape at the span's scale: one bucketize per shape, shared boundaries
-        gn = g / sigma[:, None]
-        best_err = torch.full((g.shape[0],), float("inf"), device=dev)
-        best_shape = torch.zeros(g.shape[0], dtype=torch.int64, device=dev)
-        for a in range(family.shape[0]):
-            srt = fam_pts[a].sort().values
-            mids = (srt[1:] + srt[:-1]) * 0.5
-            err = ((gn - srt[torch.bucketize(gn, mids)]) ** 2).sum(-1)
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_shape = torch.where(better, a, best_shape)
-        # 2. the best shape at nearby ladder steps, with the fp16 coefficients actually stored
-        best_err = torch.full((g.shape[0],), float("inf"), device=dev)
-        best_b = b0.clone()
-        for db in range(-SCALE_SEARCH, SCALE_SEARCH + 1):
-            b = (b0 + db).clamp(0, SCALES - 1)
-            _, err = _nearest(g, points(lines16[best_shape, b]))
-            err = err.sum(-1)
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_b = torch.where(better, b, best_b)
-        line = best_shape * SCALES + best_b
-        code, _ = _nearest(g, points(lines16.reshape(-1, num_sums)[line]))
+        line = lines.choose(g)
         line_of[g0:g0 + chunk_groups] = line
-        codes[g0:g0 + chunk_groups] = code.to(torch.uint8)
+        codes[g0:g0 + chunk_groups] = lines.nearest(g, line).to(torch.uint8)
         if progress is not None:
-            progress(min(g0 + chunk_groups, g_total) // rows_per_group)
-    used, idx = torch.unique(line_of, return_inverse=True)
-    cache = lines16.reshape(-1, num_sums)[used]
-    return codes.reshape(n, k), idx.reshape(n, rows_per_group), cache
+            progress(min(g0 + chunk_groups, groups.shape[0]) // (k // group))
+    idx, cache = lines.cache(line_of)
+    return codes.reshape(n, k), idx.reshape(n, k // group), cache
 
 
 def pack_bits(codes: torch.Tensor, num_sums: int) -> torch.Tensor:
