@@ -32,6 +32,7 @@ CASES = [
     ("generate --method gptq --bits 2 --codebook default --codebook-rounds 2", "--codebook-rounds refits a fitted codebook"),
     ("generate --format nvfp4 --rotate", "--rotate: --format nvfp4 has no rotated weights"),
     ("eval --codebook-rounds 2", "--codebook-rounds takes a count >= 1, with --method gptq"),
+    ("eval --only nosuchrow", "--only: no rows named ['nosuchrow']"),
 ]
 
 

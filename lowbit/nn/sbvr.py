@@ -46,6 +46,8 @@ class SbvrLinear(QuantizedModule):
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
         else:
             self.register_parameter("bias", None)
+        self._w = self._w_src = None  # the SbvrWeight over the buffers, checked once per change (not per call:
+        # its checks read values back, which a CUDA graph capture cannot do)
 
     @classmethod
     def label(cls, bits: int) -> str:
@@ -90,7 +92,10 @@ class SbvrLinear(QuantizedModule):
 
     def sbvr_weight(self) -> sbvr.SbvrWeight:
         b = self._buffers
-        return sbvr.SbvrWeight(b["bitvectors"], b["coeff_idx"], b["cache"], self.group)
+        src = (b["bitvectors"], b["coeff_idx"], b["cache"])
+        if self._w is None or self._w_src is None or any(a is not c for a, c in zip(self._w_src, src)):
+            self._w, self._w_src = sbvr.SbvrWeight(*src, self.group), src
+        return self._w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
@@ -112,7 +117,11 @@ class SbvrLinear(QuantizedModule):
         from .linear import apply_keeping_dtypes
 
         apply_keeping_dtypes(self, super()._apply, fn, recurse, ("cache",))
+        self._w = self._w_src = None
         return self
+
+    def tensors_changed(self) -> None:
+        self._w = self._w_src = None
 
     def checkpoint_config(self) -> dict:
         return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None,
