@@ -64,9 +64,10 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
             cls = linear_class(f)
             if f == "kbit" or (method != "rtn" and cls.column_quantizer is None):
                 continue
-            widths = [b for b in bits_list if _takes_bits(cls, b)]
-            out += ([(f"{f}{b}{tag}", ("format", f, b, method)) for b in widths] if len(widths) > 1 or
-                    (widths and not _takes_bits(cls, 4)) else [(f + tag, ("format", f, None, method))])
+            if sum(_takes_bits(cls, b) for b in (2, 3, 4, 5)) > 1:
+                out += [(f"{f}{b}{tag}", ("format", f, b, method)) for b in bits_list if _takes_bits(cls, b)]
+            else:
+                out.append((f + tag, ("format", f, None, method)))
     if baselines:
         from ..bench.baselines import BASELINES
 
