@@ -30,15 +30,14 @@ class ColumnQuantizer:
         self.num_sums = bits
         self.importance = None if importance is None else importance.detach().float().clamp_min(0).to(w.device)
         self.line_of = torch.zeros((n, k // self.group), dtype=torch.int64, device=w.device)
-        self._points = None
         self.codes = torch.zeros((n, k), dtype=torch.uint8, device=w.device)
 
     def set_block(self, b: int, columns: torch.Tensor) -> None:
         imp = None if self.importance is None else self.importance[b * self.group:(b + 1) * self.group]
         self.line_of[:, b] = self.lines.choose(columns.to(torch.float32), imp)
-        self._points = points(self.lines.values[self.line_of[:, b]])  # [N, P] fp32
 
     def quantize(self, col: int, w: torch.Tensor) -> torch.Tensor:
+        # the row's line of this column's group (with act-order every group's line is set up front)
         pts = points(self.lines.values[self.line_of[:, col // self.group]])
         d = (w.to(torch.float32)[:, None] - pts).abs()
         code = d.argmin(-1)
