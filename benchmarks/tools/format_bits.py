@@ -11,7 +11,7 @@ import torch
 
 import lowbit
 from lowbit.hf import sources
-from lowbit.nn import QuantizedModule
+from lowbit.nn import QuantizedModule, formats
 
 
 def main() -> None:
@@ -22,7 +22,7 @@ def main() -> None:
     base, _, desc = sources.load(args.model, dtype=torch.float32, device="cpu")
     print(desc)
     for row in args.rows.split(","):
-        fmt = row.rstrip("0123456789")
+        fmt = row if row in formats() else row.rstrip("0123456789")  # nvfp4: a name; sbvr3: format + bits
         bits = int(row[len(fmt):]) if row[len(fmt):] else 4
         m = copy.deepcopy(base)
         lowbit.quantize_model(m, format=fmt, bits=bits, fuse=False, progress=False)
