@@ -166,3 +166,11 @@ def test_gptq_column_quantizer_matches_decoder_and_beats_rtn(gen):
     rtn = lowbit.quantize_sbvr(w, num_sums=3)
     err = lambda wq: ((x @ (wq - w).t()).norm() / (x @ w.t()).norm()).item()  # noqa: E731
     assert err(res.dequantize()) < err(rtn.dequantize())
+
+
+def test_module_under_torch_compile(gen):
+    """The module's forward traces in one graph (torch.compile fullgraph) and gives the eager result."""
+    lin = torch.nn.Linear(256, 64)
+    mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=3)
+    x = torch.randn(2, 256, generator=gen)
+    assert torch.equal(torch.compile(mod, fullgraph=True)(x), mod(x))
