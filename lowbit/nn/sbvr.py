@@ -93,6 +93,8 @@ class SbvrLinear(QuantizedModule):
     def sbvr_weight(self) -> sbvr.SbvrWeight:
         b = self._buffers
         src = (b["bitvectors"], b["coeff_idx"], b["cache"])
+        if torch.compiler.is_compiling():  # traced: the buffers were checked when built or loaded
+            return sbvr.SbvrWeight(*src, self.group, check=False)
         if self._w is None or self._w_src is None or any(a is not c for a, c in zip(self._w_src, src)):
             self._w, self._w_src = sbvr.SbvrWeight(*src, self.group), src
         return self._w

@@ -14,11 +14,15 @@ class SbvrWeight:
 
     __slots__ = ("bitvectors", "coeff_idx", "cache", "group")
 
-    def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor, group: int = GROUP):
-        check_sbvr_tensors(bitvectors, coeff_idx, cache, group)
-        devices = {t.device for t in (bitvectors, coeff_idx, cache)}
-        if len(devices) != 1:
-            raise ValueError(f"bitvectors, coeff_idx and cache must be on one device, got {sorted(map(str, devices))}")
+    def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor, group: int = GROUP,
+                 *, check: bool = True):
+        # check=False: tensors already checked (a module's buffers; its checks read values back, which
+        # torch.compile and CUDA-graph capture cannot do)
+        if check:
+            check_sbvr_tensors(bitvectors, coeff_idx, cache, group)
+            devices = {t.device for t in (bitvectors, coeff_idx, cache)}
+            if len(devices) != 1:
+                raise ValueError(f"bitvectors, coeff_idx and cache must be on one device, got {sorted(map(str, devices))}")
         self.bitvectors, self.coeff_idx, self.cache, self.group = bitvectors, coeff_idx, cache, group
 
     @property
