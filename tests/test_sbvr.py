@@ -174,3 +174,17 @@ def test_module_under_torch_compile(gen):
     mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=3)
     x = torch.randn(2, 256, generator=gen)
     assert torch.equal(torch.compile(mod, fullgraph=True)(x), mod(x))
+
+
+def test_rotated_sbvr_module(tmp_path, gen):
+    """rotation=32: the module stores W H and rotates x; its forward is x @ dequantize()^T (W in x's space),
+    and a checkpoint keeps the rotation."""
+    lin = torch.nn.Linear(256, 40, bias=False)
+    lin.weight.data = torch.randn(40, 256, generator=gen)
+    mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=32)
+    x = torch.randn(3, 256, generator=gen)
+    assert rel_err(mod(x), x @ mod.dequantize().t()) < 1e-5
+    assert rel_err(mod.dequantize(), lin.weight.detach()) < 0.13
+    assert mod.checkpoint_config()["rotation"] == 32
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=16)

@@ -75,6 +75,11 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
     return out
 
 
+def _rotates(spec) -> bool:
+    kind, a = spec[0], spec[1]
+    return kind.startswith("kbit") or (kind == "format" and 32 in linear_class(a).rotations)
+
+
 def _takes_bits(cls, bits: int) -> bool:
     try:
         cls.check_options(bits=bits)
@@ -89,7 +94,7 @@ def _apply(model, spec, tok=None, gptq=None, rotation=0):
 
     kind, a, b, method = spec
     kw = dict(progress=False) if method == "rtn" else dict(progress=False, method=method, tokenizer=tok, gptq=gptq)
-    if rotation and kind.startswith("kbit"):
+    if rotation and _rotates(spec):
         kw["rotation"] = rotation
     if kind == "kbit":  # each linear alone: the format's own numbers (fused rows are separate)
         return lowbit.quantize_model(model, bits=a, codebook=b, fuse=False, **kw)
@@ -135,8 +140,8 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     from . import quality, sources
 
     variants = _variants(bits_list, fit, baselines, lm_head, fuse, methods)
-    if rotation:  # kbit rows rotated (their names say so); the other rows as they are
-        variants = [(n + "-h32" if s[0].startswith("kbit") else n, s) for n, s in variants]
+    if rotation:  # rows of formats that store rotated weights (kbit, SBVR) rotated, their names say so
+        variants = [(n + "-h32" if _rotates(s) else n, s) for n, s in variants]
     if gptq is not None and gptq.codebook_rounds > 1:  # the fitted-codebook GPTQ rows: -r<rounds>
         variants = [(n + f"-r{gptq.codebook_rounds}" if "-fit-gptq" in n else n, s) for n, s in variants]
     if only:  # these rows only (names as printed)

@@ -168,7 +168,7 @@ def quantize_model(
       the text ``lowbit eval`` scores on); text needs ``tokenizer``. ``gptq``: :class:`GptqOptions`
       (damping, act-order, samples x seq_len, ...). The report's ``calibration`` says what was done,
       and ``model.lowbit_quantization`` keeps it for :func:`save_quantized`.
-    * ``rotation=32`` (kbit linears): store each weight rotated by a block-32 Walsh-Hadamard transform and
+    * ``rotation=32`` (kbit and SBVR linears): store each weight rotated by a block-32 Walsh-Hadamard transform and
       rotate its inputs the same way (:mod:`lowbit.formats.kbit.rotation`); with GPTQ it lowers the error
       at 2-3 bits. MoE expert blocks stay unrotated.
     """

@@ -9,6 +9,7 @@ from torch import nn
 
 from .. import dispatch
 from ..formats import sbvr
+from ..formats.kbit import rotation as block_rotation  # the block-32 Hadamard (any format's input space)
 from .base import QuantizedModule, describe
 
 
@@ -27,9 +28,12 @@ class SbvrLinear(QuantizedModule):
     format_name = "sbvr"
     k_multiple = sbvr.WORD
     column_quantizer = sbvr.columns.ColumnQuantizer
+    #: rotation=32: the weight holds W H (block-32 Hadamard) and the forward rotates x in PyTorch
+    rotations = block_rotation.ROTATIONS
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, num_sums: int = 4,
-                 group: int | None = None, cache_lines: int = 1, device=None, dtype: torch.dtype | None = None):
+                 group: int | None = None, cache_lines: int = 1, rotation: int = 0, device=None,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         if not (isinstance(in_features, int) and isinstance(out_features, int) and in_features > 0 and out_features > 0):
             raise ValueError(f"in_features and out_features must be positive ints, got {in_features}, {out_features}")
@@ -38,6 +42,7 @@ class SbvrLinear(QuantizedModule):
             raise ValueError(f"in_features={in_features} is not a multiple of group={group}")
         self.in_features, self.out_features = in_features, out_features
         self.num_sums, self.group = sbvr.check_num_sums(num_sums), group
+        self.rotation = block_rotation.check_rotation(rotation)
         self.register_buffer("bitvectors", torch.zeros((out_features, in_features // sbvr.WORD, num_sums),
                                                        dtype=torch.int32, device=device))
         self.register_buffer("coeff_idx", torch.zeros((out_features, in_features // group), dtype=torch.int16, device=device))
@@ -63,12 +68,13 @@ class SbvrLinear(QuantizedModule):
             raise ValueError(f"format='sbvr' takes bits = num_sums in {sbvr.SUPPORTED_NUM_SUMS}, got {bits!r}") from None
 
     @classmethod
-    def from_weight(cls, w: sbvr.SbvrWeight, bias: torch.Tensor | None = None) -> "SbvrLinear":
+    def from_weight(cls, w: sbvr.SbvrWeight, bias: torch.Tensor | None = None, rotation: int = 0) -> "SbvrLinear":
+        """The module of an encoded weight (``rotation=32``: ``w`` encodes ``W H``)."""
         if not isinstance(w, sbvr.SbvrWeight):
             raise TypeError(f"w must be an SbvrWeight, got {type(w).__name__}")
         n, k = w.shape
         mod = cls(k, n, bias=bias is not None, num_sums=w.num_sums, group=w.group, cache_lines=w.cache.shape[0],
-                  device="meta")
+                  rotation=rotation, device="meta")
         mod._buffers.update(bitvectors=w.bitvectors, coeff_idx=w.coeff_idx, cache=w.cache)
         if bias is not None:
             if tuple(bias.shape) != (n,):
@@ -78,17 +84,20 @@ class SbvrLinear(QuantizedModule):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int = 4, codebook=None, quantized: sbvr.SbvrWeight | None = None,
-                    group: int | None = None) -> "SbvrLinear":
+                    group: int | None = None, rotation: int = 0) -> "SbvrLinear":
         """Encode an ``nn.Linear`` (on its device) with ``num_sums = bits``; ``quantized``: an ``SbvrWeight``
-        already chosen instead."""
+        already chosen instead (of the rotated weight when ``rotation``); ``rotation=32``: encode ``W H``."""
         cls.check_options(bits, codebook)
+        block_rotation.check_rotation(rotation)
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
         if quantized is None:
-            quantized = sbvr.quantize(linear.weight.detach(), bits, group or group_for(linear.in_features))
+            w = linear.weight.detach()
+            w = block_rotation.rotate(w.to(torch.float32)) if rotation else w
+            quantized = sbvr.quantize(w, bits, group or group_for(linear.in_features))
         elif tuple(quantized.shape) != tuple(linear.weight.shape):
             raise ValueError(f"quantized weight {tuple(quantized.shape)} does not fit {tuple(linear.weight.shape)}")
-        return cls.from_weight(quantized, linear.bias)
+        return cls.from_weight(quantized, linear.bias, rotation)
 
     def sbvr_weight(self) -> sbvr.SbvrWeight:
         b = self._buffers
@@ -105,10 +114,15 @@ class SbvrLinear(QuantizedModule):
             raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
         if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        if self.rotation:
+            x = block_rotation.rotate(x)  # the weight holds W H: give it x H
         y = dispatch.sbvr_linear_op(x.reshape(-1, k), self.sbvr_weight(), self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight in x's space (rotated back when the module stores W H)."""
+        if self.rotation:
+            return block_rotation.rotate(self.sbvr_weight().dequantize(torch.float32)).to(dtype)
         return self.sbvr_weight().dequantize(dtype)
 
     def format_bytes(self) -> int:
@@ -127,14 +141,15 @@ class SbvrLinear(QuantizedModule):
 
     def checkpoint_config(self) -> dict:
         return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None,
-                "num_sums": self.num_sums, "group": self.group, "cache_lines": int(self.cache.shape[0])}
+                "num_sums": self.num_sums, "group": self.group, "cache_lines": int(self.cache.shape[0]),
+                **({"rotation": self.rotation} if self.rotation else {})}
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrLinear":
         n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
         if isinstance(old, (nn.Linear, SbvrLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
             return cls(k, n, bias=bias, num_sums=cfg["num_sums"], group=cfg["group"], cache_lines=cfg["cache_lines"],
-                       device="meta")
+                       rotation=cfg.get("rotation", 0), device="meta")
         raise ValueError(f"saved SbvrLinear({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
 
     def check_checkpoint_values(self, name: str, staged: dict) -> None:
@@ -146,4 +161,5 @@ class SbvrLinear(QuantizedModule):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines")
+                f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines" +
+                (f", rotation={self.rotation}" if self.rotation else ""))
