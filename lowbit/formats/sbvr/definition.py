@@ -8,7 +8,7 @@ cache, a table of ``num_sums``-long fp16 coefficient vectors. Element i of a gro
 
 so a group has 2^num_sums representation points: the subset sums of its coefficients (the empty
 subset gives 0). The element's code ``sum_j bit_j(i) << j`` picks its point; the decoded value is
-that sum in fp32 (exact: a few fp16 terms of nearby magnitude).
+that sum of the fp16 coefficients computed in fp32 (:func:`points`, the one definition every path uses).
 
 Storage (:class:`SbvrWeight`): ``bitvectors`` int32 ``[N, K / 32, num_sums]`` (word w of plane j of
 row n holds bit j of elements 32w .. 32w + 31, element 32w + i in bit i), ``coeff_idx`` int16
@@ -79,8 +79,9 @@ def points(coeffs: torch.Tensor) -> torch.Tensor:
 
 def shape_family(num_sums: int, device=None) -> torch.Tensor:
     """The ``SHAPES`` normalised coefficient vectors ``[SHAPES, num_sums]`` (fp32): c_j = beta + r^j over a
-    grid of ratios r (negative and positive, |r| in [0.5, 2.1]) and offsets beta, each scaled so its
-    subset sums span 1. Coefficients sorted by magnitude (the bit order of the codes)."""
+    grid of negative ratios r (|r| in [0.5, 0.95] and [1.1, 2.1], the ranges the authors search) and
+    offsets beta in [-0.6, 0.6], each scaled so its subset sums span 1. Coefficients sorted by magnitude
+    (the bit order of the codes)."""
     r = torch.cat([-torch.linspace(0.5, 0.95, 4), -torch.linspace(1.1, 2.1, 4)]).to(torch.float64)
     beta = torch.linspace(-0.6, 0.6, SHAPES // len(r), dtype=torch.float64)
     j = torch.arange(num_sums, dtype=torch.float64)
