@@ -54,9 +54,10 @@ from .model import (GptqOptions, QuantizeReport, gptq_recipe, load_nvfp4_checkpo
 
 
 
-def _check_weight(w: object) -> KbitWeight:
-    if not isinstance(w, KbitWeight):
-        raise TypeError(f"w must be a lowbit KbitWeight (from lowbit.quantize_kbit), got {type(w).__name__}")
+def _check_weight(w: object, cls: type = KbitWeight, made_by: str = "quantize_kbit"):
+    """``w`` if it is a ``cls`` (the weight object ``lowbit.<made_by>`` returns), else TypeError."""
+    if not isinstance(w, cls):
+        raise TypeError(f"w must be a lowbit {cls.__name__} (from lowbit.{made_by}), got {type(w).__name__}")
     return w
 
 
@@ -110,9 +111,7 @@ def kbit_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: 
 
 
 def _check_nvfp4(w: object) -> NvFp4Weight:
-    if not isinstance(w, NvFp4Weight):
-        raise TypeError(f"w must be a lowbit NvFp4Weight (from lowbit.quantize_nvfp4), got {type(w).__name__}")
-    return w
+    return _check_weight(w, NvFp4Weight, "quantize_nvfp4")
 
 
 def dequantize_nvfp4(w: NvFp4Weight, dtype: torch.dtype = torch.float16) -> torch.Tensor:
@@ -142,9 +141,7 @@ def quantize_sbvr(weight: torch.Tensor, num_sums: int = 4, group: int = sbvr.GRO
 
 
 def _check_sbvr(w: object) -> SbvrWeight:
-    if not isinstance(w, SbvrWeight):
-        raise TypeError(f"w must be a lowbit SbvrWeight (from lowbit.quantize_sbvr), got {type(w).__name__}")
-    return w
+    return _check_weight(w, SbvrWeight, "quantize_sbvr")
 
 
 def dequantize_sbvr(w: SbvrWeight, dtype: torch.dtype = torch.float16) -> torch.Tensor:

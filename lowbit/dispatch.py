@@ -360,9 +360,8 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
         return None
     cls = {"gemv": tiled.GemvLauncher, "grouped": tiled.GroupedLauncher, "grouped_gemm": tiled.GroupedGemmLauncher}[kind]
     scale = buffers["scale"] if kind == "gemv" else buffers["scales"]
-    if rotation:
-        if kind != "gemv":
-            raise ValueError(f"rotation={rotation}: only the dense GEMV rotates its input")
-        return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n,
-                   k_in, rotation)
-    return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in)
+    if rotation and kind != "gemv":
+        raise ValueError(f"rotation={rotation}: only the dense GEMV rotates its input")
+    extra = (rotation,) if rotation else ()
+    return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in,
+               *extra)

@@ -147,7 +147,9 @@ def evaluate(model: str | None = None, *, bits_list=(2, 3, 4, 5), tokens: int = 
     if only:  # these rows only (names as printed)
         unknown = sorted(set(only) - {n for n, _ in variants})
         if unknown:
-            raise ValueError(f"--only: no rows named {unknown}; the rows are {[n for n, _ in variants]}")
+            from ..errors import UsageError
+
+            raise UsageError(f"--only: no rows named {unknown}; the rows are {[n for n, _ in variants]}")
         variants = [(n, s) for n, s in variants if n in only]
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -338,12 +340,10 @@ def _cmd(args) -> int:
         raise UsageError("--codebook-rounds takes a count >= 1, with --method gptq and the fitted-codebook rows")
     gptq = lowbit.GptqOptions(**({"samples": args.calibration_samples} if args.calibration_samples else {}),
                               **({"codebook_rounds": args.codebook_rounds} if args.codebook_rounds else {}))
-    try:
-        r = _run_eval(args, bits, methods, gptq)
-    except ValueError as e:
-        if str(e).startswith("--only"):
-            raise UsageError(str(e)) from None
-        raise
+    r = evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
+                 prompts=args.prompts, device=args.device, lm_head=args.lm_head, fuse=args.fuse, methods=methods,
+                 gptq=gptq, rotation=32 if args.rotate else 0,
+                 only=None if args.only is None else [r.strip() for r in args.only.split(",") if r.strip()])
     if args.encoder:
         r["encoder"] = encoder_cosine(bits)
     if args.out:
@@ -351,9 +351,3 @@ def _cmd(args) -> int:
             json.dump(r, f, indent=1)
     return 0
 
-
-def _run_eval(args, bits, methods, gptq):
-    return evaluate(args.model, bits_list=bits, tokens=args.tokens, fit=not args.no_fit, baselines=not args.no_baselines,
-                    prompts=args.prompts, device=args.device, lm_head=args.lm_head, fuse=args.fuse, methods=methods,
-                    gptq=gptq, rotation=32 if args.rotate else 0,
-                    only=None if args.only is None else [r.strip() for r in args.only.split(",") if r.strip()])

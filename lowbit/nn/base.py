@@ -19,6 +19,14 @@ def describe(mod: nn.Module | None) -> str:
             f"bias={getattr(mod, 'bias', None) is not None})")
 
 
+def check_input(x: torch.Tensor, in_features: int) -> None:
+    """What a quantized module's forward takes: ``x [..., in_features]`` of fp16 / bf16 / fp32."""
+    if x.shape[-1] != in_features:
+        raise ValueError(f"x must have shape [..., in_features={in_features}], got {tuple(x.shape)}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+
+
 class QuantizedModule(nn.Module):
     #: the ``quantize_model(format=...)`` name; set on the class that quantizes a format's ``nn.Linear`` layers
     format_name: str | None = None

@@ -17,7 +17,7 @@ from torch import nn
 from .. import dispatch
 from ..formats import nvfp4
 from ..formats.nvfp4 import columns as nvfp4_columns
-from .base import QuantizedModule, describe
+from .base import QuantizedModule, check_input, describe
 from .linear import apply_keeping_dtypes
 
 
@@ -96,10 +96,7 @@ class NvFp4Linear(QuantizedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
-        if x.shape[-1] != k:
-            raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
-        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        check_input(x, k)
         y = dispatch.nvfp4_linear_op(x.reshape(-1, k).contiguous(), self.nvfp4_weight())
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)

@@ -10,7 +10,7 @@ from torch import nn
 from .. import dispatch
 from ..formats import sbvr
 from ..formats.kbit import rotation as block_rotation  # the block-32 Hadamard (any format's input space)
-from .base import QuantizedModule, describe
+from .base import QuantizedModule, check_input, describe
 
 
 def group_for(in_features: int) -> int:
@@ -110,10 +110,7 @@ class SbvrLinear(QuantizedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
-        if x.shape[-1] != k:
-            raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
-        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
+        check_input(x, k)
         if self.rotation:
             x = block_rotation.rotate(x)  # the weight holds W H: give it x H
         y = dispatch.sbvr_linear_op(x.reshape(-1, k), self.sbvr_weight(), self.bias)

@@ -58,12 +58,6 @@ def check_group(group: object) -> int:
     return group
 
 
-def bits_per_weight(num_sums: int, group: int = GROUP, cache_lines: int = 0, weights: int = 0) -> float:
-    """Stored bits per weight: the bitvectors, the 16-bit index per group and (given ``weights``) the cache."""
-    cache = 16 * num_sums * cache_lines / weights if weights else 0.0
-    return num_sums + 16 / group + cache
-
-
 def subsets(num_sums: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """``[2^num_sums, num_sums]``: row k holds the bits of k (bit j in column j)."""
     k = torch.arange(1 << num_sums, device=device)
@@ -296,6 +290,6 @@ def linear_bitplane_reference(x: torch.Tensor, bitvectors, coeff_idx, cache, gro
     return y.reshape(*lead, n).to(x.dtype)
 
 
-__all__ = ["GROUP", "SUPPORTED_NUM_SUMS", "WORD", "bits_per_weight", "check_group", "check_num_sums",
+__all__ = ["GROUP", "SUPPORTED_NUM_SUMS", "WORD", "check_group", "check_num_sums",
            "check_sbvr_tensors", "decode", "encode", "encode_activations", "linear_bitplane_reference",
            "linear_reference", "pack_bits", "points", "scale_ladder", "shape_family", "subsets", "unpack_bits"]
