@@ -293,15 +293,26 @@ def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     return ops.kbit_linear(x2, *w.tensors(), w.bits)
 
 
-def sbvr_linear_op(x2: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ W^T (+ bias)`` for an :class:`~lowbit.formats.sbvr.SbvrWeight`: the weight decoded in
-    PyTorch then one matmul on CUDA (fp16/bf16: cuBLAS, one rounding of the decoded weight), the fp32
-    reference on CPU and for fp32. SBVR has no decode kernel of its own yet."""
-    from .formats import sbvr
+#: SBVR: rows of x up to which the popcount GEMV (activations rounded to 7 bits) runs; above, the weight-only
+#: path (dequantize kernel + cuBLAS). The GEMV's work grows with M, the weight-only path's does not.
+SBVR_POPCOUNT_MAX_M = GEMV_MAX_M
 
+
+def sbvr_linear_op(x2: torch.Tensor, qbits, qidx, cache8, n: int, k: int, group: int,
+                   bias: torch.Tensor | None = None, act_bits: int | None = 7) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias)`` for an SBVR weight in the kernels' layout (:mod:`lowbit.formats.sbvr.tiled`):
+    ``act_bits=7`` and 1 <= M <= :data:`SBVR_POPCOUNT_MAX_M`: the popcount GEMV (the authors' product, x rounded
+    to 7 bits per group; its reference elsewhere); otherwise weight-only -- on CUDA fp16/bf16 the dequantize kernel
+    + cuBLAS (one rounding of W to x's dtype), else the fp32 reference."""
+    m = x2.shape[0]
+    if act_bits is not None and 1 <= m <= SBVR_POPCOUNT_MAX_M:
+        return ops.sbvr_gemv(x2, qbits, qidx, cache8, n, k, group, bias)
     if x2.is_cuda and x2.dtype in GEMV_DTYPES:
-        return torch.nn.functional.linear(x2, w.dequantize(x2.dtype), None if bias is None else bias.to(x2.dtype))
-    return sbvr.linear_reference(x2, w, bias)
+        w = ops.sbvr_tiled_dequantize(qbits, qidx, cache8, n, k, group, x2.dtype)
+        return torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
+    w = ops.sbvr_tiled_dequantize(qbits, qidx, cache8, n, k, group, torch.float32)
+    y = x2.to(torch.float32) @ w.t()
+    return (y if bias is None else y + bias.to(torch.float32)).to(x2.dtype)
 
 
 def dense_linear_op(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -182,9 +182,91 @@ def test_rotated_sbvr_module(tmp_path, gen):
     lin = torch.nn.Linear(256, 40, bias=False)
     lin.weight.data = torch.randn(40, 256, generator=gen)
     mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=32)
-    x = torch.randn(3, 256, generator=gen)
+    x = torch.randn(9, 256, generator=gen)  # > 8 rows: weight-only
     assert rel_err(mod(x), x @ mod.dequantize().t()) < 1e-5
+    # <= 8 rows: the popcount product, x H rounded to 7 bits per group, times the stored W H
+    xh = sbvr.rtn_activations(lowbit.formats.kbit.rotation.rotate(x[:3]), 7, 128)
+    assert rel_err(mod(x[:3]), xh @ mod.sbvr_weight().dequantize().t()) < 1e-5
     assert rel_err(mod.dequantize(), lin.weight.detach()) < 0.13
     assert mod.checkpoint_config()["rotation"] == 32
     with pytest.raises(ValueError, match="rotation must be one of"):
         lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=16)
+
+
+# ---------------------------------------------------------------- the kernels' layout and ops (CPU references)
+@settings(max_examples=30, deadline=None)
+@given(num_sums=st.integers(2, 6), n=st.integers(1, 40), words=st.integers(1, 9), group_words=st.sampled_from([1, 2, 4, 8]),
+       lines=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+def test_tile_untile_round_trip(num_sums, n, words, group_words, lines, seed):
+    """Any N (odd, < 16), any K (partial 128-chunks), any group: tile then untile gives the tensors back, and
+    the padding of the tiled layout is zero bits (it adds nothing to a product)."""
+    from lowbit.formats.sbvr import tiled
+
+    words = -(-words // group_words) * group_words
+    g = torch.Generator().manual_seed(seed)
+    bv = torch.randint(-2**31, 2**31, (n, words, num_sums), generator=g, dtype=torch.int64).to(torch.int32)
+    idx = torch.randint(0, lines, (n, words // group_words), generator=g).to(torch.int16)
+    cache = torch.randn(lines, num_sums, generator=g).to(torch.float16)
+    qbits, qidx, cache8 = tiled.tile(bv, idx, cache)
+    back = tiled.untile(qbits, qidx, cache8, n, 32 * words)
+    assert all(torch.equal(a, b) for a, b in zip(back, (bv, idx, cache)))
+    total_bits = sum(bin(int(v) & 0xFFFFFFFF).count("1") for v in qbits.flatten().tolist())
+    assert total_bits == sum(bin(int(v) & 0xFFFFFFFF).count("1") for v in bv.flatten().tolist())
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_popcount_op_reference_is_the_bitplane_product(group, gen):
+    """The op's reference (RTN activations x decoded weight) equals the product written with popcounts."""
+    n, k = 45, 512
+    q = lowbit.quantize_sbvr(torch.randn(n, k, generator=gen), num_sums=3, group=group)
+    t = q.tiled()
+    x = torch.randn(5, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    want = sbvr.linear_bitplane_reference(x, *q.tensors(), group) + bias
+    assert rel_err(lowbit.ops.sbvr_gemv(x, *t, n, k, group, bias), want) < 1e-5
+    assert torch.equal(lowbit.ops.sbvr_tiled_dequantize(*t, n, k, group, torch.bfloat16), q.dequantize(torch.bfloat16))
+    # the facade: weight-only by default, the popcount product with act_bits=7
+    assert rel_err(lowbit.sbvr_linear(x, q), x @ q.dequantize().t()) < 1e-5
+    assert rel_err(lowbit.sbvr_linear(x, q, act_bits=7), want - bias) < 1e-5
+
+
+def test_popcount_op_bad_input(gen):
+    q = lowbit.quantize_sbvr(torch.randn(20, 256, generator=gen), num_sums=4)
+    qbits, qidx, cache8 = q.tiled()
+    x = torch.randn(2, 256, generator=gen)
+    with pytest.raises(ValueError, match="M = 1..8"):
+        lowbit.ops.sbvr_gemv(torch.randn(9, 256), qbits, qidx, cache8, 20, 256, 128)
+    with pytest.raises(ValueError, match=r"x must have shape \[M, K=256\]"):
+        lowbit.ops.sbvr_gemv(torch.randn(2, 128), qbits, qidx, cache8, 20, 256, 128)
+    with pytest.raises(ValueError, match="qbits must be"):
+        lowbit.ops.sbvr_gemv(x, qbits[:, :1].contiguous(), qidx, cache8, 20, 256, 128)
+    with pytest.raises(ValueError, match="qidx must be"):
+        lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8, 20, 256, 64)
+    with pytest.raises(ValueError, match="not a multiple of group"):
+        lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8, 20, 256, 96 * 2)
+    with pytest.raises(TypeError, match="cache8"):
+        lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8.float(), 20, 256, 128)
+    with pytest.raises(ValueError, match="act_bits must be"):
+        lowbit.sbvr_linear(x, q, act_bits=8)
+    with pytest.raises(ValueError, match="act_bits must be"):
+        lowbit.nn.SbvrLinear(256, 20, act_bits=4)
+
+
+def test_module_act_bits_paths_and_checkpoint(tmp_path, gen):
+    """M <= 8 rows: the popcount product (x rounded to 7 bits); more rows or act_bits=None: weight-only; a
+    checkpoint keeps act_bits."""
+    m = build("llama", int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    lowbit.quantize_model(m, format="sbvr", bits=4, progress=False)
+    mod = m.model.layers[0].mlp.down_proj
+    assert mod.act_bits == 7
+    w = mod.sbvr_weight()
+    x = torch.randn(3, mod.in_features, generator=gen)
+    xh = sbvr.rtn_activations(x, 7, sbvr.act_group(mod.group))
+    assert rel_err(mod(x), xh @ w.dequantize().t()) < 1e-5
+    x9 = torch.randn(9, mod.in_features, generator=gen)
+    assert rel_err(mod(x9), x9 @ w.dequantize().t()) < 1e-5
+    mod.act_bits = None
+    assert rel_err(mod(x), x @ w.dequantize().t()) < 1e-5
+    lowbit.save_quantized(m, tmp_path / "ck")
+    m2 = lowbit.load_quantized(build("llama", 0), tmp_path / "ck")
+    assert m2.model.layers[0].mlp.down_proj.act_bits is None and m2.model.layers[0].mlp.up_proj.act_bits == 7

@@ -266,12 +266,43 @@ def _gemlite_a16w4() -> Method:
     )
 
 
+def _sbvr(num_sums: int, weight_only: bool = False) -> Method:
+    from lowbit.formats import sbvr
+
+    act_bits = None if weight_only else 7
+
+    def prepare(w):
+        q = lowbit.quantize_sbvr(w, num_sums=num_sums)
+        q.tiled()
+        return q
+
+    def reference(x, q):
+        if weight_only or x.shape[0] > lowbit.dispatch.SBVR_POPCOUNT_MAX_M:
+            return sbvr.linear_reference(x, q)
+        return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group)
+
+    return Method(
+        name=f"lowbit-sbvr{num_sums}" + ("-dequant" if weight_only else ""),
+        description=f"lowbit SBVR, {num_sums} bitvectors per 128-group (~{num_sums + 0.125} bits/weight), lowbit.sbvr_linear"
+        + (": weight-only (dequantize kernel + cuBLAS)" if weight_only else
+           ": M <= 8 the popcount GEMV (x rounded to 7 bits per group), above weight-only"),
+        act_dtype=torch.float16,
+        prepare=prepare,
+        run=lambda x, q: lowbit.sbvr_linear(x, q, act_bits=act_bits),
+        weight_bytes=lambda q: q.nbytes(),
+        reference=reference,
+        tolerance=2e-3,
+        by_default=False,
+    )
+
+
 def all_methods() -> dict[str, Method]:
     methods = [_cublas(torch.float16), _cublas(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16), _lowbit_dense(torch.bfloat16)]
     methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS] + [_kbit(4, pdl=True)]
     methods += [_kbit(b, path=p) for b in kbit.SUPPORTED_BITS for p in KBIT_PATHS]
+    methods += [_sbvr(ns) for ns in (2, 3, 4)] + [_sbvr(4, weight_only=True)]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]
     return {m.name: m for m in methods}

@@ -1,6 +1,8 @@
 """``SbvrLinear``: a drop-in for ``nn.Linear`` with an SBVR weight (:mod:`lowbit.formats.sbvr`). Models of them
 come from ``lowbit.quantize_model(model, format="sbvr", bits=num_sums)``. Its forward is
-:func:`lowbit.dispatch.sbvr_linear_op`. Inference only."""
+:func:`lowbit.dispatch.sbvr_linear_op`: for decode-sized inputs (M <= 8 rows) the authors' product -- the
+activations rounded to 7 bits per group, popcounts on the binary tensor cores -- unless ``act_bits=None``;
+larger inputs (prefill) and ``act_bits=None`` are weight-only. Inference only."""
 
 from __future__ import annotations
 
@@ -13,6 +15,15 @@ from ..formats.kbit import rotation as block_rotation  # the block-32 Hadamard (
 from .base import QuantizedModule, check_input, describe
 
 
+ACT_BITS = sbvr.tiled.ACT_BITS
+
+
+def check_act_bits(act_bits: object) -> int | None:
+    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != ACT_BITS):
+        raise ValueError(f"act_bits must be {ACT_BITS} (the popcount GEMV's activations) or None (weight-only), got {act_bits!r}")
+    return act_bits
+
+
 def group_for(in_features: int) -> int:
     """The largest of 128, 64, 32 that divides ``in_features`` (the format's group; 128 where it can)."""
     for g in (128, 64, 32):
@@ -23,7 +34,8 @@ def group_for(in_features: int) -> int:
 
 class SbvrLinear(QuantizedModule):
     """``y = x @ W^T + b`` with W in SBVR (``num_sums`` bitvectors per group + a coefficient-cache index).
-    ``SbvrLinear(in, out, bias, num_sums=, group=, cache_lines=)`` is an empty skeleton for loading."""
+    ``SbvrLinear(in, out, bias, num_sums=, group=, cache_lines=)`` is an empty skeleton for loading.
+    ``act_bits``: 7 (decode through the popcount GEMV, activations rounded to 7 bits) or None (weight-only)."""
 
     format_name = "sbvr"
     k_multiple = sbvr.WORD
@@ -32,8 +44,8 @@ class SbvrLinear(QuantizedModule):
     rotations = block_rotation.ROTATIONS
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, num_sums: int = 4,
-                 group: int | None = None, cache_lines: int = 1, rotation: int = 0, device=None,
-                 dtype: torch.dtype | None = None):
+                 group: int | None = None, cache_lines: int = 1, rotation: int = 0, act_bits: int | None = ACT_BITS,
+                 device=None, dtype: torch.dtype | None = None):
         super().__init__()
         if not (isinstance(in_features, int) and isinstance(out_features, int) and in_features > 0 and out_features > 0):
             raise ValueError(f"in_features and out_features must be positive ints, got {in_features}, {out_features}")
@@ -43,6 +55,7 @@ class SbvrLinear(QuantizedModule):
         self.in_features, self.out_features = in_features, out_features
         self.num_sums, self.group = sbvr.check_num_sums(num_sums), group
         self.rotation = block_rotation.check_rotation(rotation)
+        self.act_bits = check_act_bits(act_bits)
         self.register_buffer("bitvectors", torch.zeros((out_features, in_features // sbvr.WORD, num_sums),
                                                        dtype=torch.int32, device=device))
         self.register_buffer("coeff_idx", torch.zeros((out_features, in_features // group), dtype=torch.int16, device=device))
@@ -53,6 +66,7 @@ class SbvrLinear(QuantizedModule):
             self.register_parameter("bias", None)
         self._w = self._w_src = None  # the SbvrWeight over the buffers, checked once per change (not per call:
         # its checks read values back, which a CUDA graph capture cannot do)
+        self._tiled = self._tiled_of = self._cpu_weight = None  # the kernels' layout of it (a second copy); CPU: the decoded weight
 
     @classmethod
     def label(cls, bits: int) -> str:
@@ -76,6 +90,7 @@ class SbvrLinear(QuantizedModule):
         mod = cls(k, n, bias=bias is not None, num_sums=w.num_sums, group=w.group, cache_lines=w.cache.shape[0],
                   rotation=rotation, device="meta")
         mod._buffers.update(bitvectors=w.bitvectors, coeff_idx=w.coeff_idx, cache=w.cache)
+        mod.tensors_changed()
         if bias is not None:
             if tuple(bias.shape) != (n,):
                 raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
@@ -108,12 +123,34 @@ class SbvrLinear(QuantizedModule):
             self._w, self._w_src = sbvr.SbvrWeight(*src, self.group), src
         return self._w
 
+    def tiled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(qbits, qidx, cache8)``: the weight in the kernels' layout (:mod:`lowbit.formats.sbvr.tiled`), built
+        once per change of the buffers (on CUDA when they get there, so not inside a captured graph)."""
+        if torch.compiler.is_compiling():
+            b = self._buffers
+            return self._tiled if self._tiled is not None else sbvr.tiled.tile(b["bitvectors"], b["coeff_idx"], b["cache"])
+        w = self.sbvr_weight()
+        if self._tiled is None or self._tiled_of is not w:
+            self._tiled, self._tiled_of = sbvr.tiled.tile(*w.tensors()), w
+        return self._tiled
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
         check_input(x, k)
         if self.rotation:
             x = block_rotation.rotate(x)  # the weight holds W H: give it x H
-        y = dispatch.sbvr_linear_op(x.reshape(-1, k), self.sbvr_weight(), self.bias)
+        x2 = x.reshape(-1, k)
+        if x2.device.type == "cpu" and not torch.compiler.is_compiling():
+            # the reference, with the weight decoded once (not per call): fp32 product, one rounding
+            w = self.sbvr_weight()
+            if self._cpu_weight is None or self._cpu_weight[0] is not w:
+                self._cpu_weight = (w, w.dequantize(torch.float32))
+            popcount = self.act_bits is not None and 1 <= x2.shape[0] <= dispatch.SBVR_POPCOUNT_MAX_M
+            xin = sbvr.rtn_activations(x2, self.act_bits, sbvr.act_group(self.group)) if popcount else x2.to(torch.float32)
+            bias = None if self.bias is None else self.bias.to(torch.float32)
+            y = torch.nn.functional.linear(xin, self._cpu_weight[1], bias).to(x.dtype)
+        else:
+            y = dispatch.sbvr_linear_op(x2, *self.tiled(), self.out_features, k, self.group, self.bias, self.act_bits)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -130,23 +167,25 @@ class SbvrLinear(QuantizedModule):
         from .linear import apply_keeping_dtypes
 
         apply_keeping_dtypes(self, super()._apply, fn, recurse, ("cache",))
-        self._w = self._w_src = None
+        self.tensors_changed()
         return self
 
     def tensors_changed(self) -> None:
-        self._w = self._w_src = None
+        self._w = self._w_src = self._tiled = self._cpu_weight = None
+        if self.bitvectors.device.type == "cuda":
+            self.tiled()
 
     def checkpoint_config(self) -> dict:
         return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None,
                 "num_sums": self.num_sums, "group": self.group, "cache_lines": int(self.cache.shape[0]),
-                **({"rotation": self.rotation} if self.rotation else {})}
+                "act_bits": self.act_bits, **({"rotation": self.rotation} if self.rotation else {})}
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrLinear":
         n, k, bias = cfg["out_features"], cfg["in_features"], cfg["bias"]
         if isinstance(old, (nn.Linear, SbvrLinear)) and (old.out_features, old.in_features, old.bias is not None) == (n, k, bias):
             return cls(k, n, bias=bias, num_sums=cfg["num_sums"], group=cfg["group"], cache_lines=cfg["cache_lines"],
-                       rotation=cfg.get("rotation", 0), device="meta")
+                       rotation=cfg.get("rotation", 0), act_bits=cfg.get("act_bits", ACT_BITS), device="meta")
         raise ValueError(f"saved SbvrLinear({k} -> {n}, bias={bias}) does not fit this model's {describe(old)}")
 
     def check_checkpoint_values(self, name: str, staged: dict) -> None:
@@ -158,5 +197,6 @@ class SbvrLinear(QuantizedModule):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines" +
+                f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines, "
+                f"act_bits={self.act_bits}" +
                 (f", rotation={self.rotation}" if self.rotation else ""))

@@ -44,6 +44,7 @@ SCALES = 256         # scale ladder, 2^(1/16) apart: 16 octaves
 SCALE_STEPS_PER_OCTAVE = 16
 SCALE_SEARCH = 3     # ladder steps tried around the span's scale
 MAX_LINES = 1 << 16  # coeff_idx is 16-bit
+ACT_GROUP = 128     # largest activation group of the bit-plane product
 
 
 def check_num_sums(num_sums: object) -> int:
@@ -258,6 +259,12 @@ def encode_activations(x: torch.Tensor, bits: int = 7, group: int = GROUP) -> tu
     return q.reshape(x.shape), s, lo
 
 
+def rtn_activations(x: torch.Tensor, bits: int = 7, group: int = GROUP) -> torch.Tensor:
+    """x as the bit-plane product sees it: ``m + s q`` (:func:`encode_activations`), fp32, x's shape."""
+    q, s, lo = encode_activations(x, bits, group)
+    return (lo.repeat_interleave(group, -1) + s.repeat_interleave(group, -1) * q.to(torch.float32)).reshape(x.shape)
+
+
 def linear_reference(x: torch.Tensor, bitvectors, coeff_idx, cache, group: int, bias=None) -> torch.Tensor:
     """``x @ W^T (+ bias)`` in fp32 from the decoded weight, rounded once to x's dtype (exact product)."""
     w = decode(bitvectors, coeff_idx, cache, group)
@@ -267,29 +274,38 @@ def linear_reference(x: torch.Tensor, bitvectors, coeff_idx, cache, group: int, 
     return y.to(x.dtype)
 
 
+def act_group(group: int) -> int:
+    """The activations' group of the bit-plane product: the weight group up to 128 (the GEMV's binary MMA
+    covers 128 inputs and takes one (s, m) each)."""
+    return min(check_group(group), ACT_GROUP)
+
+
 def linear_bitplane_reference(x: torch.Tensor, bitvectors, coeff_idx, cache, group: int, act_bits: int = 7) -> torch.Tensor:
-    """The authors' product, written as it computes: activations as ``act_bits`` bit-planes per group,
-    each group's result sum_{j,l} c_j s 2^l popc(w_j & x_l) + m sum_j c_j popc(w_j), in fp32, rounded once
-    to x's dtype. Equals ``x_hat @ W^T`` with x_hat the RTN activations (:func:`encode_activations`)."""
+    """The authors' product, written as it computes: activations as ``act_bits`` bit-planes per activation
+    group (:func:`act_group`), each group's result sum_{j,l} c_j s 2^l popc(w_j & x_l) + m sum_j c_j popc(w_j),
+    in fp32, rounded once to x's dtype. Equals ``x_hat @ W^T`` with x_hat the RTN activations
+    (:func:`encode_activations`)."""
     if x.shape[-1] != bitvectors.shape[1] * WORD:
         raise ValueError(f"x must have shape [..., K={bitvectors.shape[1] * WORD}], got {tuple(x.shape)}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    q, s, m = encode_activations(x2, act_bits, group)
+    ag = act_group(group)
+    q, s, m = encode_activations(x2, act_bits, ag)
     n, words, num_sums = bitvectors.shape
     k = words * WORD
-    ng = k // group
-    codes = unpack_bits(bitvectors).to(torch.int64).reshape(n, ng, group)
-    wbits = ((codes[..., None] >> torch.arange(num_sums, device=codes.device)) & 1).to(torch.float32)  # [N, G, L, ns]
-    xbits = ((q.reshape(-1, ng, group)[..., None] >> torch.arange(act_bits, device=q.device)) & 1).to(torch.float32)
-    popc = torch.einsum("ngij,mgil->mngjl", wbits, xbits)        # popc(w_j & x_l) per group: [M, N, G, ns, bits]
-    popw = wbits.sum(2)                                          # popc(w_j): [N, G, ns]
-    c = cache.to(torch.float32)[coeff_idx.to(torch.int64) & 0xFFFF]  # [N, G, ns]
+    na = k // ag
+    codes = unpack_bits(bitvectors).to(torch.int64).reshape(n, na, ag)
+    wbits = ((codes[..., None] >> torch.arange(num_sums, device=codes.device)) & 1).to(torch.float32)  # [N, A, L, ns]
+    xbits = ((q.reshape(-1, na, ag)[..., None] >> torch.arange(act_bits, device=q.device)) & 1).to(torch.float32)
+    popc = torch.einsum("naij,mail->mnajl", wbits, xbits)        # popc(w_j & x_l) per act group: [M, N, A, ns, bits]
+    popw = wbits.sum(2)                                          # popc(w_j): [N, A, ns]
+    weight_group = torch.arange(na, device=x.device) * ag // group
+    c = cache.to(torch.float32)[coeff_idx.to(torch.int64)[:, weight_group] & 0xFFFF]  # [N, A, ns]
     pow2 = torch.exp2(torch.arange(act_bits, dtype=torch.float32, device=x.device))
-    y = torch.einsum("mngjl,ngj,l,mg->mn", popc, c, pow2, s) + torch.einsum("ngj,ngj,mg->mn", popw, c, m)
+    y = torch.einsum("mnajl,naj,l,ma->mn", popc, c, pow2, s) + torch.einsum("naj,naj,ma->mn", popw, c, m)
     return y.reshape(*lead, n).to(x.dtype)
 
 
-__all__ = ["GROUP", "SUPPORTED_NUM_SUMS", "WORD", "check_group", "check_num_sums",
-           "check_sbvr_tensors", "decode", "encode", "encode_activations", "linear_bitplane_reference",
-           "linear_reference", "pack_bits", "points", "scale_ladder", "shape_family", "subsets", "unpack_bits"]
+__all__ = ["ACT_GROUP", "GROUP", "act_group", "SUPPORTED_NUM_SUMS", "WORD", "check_group", "check_num_sums",
+           "MAX_LINES", "check_sbvr_tensors", "decode", "encode", "encode_activations", "linear_bitplane_reference",
+           "linear_reference", "pack_bits", "points", "rtn_activations", "scale_ladder", "shape_family", "subsets", "unpack_bits"]

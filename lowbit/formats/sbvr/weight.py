@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import definition
+from . import definition, tiled
 from .definition import GROUP, WORD, check_sbvr_tensors
 
 
@@ -12,7 +12,7 @@ class SbvrWeight:
     """An SBVR weight ``[N, K]``: ``bitvectors`` int32 [N, K/32, num_sums], ``coeff_idx`` int16 [N, K/group]
     (unsigned cache rows), ``cache`` fp16 [lines, num_sums], ``group`` (elements per coefficient vector)."""
 
-    __slots__ = ("bitvectors", "coeff_idx", "cache", "group")
+    __slots__ = ("bitvectors", "coeff_idx", "cache", "group", "_tiled")
 
     def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor, group: int = GROUP,
                  *, check: bool = True):
@@ -24,6 +24,13 @@ class SbvrWeight:
             if len(devices) != 1:
                 raise ValueError(f"bitvectors, coeff_idx and cache must be on one device, got {sorted(map(str, devices))}")
         self.bitvectors, self.coeff_idx, self.cache, self.group = bitvectors, coeff_idx, cache, group
+        self._tiled = None
+
+    def tiled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(qbits, qidx, cache8)``: the kernels' layout (:mod:`.tiled`), built once and kept (a second copy)."""
+        if self._tiled is None:
+            self._tiled = tiled.tile(*self.tensors())
+        return self._tiled
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -1,0 +1,302 @@
+// SBVR's kernels (lowbit/formats/sbvr): the authors' popcount GEMV on the binary tensor cores, the
+// activation encoder it needs, and a dequantize for the weight-only path (cuBLAS above M = 8).
+//
+// The popcount GEMV. A weight group is num_sums bitvectors w_j and coefficients c_j; the activations
+// of a group are rounded to 7-bit integers q = sum_l 2^l x_l (x ~ m + s q). The group's product is
+//     sum_j c_j (s sum_l 2^l popc(w_j & x_l) + m popc(w_j)),
+// and one mma.m16n8k128.b1.and.popc computes all the popcounts of 16 rows x 128 inputs of one
+// plane j against the 8 columns {x_0 .. x_6, all ones} of one token: its 8 outputs are exactly the
+// popc terms (the all-ones column gives popc(w_j) for the zero point). No weight is ever decoded:
+// the bitvectors go from DRAM straight into the MMA, which is why this path can keep up with HBM
+// at M = 1. Its work grows with M (one MMA and one epilogue per token), the weight-only path's does
+// not: the dispatcher measures where they cross.
+//
+// Layouts (lowbit/formats/sbvr/tiled.py): 16-row tiles x 128-input chunks; lane (g, t) of a warp
+// holds rows g and g + 8, word t of the chunk -- the b1 MMA's A fragment. Groups smaller than 128
+// (64, 32) are one MMA each with the other lanes' words zeroed; larger groups (multiples of 128)
+// span several chunks. The activations use groups of min(group, 128) so every MMA sees one (s, m).
+#include <cstdint>
+
+#include "../common.cuh"
+
+namespace lowbit {
+namespace sbvr {
+
+constexpr int kChunk = 128;     // inputs per MMA
+constexpr int kActBits = 7;     // the authors' activation bits; column 7 is the all-ones plane
+constexpr int kMaxWarps = 16;
+
+__device__ __forceinline__ void bmma_and_popc(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(kFullMask, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+    return v;
+}
+
+// One warp per (token, chunk): x -> 8 bit-plane words x 4 (xq [m][chunks][8][4]; plane 7 = ones over
+// the valid inputs) and per activation group (ag = 32, 64 or 128 inputs) the 8 column weights
+// xs [m][k / ag][8] = (s, 2s, .., 64s, m). Rounding as encode_activations: s = (hi - lo) / 127
+// (1 for a constant group), q = rint((x - lo) / s) clamped -- the same fp32 operations, so q is
+// bit-exact with the reference.
+template <typename T>
+__global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ xq, float* __restrict__ xs, int m,
+                                int k, int ag) {
+    const int chunks = (k + kChunk - 1) / kChunk;
+    const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    if (warp >= int64_t(m) * chunks) return;
+    const int lane = threadIdx.x % 32, token = int(warp / chunks), c = int(warp % chunks);
+    const T* xr = x + int64_t(token) * k;
+    float v[4], lo[4], hi[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const int e = c * kChunk + 32 * t + lane;
+        const bool valid = c * kChunk + 32 * t < k;  // k % 32 == 0: whole words are in or out
+        v[t] = valid ? to_float(xr[e]) : 0.f;
+        lo[t] = warp_min(valid ? v[t] : INFINITY);
+        hi[t] = warp_max(valid ? v[t] : -INFINITY);
+    }
+    const int words = ag / 32;  // words per activation group: 1, 2 or 4
+    const float lo2[2] = {fminf(lo[0], lo[1]), fminf(lo[2], lo[3])}, hi2[2] = {fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3])};
+    const float lo4 = fminf(lo2[0], lo2[1]), hi4 = fmaxf(hi2[0], hi2[1]);
+    uint32_t out = 0;           // lane (l, t) writes plane l, word t
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const bool valid = c * kChunk + 32 * t < k;
+        const int first = t / words * words;  // the group's first word
+        const float glo = words == 1 ? lo[t] : words == 2 ? lo2[t / 2] : lo4;
+        const float ghi = words == 1 ? hi[t] : words == 2 ? hi2[t / 2] : hi4;
+        float s = (ghi - glo) / float((1 << kActBits) - 1);
+        s = s > 0.f ? s : 1.f;
+        const float q = fminf(fmaxf(rintf((v[t] - glo) / s), 0.f), float((1 << kActBits) - 1));
+        const uint32_t qi = valid ? uint32_t(q) : 0u;
+#pragma unroll
+        for (int l = 0; l < kActBits; ++l) {
+            const uint32_t word = __ballot_sync(kFullMask, (qi >> l) & 1u);
+            if (lane == l * 4 + t) out = word;
+        }
+        if (lane == 28 + t) out = valid ? kFullMask : 0u;
+        if (t == first && valid && lane < 8) {  // the group's 8 column weights
+            const int64_t gi = (int64_t(c) * kChunk + 32 * t) / ag;
+            xs[(int64_t(token) * (k / ag) + gi) * 8 + lane] = lane < kActBits ? s * float(1 << lane) : glo;
+        }
+    }
+    xq[(int64_t(token) * chunks + c) * 32 + lane] = out;
+}
+
+// Loads of the lane's 2 * NS bitvector words (rows g, g + 8: planes 0..NS-1 each), streamed.
+template <int NS>
+__device__ __forceinline__ void load_bits(uint32_t (&a)[2 * NS], const uint32_t* p) {
+    if constexpr ((2 * NS) % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < 2 * NS / 4; ++i) {
+            const uint4 v = ld_stream(reinterpret_cast<const uint4*>(p) + i);
+            a[4 * i] = v.x, a[4 * i + 1] = v.y, a[4 * i + 2] = v.z, a[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+            uint32_t lo, hi;
+            asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(lo), "=r"(hi) : "l"(p + 2 * i));
+            a[2 * i] = lo, a[2 * i + 1] = hi;
+        }
+    }
+}
+
+// A coefficient line (8 fp16, NS used) as floats.
+template <int NS>
+__device__ __forceinline__ void load_coeffs(float (&c)[NS], const uint4* cache8, uint32_t line) {
+    const uint4 v = __ldg(cache8 + line);
+    const __half* h = reinterpret_cast<const __half*>(&v);
+#pragma unroll
+    for (int j = 0; j < NS; ++j) c[j] = __half2float(h[j]);
+}
+
+// One CTA per 16-row tile; its warps split the chunks (warp w: chunks w, w + W, ...) and reduce in
+// shared memory in a fixed order (deterministic). Per chunk and token: NS MMAs per weight group in
+// the chunk, then the group's coefficients and the token's column weights.
+template <int NS, int M, typename T>
+__global__ void __launch_bounds__(kMaxWarps * 32) popcount_gemv_kernel(
+    const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
+    const uint32_t* __restrict__ xq, const float* __restrict__ xs, const T* __restrict__ bias, T* __restrict__ y,
+    int n, int k, int group) {
+    __shared__ float red[kMaxWarps][M][16];
+    const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
+    const int chunks = (k + kChunk - 1) / kChunk, n_groups = k / group, ag = group < kChunk ? group : kChunk;
+    const int n_act = k / ag;
+    const int parts = group < kChunk ? kChunk / group : 1, part_words = group < kChunk ? group / 32 : 4;
+    float acc[M][2] = {};
+    for (int c = warp; c < chunks; c += warps) {
+        uint32_t a[2 * NS];
+        load_bits<NS>(a, qbits + ((int64_t(tile) * chunks + c) * 32 + lane) * 2 * NS);
+        uint32_t b[M];
+#pragma unroll
+        for (int mt = 0; mt < M; ++mt) b[mt] = __ldg(xq + (int64_t(mt) * chunks + c) * 32 + lane);
+        for (int p = 0; p < parts; ++p) {
+            const int64_t first = int64_t(c) * kChunk + int64_t(p) * group;  // the part's first input
+            if (first >= k) break;                                            // past the last group
+            const int gi = int(first / group), ai = int(first / ag);
+            const uint32_t lines = __ldg(qidx + (int64_t(tile) * n_groups + gi) * 8 + g);
+            float c_lo[NS], c_hi[NS];
+            load_coeffs<NS>(c_lo, cache8, lines & 0xFFFFu);
+            load_coeffs<NS>(c_hi, cache8, lines >> 16);
+            const bool mine = t / part_words == p;  // this lane's word is in the part
+#pragma unroll
+            for (int mt = 0; mt < M; ++mt) {
+                const float2 w = __ldg(reinterpret_cast<const float2*>(xs + (int64_t(mt) * n_act + ai) * 8) + t);
+                float s0_lo = 0.f, s1_lo = 0.f, s0_hi = 0.f, s1_hi = 0.f;
+#pragma unroll
+                for (int j = 0; j < NS; ++j) {
+                    int d[4] = {0, 0, 0, 0};
+                    bmma_and_popc(d, mine ? a[j] : 0u, mine ? a[NS + j] : 0u, b[mt]);
+                    s0_lo = fmaf(c_lo[j], float(d[0]), s0_lo);
+                    s1_lo = fmaf(c_lo[j], float(d[1]), s1_lo);
+                    s0_hi = fmaf(c_hi[j], float(d[2]), s0_hi);
+                    s1_hi = fmaf(c_hi[j], float(d[3]), s1_hi);
+                }
+                acc[mt][0] = fmaf(w.x, s0_lo, fmaf(w.y, s1_lo, acc[mt][0]));
+                acc[mt][1] = fmaf(w.x, s0_hi, fmaf(w.y, s1_hi, acc[mt][1]));
+            }
+        }
+    }
+    // the quad's 4 lanes hold the 8 columns of rows g, g + 8: sum them, then the warps
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v = acc[mt][h];
+            v += __shfl_xor_sync(kFullMask, v, 1);
+            v += __shfl_xor_sync(kFullMask, v, 2);
+            if (t == 0) red[warp][mt][g + 8 * h] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * 16; i += blockDim.x) {
+        const int mt = i / 16, r = i % 16, row = tile * 16 + r;
+        float v = 0.f;
+        for (int w = 0; w < warps; ++w) v += red[w][mt][r];
+        if (row < n) {
+            if (bias != nullptr) v += to_float(bias[row]);
+            y[int64_t(mt) * n + row] = from_float<T>(v);
+        }
+    }
+}
+
+// The weight in x's dtype, [n, k] row-major, from the tiled layout: one thread per (row, word);
+// each element is its subset sum of the fp16 coefficients in fp32 (exact: a few fp16 values of a
+// narrow exponent range), rounded once -- the reference decode, bit for bit.
+template <int NS, typename T>
+__global__ void dequant_kernel(const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx,
+                               const uint4* __restrict__ cache8, T* __restrict__ out, int n, int k, int group) {
+    const int words = k / 32, chunks = (k + kChunk - 1) / kChunk, n_groups = k / group;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(n) * words) return;
+    const int row = int(i / words), word = int(i % words);
+    const int tile = row / 16, r = row % 16, g = r % 8, h = r / 8, c = word / 4, t = word % 4;
+    const uint32_t* a = qbits + ((int64_t(tile) * chunks + c) * 32 + g * 4 + t) * 2 * NS + h * NS;
+    const uint32_t lines = __ldg(qidx + (int64_t(tile) * n_groups + int64_t(word) * 32 / group) * 8 + g);
+    float coef[NS];
+    load_coeffs<NS>(coef, cache8, h ? lines >> 16 : lines & 0xFFFFu);
+    uint32_t bits[NS];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) bits[j] = __ldg(a + j);
+    T* o = out + int64_t(row) * k + int64_t(word) * 32;
+#pragma unroll 4
+    for (int e = 0; e < 32; ++e) {
+        float v = 0.f;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) v += (bits[j] >> e & 1u) ? coef[j] : 0.f;
+        o[e] = from_float<T>(v);
+    }
+}
+
+inline int pick_warps(int tiles, int chunks) {
+    int sms = 132, device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    int w = 4;  // enough resident warps to keep the loads in flight, never more warps than chunks
+    while (w < kMaxWarps && int64_t(tiles) * w < int64_t(sms) * 32 && 2 * w <= chunks) w *= 2;
+    return w;
+}
+
+template <typename T>
+int launch_encode_x(const void* x, uint32_t* xq, float* xs, int m, int k, int group, void* stream) {
+    const int chunks = (k + kChunk - 1) / kChunk, ag = group < kChunk ? group : kChunk;
+    const int64_t threads = int64_t(m) * chunks * 32;
+    encode_x_kernel<T><<<ceil_div(threads, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), xq, xs, m, k, ag);
+    return static_cast<int>(cudaGetLastError());
+}
+
+template <int NS, int M, typename T>
+int launch_gemv(const uint32_t* qbits, const uint32_t* qidx, const void* cache8, const uint32_t* xq, const float* xs,
+                const void* bias, void* y, int n, int k, int group, void* stream) {
+    const int tiles = (n + 15) / 16, chunks = (k + kChunk - 1) / kChunk;
+    const int warps = pick_warps(tiles, chunks);
+    popcount_gemv_kernel<NS, M, T><<<tiles, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
+        qbits, qidx, static_cast<const uint4*>(cache8), xq, xs, static_cast<const T*>(bias), static_cast<T*>(y), n, k,
+        group);
+    return static_cast<int>(cudaGetLastError());
+}
+
+template <int NS, typename T>
+int launch_dequant(const uint32_t* qbits, const uint32_t* qidx, const void* cache8, void* out, int n, int k, int group,
+                   void* stream) {
+    const int64_t threads = int64_t(n) * (k / 32);
+    dequant_kernel<NS, T><<<ceil_div(threads, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        qbits, qidx, static_cast<const uint4*>(cache8), static_cast<T*>(out), n, k, group);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace sbvr
+}  // namespace lowbit
+
+#define LOWBIT_SBVR_GEMV(NS, NAME, TYPE, M)                                                                       \
+    extern "C" int lowbit_sbvr_gemv_b##NS##_##NAME##_m##M(const uint32_t* qbits, const uint32_t* qidx,           \
+                                                           const void* cache8, const uint32_t* xq, const float* xs, \
+                                                           const void* bias, void* y, int n, int k, int group,      \
+                                                           void* stream) {                                          \
+        return lowbit::sbvr::launch_gemv<NS, M, TYPE>(qbits, qidx, cache8, xq, xs, bias, y, n, k, group, stream);   \
+    }
+#define LOWBIT_SBVR_NS(NS, NAME, TYPE)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 1)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 2)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 3)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 4)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 5)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 6)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 7)                                                                             \
+    LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 8)                                                                             \
+    extern "C" int lowbit_sbvr_dequant_b##NS##_##NAME(const uint32_t* qbits, const uint32_t* qidx,                 \
+                                                       const void* cache8, void* out, int n, int k, int group,      \
+                                                       void* stream) {                                              \
+        return lowbit::sbvr::launch_dequant<NS, TYPE>(qbits, qidx, cache8, out, n, k, group, stream);               \
+    }
+#define LOWBIT_SBVR_DTYPES(NS)            \
+    LOWBIT_SBVR_NS(NS, fp16, __half)      \
+    LOWBIT_SBVR_NS(NS, bf16, __nv_bfloat16)
+LOWBIT_SBVR_DTYPES(2)
+LOWBIT_SBVR_DTYPES(3)
+LOWBIT_SBVR_DTYPES(4)
+LOWBIT_SBVR_DTYPES(5)
+LOWBIT_SBVR_DTYPES(6)
+
+#define LOWBIT_SBVR_ENCODE(NAME, TYPE)                                                                          \
+    extern "C" int lowbit_sbvr_encode_x_##NAME(const void* x, uint32_t* xq, float* xs, int m, int k, int group, \
+                                               void* stream) {                                                  \
+        return lowbit::sbvr::launch_encode_x<TYPE>(x, xq, xs, m, k, group, stream);                             \
+    }
+LOWBIT_SBVR_ENCODE(fp16, __half)
+LOWBIT_SBVR_ENCODE(bf16, __nv_bfloat16)

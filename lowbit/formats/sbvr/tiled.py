@@ -1,0 +1,84 @@
+"""SBVR's GPU layout (``csrc/sbvr/gemv.cu``): the checkpoint tensors regrouped so that one warp reads one
+16-row x 128-input tile with one contiguous load per lane -- the A fragment of the binary tensor-core MMA
+(``mma.m16n8k128.b1``: lane ``(g, t) = (lane // 4, lane % 4)`` holds rows g and g + 8, word t).
+
+* ``qbits`` int32 ``[tiles, chunks, 32, 2 * num_sums]``: lane (g, t) of tile T, chunk c holds plane j of
+  row 16T + g at ``[..., j]`` and of row 16T + g + 8 at ``[..., num_sums + j]``, word 4c + t of the row.
+  Rows past N and words past K are zero (they add nothing to a product).
+* ``qidx`` int32 ``[tiles, groups, 8]``: the cache lines of rows 16T + g (low 16 bits) and 16T + g + 8 (high).
+* ``cache8`` fp16 ``[lines, 8]``: the cache, each line padded to 16 bytes (one load).
+
+The activations of the popcount GEMV (:func:`encode_activations_tiled`): ``xq`` int32 ``[M, chunks, 8, 4]``,
+plane l < 7 of word t (bit i: element 128c + 32t + i), plane 7 all ones over the valid inputs; ``xs`` fp32
+``[M, K / act_group, 8]``: the column weights (s, 2s, .., 64s, m) of each activation group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .definition import ACT_GROUP as CHUNK, WORD, act_group, encode_activations
+
+TILE_ROWS = 16   # CHUNK (= ACT_GROUP, 128): inputs per binary MMA
+ACT_BITS = 7     # the authors' activation bits (the GEMV's 8 MMA columns: 7 planes + ones)
+CACHE_PAD = 8
+
+
+def tiled_shape(n: int, k: int) -> tuple[int, int]:
+    """(tiles, chunks) of an ``[n, k]`` weight."""
+    return -(-n // TILE_ROWS), -(-k // CHUNK)
+
+
+def _as_int32(v: torch.Tensor) -> torch.Tensor:
+    v = v.to(torch.int64) & 0xFFFFFFFF
+    return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
+
+
+def tile(bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Checkpoint tensors (:class:`~lowbit.formats.sbvr.SbvrWeight`) -> ``(qbits, qidx, cache8)``."""
+    n, words, ns = bitvectors.shape
+    tiles, chunks = tiled_shape(n, words * WORD)
+    bv = torch.zeros((tiles * TILE_ROWS, chunks * 4, ns), dtype=torch.int32, device=bitvectors.device)
+    bv[:n, :words] = bitvectors
+    # [tiles, half, g, chunks, t, ns] -> [tiles, chunks, g, t, half, ns]
+    qbits = bv.reshape(tiles, 2, 8, chunks, 4, ns).permute(0, 3, 2, 4, 1, 5).reshape(tiles, chunks, 32, 2 * ns)
+    idx = torch.zeros((tiles * TILE_ROWS, coeff_idx.shape[1]), dtype=torch.int64, device=coeff_idx.device)
+    idx[:n] = coeff_idx.to(torch.int64) & 0xFFFF
+    idx = idx.reshape(tiles, 2, 8, -1)
+    qidx = _as_int32(idx[:, 0] | (idx[:, 1] << 16)).permute(0, 2, 1)
+    cache8 = torch.zeros((cache.shape[0], CACHE_PAD), dtype=torch.float16, device=cache.device)
+    cache8[:, :ns] = cache
+    return qbits.contiguous(), qidx.contiguous(), cache8
+
+
+def untile(qbits: torch.Tensor, qidx: torch.Tensor, cache8: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`tile`: ``(bitvectors, coeff_idx int16, cache)``."""
+    tiles, chunks, _, two_ns = qbits.shape
+    ns = two_ns // 2
+    bv = qbits.reshape(tiles, chunks, 8, 4, 2, ns).permute(0, 4, 2, 1, 3, 5).reshape(tiles * TILE_ROWS, chunks * 4, ns)
+    v = qidx.to(torch.int64) & 0xFFFFFFFF                       # [tiles, groups, 8]
+    idx = torch.stack([v & 0xFFFF, v >> 16], 1).permute(0, 1, 3, 2).reshape(tiles * TILE_ROWS, -1)
+    idx16 = torch.where(idx >= 1 << 15, idx - (1 << 16), idx).to(torch.int16)
+    return bv[:n, :k // WORD].contiguous(), idx16[:n].contiguous(), cache8[:, :ns].contiguous()
+
+
+def encode_activations_tiled(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> ``(xq, xs)`` as the GEMV reads them (what ``lowbit::sbvr_encode_x`` computes)."""
+    m, k = x.shape
+    ag = act_group(group)
+    q, s, lo = encode_activations(x, ACT_BITS, ag)               # q [M, K], s / lo [M, K / ag]
+    chunks = -(-k // CHUNK)
+    qp = torch.zeros((m, chunks * CHUNK), dtype=torch.int64, device=x.device)
+    qp[:, :k] = q
+    valid = torch.zeros((m, chunks * CHUNK), dtype=torch.int64, device=x.device)
+    valid[:, :k] = 1
+    planes = [(qp >> lvl) & 1 for lvl in range(ACT_BITS)] + [valid]
+    bits = torch.stack(planes, 1).reshape(m, 8, chunks, 4, WORD)          # [M, plane, chunk, t, i]
+    words = (bits << torch.arange(WORD, device=x.device)).sum(-1)          # < 2^32
+    xq = _as_int32(words).permute(0, 2, 1, 3).contiguous()                 # [M, chunks, 8, 4]
+    pow2 = torch.exp2(torch.arange(ACT_BITS, dtype=torch.float32, device=x.device))
+    xs = torch.cat([s[..., None] * pow2, lo[..., None]], -1).contiguous()  # [M, K / ag, 8]
+    return xq, xs
+
+
+__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "encode_activations_tiled", "tile", "tiled_shape", "untile"]

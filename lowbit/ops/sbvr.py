@@ -1,0 +1,108 @@
+"""SBVR's ops on the GPU layout (:mod:`lowbit.formats.sbvr.tiled`): the popcount GEMV (activations as 7-bit
+planes, the authors' W-A7 product), its activation encoder, and the dequantize of the weight-only path.
+The ops trust the values of ``qidx`` (cache rows): they come from a checked ``SbvrWeight``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from ..formats import sbvr
+from ..formats.sbvr import tiled as sbvr_tiled
+from .common import GEMV_MAX_M, _check_out_dtype, check_bias
+
+
+def check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group) -> int:
+    """Shapes and dtypes of an SBVR weight in the tiled layout; returns num_sums."""
+    check_tensor("qbits", qbits, dtypes=(torch.int32,), dim=4)
+    check_tensor("qidx", qidx, dtypes=(torch.int32,), dim=3)
+    check_tensor("cache8", cache8, dtypes=(torch.float16,), dim=2)
+    if not (isinstance(n, int) and isinstance(k, int) and n >= 1 and k >= sbvr.WORD):
+        raise ValueError(f"n >= 1 and k >= {sbvr.WORD} must be ints, got n={n!r}, k={k!r}")
+    sbvr.check_group(group)
+    if k % group:
+        raise ValueError(f"k = {k} is not a multiple of group={group}")
+    tiles, chunks = sbvr_tiled.tiled_shape(n, k)
+    ns = qbits.shape[-1] // 2
+    if qbits.shape[-1] % 2 or ns not in sbvr.SUPPORTED_NUM_SUMS or tuple(qbits.shape) != (tiles, chunks, 32, 2 * ns):
+        raise ValueError(f"qbits must be [{tiles}, {chunks}, 32, 2 * num_sums] for [{n}, {k}], got {tuple(qbits.shape)}")
+    if tuple(qidx.shape) != (tiles, k // group, 8):
+        raise ValueError(f"qidx must be {(tiles, k // group, 8)}, got {tuple(qidx.shape)}")
+    if cache8.shape[1] != sbvr_tiled.CACHE_PAD or not 1 <= cache8.shape[0] <= sbvr.MAX_LINES:
+        raise ValueError(f"cache8 must be [1..{sbvr.MAX_LINES}, {sbvr_tiled.CACHE_PAD}], got {tuple(cache8.shape)}")
+    check_same_device(qbits=qbits, qidx=qidx, cache8=cache8)
+    return ns
+
+
+def check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias=None) -> int:
+    check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group)
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [M, K={k}], got {tuple(x.shape)}")
+    if not 1 <= x.shape[0] <= GEMV_MAX_M:
+        raise ValueError(f"sbvr_gemv takes M = 1..{GEMV_MAX_M} rows of x, got {x.shape[0]}")
+    check_same_device(x=x, qbits=qbits)
+    check_bias(bias, n, x)
+    return x.shape[0]
+
+
+def sbvr_gemv_reference(x, qbits, qidx, cache8, n, k, group, bias=None) -> Tensor:
+    """The popcount product in fp32: the 7-bit RTN activations times the decoded weight (equal to
+    :func:`lowbit.formats.sbvr.linear_bitplane_reference` up to fp32 summation order), rounded once."""
+    bitvectors, coeff_idx, cache = sbvr_tiled.untile(qbits, qidx, cache8, n, k)
+    x_hat = sbvr.rtn_activations(x, sbvr_tiled.ACT_BITS, sbvr.act_group(group))
+    y = x_hat @ sbvr.decode(bitvectors, coeff_idx, cache, group).t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+@torch.library.custom_op("lowbit::sbvr_gemv", mutates_args=())
+def sbvr_gemv(x: Tensor, qbits: Tensor, qidx: Tensor, cache8: Tensor, n: int, k: int, group: int,
+              bias: Tensor | None = None) -> Tensor:
+    """``x [M <= 8, K] @ W^T (+ bias)`` the authors' way: x rounded to 7 bits per activation group
+    (:func:`lowbit.formats.sbvr.act_group`), the product from popcounts of weight and activation bit-planes
+    on the binary tensor cores, fp32 accumulation, one rounding. CPU and fp32: the reference
+    (:func:`lowbit.formats.sbvr.linear_bitplane_reference`)."""
+    check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias)
+    return sbvr_gemv_reference(x, qbits, qidx, cache8, n, k, group, bias)
+
+
+@sbvr_gemv.register_fake
+def _(x, qbits, qidx, cache8, n, k, group, bias=None):
+    m = check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias)
+    return x.new_empty((m, n))
+
+
+@torch.library.custom_op("lowbit::sbvr_encode_x", mutates_args=())
+def sbvr_encode_x(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """The popcount GEMV's activations: ``(xq int32 [M, chunks, 8, 4], xs fp32 [M, K / act_group, 8])``
+    (:func:`lowbit.formats.sbvr.tiled.encode_activations_tiled`)."""
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] % sbvr.act_group(group):
+        raise ValueError(f"x's K = {x.shape[1]} is not a multiple of the activation group {sbvr.act_group(group)}")
+    return sbvr_tiled.encode_activations_tiled(x, group)
+
+
+@sbvr_encode_x.register_fake
+def _(x, group):
+    m, k = x.shape
+    return (x.new_empty((m, -(-k // sbvr_tiled.CHUNK), 8, 4), dtype=torch.int32),
+            x.new_empty((m, k // sbvr.act_group(group), 8), dtype=torch.float32))
+
+
+@torch.library.custom_op("lowbit::sbvr_tiled_dequantize", mutates_args=())
+def sbvr_tiled_dequantize(qbits: Tensor, qidx: Tensor, cache8: Tensor, n: int, k: int, group: int,
+                          dtype: torch.dtype) -> Tensor:
+    """The weight ``[n, k]`` in ``dtype`` from the tiled layout: each element's subset sum in fp32,
+    rounded once (:func:`lowbit.formats.sbvr.decode`, bit for bit)."""
+    check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group)
+    _check_out_dtype(dtype)
+    return sbvr.decode(*sbvr_tiled.untile(qbits, qidx, cache8, n, k), group, dtype)
+
+
+@sbvr_tiled_dequantize.register_fake
+def _(qbits, qidx, cache8, n, k, group, dtype):
+    check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group)
+    return qbits.new_empty((n, k), dtype=dtype)
