@@ -151,11 +151,10 @@ def dequantize_sbvr(w: SbvrWeight, dtype: torch.dtype = torch.float16) -> torch.
 
 def sbvr_linear(x: torch.Tensor, w: SbvrWeight, act_bits: int | None = None) -> torch.Tensor:
     """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype (:func:`lowbit.dispatch.sbvr_linear_op`): weight-only by
-    default; ``act_bits=7``: the authors' product for M <= 8 rows (x rounded to 7 bits per group, the
+    default; ``act_bits=8``: the authors' product for M <= 8 rows (x rounded to 8 bits per group, the
     popcount GEMV on CUDA)."""
     _check_sbvr(w)
-    if act_bits not in (None, 7) or isinstance(act_bits, bool):
-        raise ValueError(f"act_bits must be 7 or None, got {act_bits!r}")
+    sbvr.tiled.check_act_bits(act_bits)
     n, k = w.shape
     check_x(x, k, w.device, what="K")
     y = dispatch.sbvr_linear_op(x.reshape(-1, k), *w.tiled(), n, k, w.group, None, act_bits)

@@ -293,16 +293,16 @@ def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     return ops.kbit_linear(x2, *w.tensors(), w.bits)
 
 
-#: SBVR: rows of x up to which the popcount GEMV (activations rounded to 7 bits) runs; above, the weight-only
+#: SBVR: rows of x up to which the popcount GEMV (activations rounded to 8 bits) runs; above, the weight-only
 #: path (dequantize kernel + cuBLAS). The GEMV's work grows with M, the weight-only path's does not.
 SBVR_POPCOUNT_MAX_M = GEMV_MAX_M
 
 
 def sbvr_linear_op(x2: torch.Tensor, qbits, qidx, cache8, n: int, k: int, group: int,
-                   bias: torch.Tensor | None = None, act_bits: int | None = 7) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, act_bits: int | None = 8) -> torch.Tensor:
     """``x2 [M, K] @ W^T (+ bias)`` for an SBVR weight in the kernels' layout (:mod:`lowbit.formats.sbvr.tiled`):
-    ``act_bits=7`` and 1 <= M <= :data:`SBVR_POPCOUNT_MAX_M`: the popcount GEMV (the authors' product, x rounded
-    to 7 bits per group; its reference elsewhere); otherwise weight-only -- on CUDA fp16/bf16 the dequantize kernel
+    ``act_bits=8`` and 1 <= M <= :data:`SBVR_POPCOUNT_MAX_M`: the popcount GEMV (the authors' product, x rounded
+    to 8 bits per group; its reference elsewhere); otherwise weight-only -- on CUDA fp16/bf16 the dequantize kernel
     + cuBLAS (one rounding of W to x's dtype), else the fp32 reference."""
     m = x2.shape[0]
     if act_bits is not None and 1 <= m <= SBVR_POPCOUNT_MAX_M:

@@ -184,8 +184,8 @@ def test_rotated_sbvr_module(tmp_path, gen):
     mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=32)
     x = torch.randn(9, 256, generator=gen)  # > 8 rows: weight-only
     assert rel_err(mod(x), x @ mod.dequantize().t()) < 1e-5
-    # <= 8 rows: the popcount product, x H rounded to 7 bits per group, times the stored W H
-    xh = sbvr.rtn_activations(lowbit.formats.kbit.rotation.rotate(x[:3]), 7, 128)
+    # <= 8 rows: the popcount product, x H rounded to 8 bits per group, times the stored W H
+    xh = sbvr.rtn_activations(lowbit.formats.kbit.rotation.rotate(x[:3]), 8, 128)
     assert rel_err(mod(x[:3]), xh @ mod.sbvr_weight().dequantize().t()) < 1e-5
     assert rel_err(mod.dequantize(), lin.weight.detach()) < 0.13
     assert mod.checkpoint_config()["rotation"] == 32
@@ -222,12 +222,12 @@ def test_popcount_op_reference_is_the_bitplane_product(group, gen):
     t = q.tiled()
     x = torch.randn(5, k, generator=gen)
     bias = torch.randn(n, generator=gen)
-    want = sbvr.linear_bitplane_reference(x, *q.tensors(), group) + bias
+    want = sbvr.linear_bitplane_reference(x, *q.tensors(), group, act_bits=8) + bias
     assert rel_err(lowbit.ops.sbvr_gemv(x, *t, n, k, group, bias), want) < 1e-5
     assert torch.equal(lowbit.ops.sbvr_tiled_dequantize(*t, n, k, group, torch.bfloat16), q.dequantize(torch.bfloat16))
-    # the facade: weight-only by default, the popcount product with act_bits=7
+    # the facade: weight-only by default, the popcount product with act_bits=8
     assert rel_err(lowbit.sbvr_linear(x, q), x @ q.dequantize().t()) < 1e-5
-    assert rel_err(lowbit.sbvr_linear(x, q, act_bits=7), want - bias) < 1e-5
+    assert rel_err(lowbit.sbvr_linear(x, q, act_bits=8), want - bias) < 1e-5
 
 
 def test_popcount_op_bad_input(gen):
@@ -247,21 +247,21 @@ def test_popcount_op_bad_input(gen):
     with pytest.raises(TypeError, match="cache8"):
         lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8.float(), 20, 256, 128)
     with pytest.raises(ValueError, match="act_bits must be"):
-        lowbit.sbvr_linear(x, q, act_bits=8)
+        lowbit.sbvr_linear(x, q, act_bits=7)
     with pytest.raises(ValueError, match="act_bits must be"):
         lowbit.nn.SbvrLinear(256, 20, act_bits=4)
 
 
 def test_module_act_bits_paths_and_checkpoint(tmp_path, gen):
-    """M <= 8 rows: the popcount product (x rounded to 7 bits); more rows or act_bits=None: weight-only; a
+    """M <= 8 rows: the popcount product (x rounded to 8 bits); more rows or act_bits=None: weight-only; a
     checkpoint keeps act_bits."""
     m = build("llama", int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     lowbit.quantize_model(m, format="sbvr", bits=4, progress=False)
     mod = m.model.layers[0].mlp.down_proj
-    assert mod.act_bits == 7
+    assert mod.act_bits == 8
     w = mod.sbvr_weight()
     x = torch.randn(3, mod.in_features, generator=gen)
-    xh = sbvr.rtn_activations(x, 7, sbvr.act_group(mod.group))
+    xh = sbvr.rtn_activations(x, 8, sbvr.act_group(mod.group))
     assert rel_err(mod(x), xh @ w.dequantize().t()) < 1e-5
     x9 = torch.randn(9, mod.in_features, generator=gen)
     assert rel_err(mod(x9), x9 @ w.dequantize().t()) < 1e-5
@@ -269,4 +269,4 @@ def test_module_act_bits_paths_and_checkpoint(tmp_path, gen):
     assert rel_err(mod(x), x @ w.dequantize().t()) < 1e-5
     lowbit.save_quantized(m, tmp_path / "ck")
     m2 = lowbit.load_quantized(build("llama", 0), tmp_path / "ck")
-    assert m2.model.layers[0].mlp.down_proj.act_bits is None and m2.model.layers[0].mlp.up_proj.act_bits == 7
+    assert m2.model.layers[0].mlp.down_proj.act_bits is None and m2.model.layers[0].mlp.up_proj.act_bits == 8

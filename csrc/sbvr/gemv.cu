@@ -2,14 +2,15 @@
 // activation encoder it needs, and a dequantize for the weight-only path (cuBLAS above M = 8).
 //
 // The popcount GEMV. A weight group is num_sums bitvectors w_j and coefficients c_j; the activations
-// of a group are rounded to 7-bit integers q = sum_l 2^l x_l (x ~ m + s q). The group's product is
+// of a group are rounded to 8-bit integers q = sum_l 2^l x_l (x ~ m + s q). The group's product is
 //     sum_j c_j (s sum_l 2^l popc(w_j & x_l) + m popc(w_j)),
-// and one mma.m16n8k128.b1.and.popc computes all the popcounts of 16 rows x 128 inputs of one
-// plane j against the 8 columns {x_0 .. x_6, all ones} of one token: its 8 outputs are exactly the
-// popc terms (the all-ones column gives popc(w_j) for the zero point). No weight is ever decoded:
-// the bitvectors go from DRAM straight into the MMA, which is why this path can keep up with HBM
-// at M = 1. Its work grows with M (one MMA and one epilogue per token), the weight-only path's does
-// not: the dispatcher measures where they cross.
+// and one mma.m16n8k128.b1.and.popc computes the popcounts of 16 rows x 128 inputs of one plane j
+// against the 8 bit-planes x_0 .. x_7 of one token (its 8 columns). The zero-point term popc(w_j)
+// needs no column: each lane counts its own weight words (once per chunk, shared by the tokens) and
+// the quad's final sum adds them up. (The authors spend a column on it and keep 7 activation bits.)
+// No weight is ever decoded: the bitvectors go from DRAM straight into the MMA, which is why this
+// path can keep up with HBM at M = 1. Its work grows with M (one MMA and one epilogue per plane and
+// token), the weight-only path's does not: the dispatcher measures where they cross.
 //
 // Layouts (lowbit/formats/sbvr/tiled.py): 16-row tiles x 128-input chunks; lane (g, t) of a warp
 // holds rows g and g + 8, word t of the chunk -- the b1 MMA's A fragment. Groups smaller than 128
@@ -23,7 +24,7 @@ namespace lowbit {
 namespace sbvr {
 
 constexpr int kChunk = 128;     // inputs per MMA
-constexpr int kActBits = 7;     // the authors' activation bits; column 7 is the all-ones plane
+constexpr int kActBits = 8;     // activation bit-planes = the MMA's 8 columns
 constexpr int kMaxWarps = 16;
 
 __device__ __forceinline__ void bmma_and_popc(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
@@ -45,11 +46,10 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// One warp per (token, chunk): x -> 8 bit-plane words x 4 (xq [m][chunks][8][4]; plane 7 = ones over
-// the valid inputs) and per activation group (ag = 32, 64 or 128 inputs) the 8 column weights
-// xs [m][k / ag][8] = (s, 2s, .., 64s, m). Rounding as encode_activations: s = (hi - lo) / 127
-// (1 for a constant group), q = rint((x - lo) / s) clamped -- the same fp32 operations, so q is
-// bit-exact with the reference.
+// One warp per (token, chunk): x -> 8 bit-plane words x 4 (xq [m][chunks][8][4]) and per activation
+// group (ag = 32, 64 or 128 inputs) xs [m][k / ag][2] = (s, m). Rounding as encode_activations:
+// s = (hi - lo) / 255 (1 for a constant group), q = rint((x - lo) / s) clamped -- the same IEEE fp32
+// operations, so q and s are bit-exact with the reference.
 template <typename T>
 __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ xq, float* __restrict__ xs, int m,
                                 int k, int ag) {
@@ -86,13 +86,22 @@ __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ 
             const uint32_t word = __ballot_sync(kFullMask, (qi >> l) & 1u);
             if (lane == l * 4 + t) out = word;
         }
-        if (lane == 28 + t) out = valid ? kFullMask : 0u;
-        if (t == first && valid && lane < 8) {  // the group's 8 column weights
+        if (t == first && valid && lane < 2) {
             const int64_t gi = (int64_t(c) * kChunk + 32 * t) / ag;
-            xs[(int64_t(token) * (k / ag) + gi) * 8 + lane] = lane < kActBits ? s * float(1 << lane) : glo;
+            xs[(int64_t(token) * (k / ag) + gi) * 2 + lane] = lane == 0 ? s : glo;
         }
     }
     xq[(int64_t(token) * chunks + c) * 32 + lane] = out;
+}
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // Loads of the lane's 2 * NS bitvector words (rows g, g + 8: planes 0..NS-1 each), streamed.
@@ -123,11 +132,19 @@ __device__ __forceinline__ void load_coeffs(float (&c)[NS], const uint4* cache8,
     for (int j = 0; j < NS; ++j) c[j] = __half2float(h[j]);
 }
 
+// A count (non-negative, < 2^23) as a float in two full-rate instructions (I2F is quarter rate).
+__device__ __forceinline__ float count_to_float(int v) {
+    return __uint_as_float(uint32_t(v) | 0x4B000000u) - 8388608.f;
+}
+
 // One CTA per 16-row tile; its warps split the chunks (warp w: chunks w, w + W, ...) and reduce in
-// shared memory in a fixed order (deterministic). Per chunk and token: NS MMAs per weight group in
-// the chunk, then the group's coefficients and the token's column weights.
+// shared memory in a fixed order (deterministic). Per chunk: the next chunk's bitvectors and cache
+// line indices are loaded first (two chunks in flight per warp, and the index -> coefficient gather
+// off the critical path), then per weight group in the chunk and token NS MMAs. Lane (g, t) gets
+// the counts of columns (bit-planes) 2t and 2t + 1, which weigh s 4^t (1, 2): one integer
+// d0 + 2 d1 per plane and row, times c_j, summed over the planes, times s 4^t.
 template <int NS, int M, typename T>
-__global__ void __launch_bounds__(kMaxWarps * 32) popcount_gemv_kernel(
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
     const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
     const uint32_t* __restrict__ xq, const float* __restrict__ xs, const T* __restrict__ bias, T* __restrict__ y,
     int n, int k, int group) {
@@ -137,10 +154,21 @@ __global__ void __launch_bounds__(kMaxWarps * 32) popcount_gemv_kernel(
     const int chunks = (k + kChunk - 1) / kChunk, n_groups = k / group, ag = group < kChunk ? group : kChunk;
     const int n_act = k / ag;
     const int parts = group < kChunk ? kChunk / group : 1, part_words = group < kChunk ? group / 32 : 4;
+    const float four_t = float(1 << (2 * t));
+    const uint32_t* qb = qbits + (int64_t(tile) * chunks * 32 + lane) * 2 * NS;  // + chunk * 64 NS
+    const uint32_t* qi = qidx + int64_t(tile) * n_groups * 8 + g;                // + group * 8
     float acc[M][2] = {};
+    uint32_t a[2 * NS], lines = 0;
+    if (warp < chunks) {
+        load_bits<NS>(a, qb + int64_t(warp) * 64 * NS);
+        lines = __ldg(qi + int64_t(warp) * kChunk / group * 8);
+    }
     for (int c = warp; c < chunks; c += warps) {
-        uint32_t a[2 * NS];
-        load_bits<NS>(a, qbits + ((int64_t(tile) * chunks + c) * 32 + lane) * 2 * NS);
+        uint32_t a_next[2 * NS], lines_next = 0;
+        if (c + warps < chunks) {
+            load_bits<NS>(a_next, qb + int64_t(c + warps) * 64 * NS);
+            lines_next = __ldg(qi + int64_t(c + warps) * kChunk / group * 8);
+        }
         uint32_t b[M];
 #pragma unroll
         for (int mt = 0; mt < M; ++mt) b[mt] = __ldg(xq + (int64_t(mt) * chunks + c) * 32 + lane);
@@ -148,30 +176,39 @@ __global__ void __launch_bounds__(kMaxWarps * 32) popcount_gemv_kernel(
             const int64_t first = int64_t(c) * kChunk + int64_t(p) * group;  // the part's first input
             if (first >= k) break;                                            // past the last group
             const int gi = int(first / group), ai = int(first / ag);
-            const uint32_t lines = __ldg(qidx + (int64_t(tile) * n_groups + gi) * 8 + g);
+            const uint32_t ln = p == 0 ? lines : __ldg(qi + int64_t(gi) * 8);
             float c_lo[NS], c_hi[NS];
-            load_coeffs<NS>(c_lo, cache8, lines & 0xFFFFu);
-            load_coeffs<NS>(c_hi, cache8, lines >> 16);
+            load_coeffs<NS>(c_lo, cache8, ln & 0xFFFFu);
+            load_coeffs<NS>(c_hi, cache8, ln >> 16);
             const bool mine = t / part_words == p;  // this lane's word is in the part
+            float z_lo = 0.f, z_hi = 0.f;           // the zero point's share: sum_j c_j popc(own word of w_j)
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                z_lo = fmaf(c_lo[j], count_to_float(mine ? __popc(a[j]) : 0), z_lo);
+                z_hi = fmaf(c_hi[j], count_to_float(mine ? __popc(a[NS + j]) : 0), z_hi);
+            }
 #pragma unroll
             for (int mt = 0; mt < M; ++mt) {
-                const float2 w = __ldg(reinterpret_cast<const float2*>(xs + (int64_t(mt) * n_act + ai) * 8) + t);
-                float s0_lo = 0.f, s1_lo = 0.f, s0_hi = 0.f, s1_hi = 0.f;
+                const float2 sm = __ldg(reinterpret_cast<const float2*>(xs) + int64_t(mt) * n_act + ai);
+                float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
                 for (int j = 0; j < NS; ++j) {
                     int d[4] = {0, 0, 0, 0};
                     bmma_and_popc(d, mine ? a[j] : 0u, mine ? a[NS + j] : 0u, b[mt]);
-                    s0_lo = fmaf(c_lo[j], float(d[0]), s0_lo);
-                    s1_lo = fmaf(c_lo[j], float(d[1]), s1_lo);
-                    s0_hi = fmaf(c_hi[j], float(d[2]), s0_hi);
-                    s1_hi = fmaf(c_hi[j], float(d[3]), s1_hi);
+                    p_lo = fmaf(c_lo[j], count_to_float(d[0] + 2 * d[1]), p_lo);
+                    p_hi = fmaf(c_hi[j], count_to_float(d[2] + 2 * d[3]), p_hi);
                 }
-                acc[mt][0] = fmaf(w.x, s0_lo, fmaf(w.y, s1_lo, acc[mt][0]));
-                acc[mt][1] = fmaf(w.x, s0_hi, fmaf(w.y, s1_hi, acc[mt][1]));
+                const float s4 = sm.x * four_t;
+                acc[mt][0] = fmaf(s4, p_lo, fmaf(sm.y, z_lo, acc[mt][0]));
+                acc[mt][1] = fmaf(s4, p_hi, fmaf(sm.y, z_hi, acc[mt][1]));
             }
         }
+#pragma unroll
+        for (int i = 0; i < 2 * NS; ++i) a[i] = a_next[i];
+        lines = lines_next;
     }
-    // the quad's 4 lanes hold the 8 columns of rows g, g + 8: sum them, then the warps
+    // the quad's 4 lanes hold the 8 columns (and the zero point's shares) of rows g, g + 8: sum them,
+    // then the warps
 #pragma unroll
     for (int mt = 0; mt < M; ++mt) {
 #pragma unroll
@@ -212,13 +249,22 @@ __global__ void dequant_kernel(const uint32_t* __restrict__ qbits, const uint32_
     uint32_t bits[NS];
 #pragma unroll
     for (int j = 0; j < NS; ++j) bits[j] = __ldg(a + j);
-    T* o = out + int64_t(row) * k + int64_t(word) * 32;
-#pragma unroll 4
-    for (int e = 0; e < 32; ++e) {
-        float v = 0.f;
+    // 32 outputs as four 16-byte stores (2-byte stores cost ~10x: every one a partial sector)
+    uint4* o = reinterpret_cast<uint4*>(out + int64_t(row) * k + int64_t(word) * 32);
 #pragma unroll
-        for (int j = 0; j < NS; ++j) v += (bits[j] >> e & 1u) ? coef[j] : 0.f;
-        o[e] = from_float<T>(v);
+    for (int q = 0; q < 4; ++q) {
+        uint32_t packed[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v[2] = {0.f, 0.f};
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+                for (int j = 0; j < NS; ++j) v[h2] += (bits[j] >> (8 * q + 2 * e + h2) & 1u) ? coef[j] : 0.f;
+            }
+            packed[e] = pack2<T>(v[0], v[1]);
+        }
+        o[q] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
 

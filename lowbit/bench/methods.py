@@ -269,7 +269,7 @@ def _gemlite_a16w4() -> Method:
 def _sbvr(num_sums: int, weight_only: bool = False) -> Method:
     from lowbit.formats import sbvr
 
-    act_bits = None if weight_only else 7
+    act_bits = None if weight_only else sbvr.tiled.ACT_BITS
 
     def prepare(w):
         q = lowbit.quantize_sbvr(w, num_sums=num_sums)
@@ -279,13 +279,13 @@ def _sbvr(num_sums: int, weight_only: bool = False) -> Method:
     def reference(x, q):
         if weight_only or x.shape[0] > lowbit.dispatch.SBVR_POPCOUNT_MAX_M:
             return sbvr.linear_reference(x, q)
-        return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group)
+        return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group, act_bits)
 
     return Method(
         name=f"lowbit-sbvr{num_sums}" + ("-dequant" if weight_only else ""),
         description=f"lowbit SBVR, {num_sums} bitvectors per 128-group (~{num_sums + 0.125} bits/weight), lowbit.sbvr_linear"
         + (": weight-only (dequantize kernel + cuBLAS)" if weight_only else
-           ": M <= 8 the popcount GEMV (x rounded to 7 bits per group), above weight-only"),
+           ": M <= 8 the popcount GEMV (x rounded to 8 bits per group), above weight-only"),
         act_dtype=torch.float16,
         prepare=prepare,
         run=lambda x, q: lowbit.sbvr_linear(x, q, act_bits=act_bits),

@@ -29,7 +29,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 def encode_x(lib, x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     xq = torch.empty((m, -(-k // sbvr_tiled.CHUNK), 8, 4), dtype=torch.int32, device=x.device)
-    xs = torch.empty((m, k // sbvr.act_group(group), 8), dtype=torch.float32, device=x.device)
+    xs = torch.empty((m, k // sbvr.act_group(group), 2), dtype=torch.float32, device=x.device)
     if m:
         lib.call("sbvr_encode_x", [ptr(x), ptr(xq), ptr(xs), m, k, group, stream_of(x.device)], dtype=x.dtype)
     return xq, xs

@@ -1,7 +1,7 @@
 """``SbvrLinear``: a drop-in for ``nn.Linear`` with an SBVR weight (:mod:`lowbit.formats.sbvr`). Models of them
 come from ``lowbit.quantize_model(model, format="sbvr", bits=num_sums)``. Its forward is
 :func:`lowbit.dispatch.sbvr_linear_op`: for decode-sized inputs (M <= 8 rows) the authors' product -- the
-activations rounded to 7 bits per group, popcounts on the binary tensor cores -- unless ``act_bits=None``;
+activations rounded to 8 bits per group, popcounts on the binary tensor cores -- unless ``act_bits=None``;
 larger inputs (prefill) and ``act_bits=None`` are weight-only. Inference only."""
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ from .base import QuantizedModule, check_input, describe
 
 
 ACT_BITS = sbvr.tiled.ACT_BITS
-
-
-def check_act_bits(act_bits: object) -> int | None:
-    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != ACT_BITS):
-        raise ValueError(f"act_bits must be {ACT_BITS} (the popcount GEMV's activations) or None (weight-only), got {act_bits!r}")
-    return act_bits
+check_act_bits = sbvr.tiled.check_act_bits
 
 
 def group_for(in_features: int) -> int:
@@ -35,7 +30,7 @@ def group_for(in_features: int) -> int:
 class SbvrLinear(QuantizedModule):
     """``y = x @ W^T + b`` with W in SBVR (``num_sums`` bitvectors per group + a coefficient-cache index).
     ``SbvrLinear(in, out, bias, num_sums=, group=, cache_lines=)`` is an empty skeleton for loading.
-    ``act_bits``: 7 (decode through the popcount GEMV, activations rounded to 7 bits) or None (weight-only)."""
+    ``act_bits``: 8 (decode through the popcount GEMV, activations rounded to 8 bits) or None (weight-only)."""
 
     format_name = "sbvr"
     k_multiple = sbvr.WORD

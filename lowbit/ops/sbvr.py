@@ -1,5 +1,5 @@
-"""SBVR's ops on the GPU layout (:mod:`lowbit.formats.sbvr.tiled`): the popcount GEMV (activations as 7-bit
-planes, the authors' W-A7 product), its activation encoder, and the dequantize of the weight-only path.
+"""SBVR's ops on the GPU layout (:mod:`lowbit.formats.sbvr.tiled`): the popcount GEMV (activations as 8
+bit-planes per group, the authors' product), its activation encoder, and the dequantize of the weight-only path.
 The ops trust the values of ``qidx`` (cache rows): they come from a checked ``SbvrWeight``."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias=None) -> int:
 
 
 def sbvr_gemv_reference(x, qbits, qidx, cache8, n, k, group, bias=None) -> Tensor:
-    """The popcount product in fp32: the 7-bit RTN activations times the decoded weight (equal to
+    """The popcount product in fp32: the 8-bit RTN activations times the decoded weight (equal to
     :func:`lowbit.formats.sbvr.linear_bitplane_reference` up to fp32 summation order), rounded once."""
     bitvectors, coeff_idx, cache = sbvr_tiled.untile(qbits, qidx, cache8, n, k)
     x_hat = sbvr.rtn_activations(x, sbvr_tiled.ACT_BITS, sbvr.act_group(group))
@@ -61,7 +61,7 @@ def sbvr_gemv_reference(x, qbits, qidx, cache8, n, k, group, bias=None) -> Tenso
 @torch.library.custom_op("lowbit::sbvr_gemv", mutates_args=())
 def sbvr_gemv(x: Tensor, qbits: Tensor, qidx: Tensor, cache8: Tensor, n: int, k: int, group: int,
               bias: Tensor | None = None) -> Tensor:
-    """``x [M <= 8, K] @ W^T (+ bias)`` the authors' way: x rounded to 7 bits per activation group
+    """``x [M <= 8, K] @ W^T (+ bias)`` the authors' way: x rounded to 8 bits per activation group
     (:func:`lowbit.formats.sbvr.act_group`), the product from popcounts of weight and activation bit-planes
     on the binary tensor cores, fp32 accumulation, one rounding. CPU and fp32: the reference
     (:func:`lowbit.formats.sbvr.linear_bitplane_reference`)."""
@@ -77,7 +77,7 @@ def _(x, qbits, qidx, cache8, n, k, group, bias=None):
 
 @torch.library.custom_op("lowbit::sbvr_encode_x", mutates_args=())
 def sbvr_encode_x(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
-    """The popcount GEMV's activations: ``(xq int32 [M, chunks, 8, 4], xs fp32 [M, K / act_group, 8])``
+    """The popcount GEMV's activations: ``(xq int32 [M, chunks, 8, 4], xs fp32 [M, K / act_group, 2])``
     (:func:`lowbit.formats.sbvr.tiled.encode_activations_tiled`)."""
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
     if x.shape[1] % sbvr.act_group(group):
@@ -89,7 +89,7 @@ def sbvr_encode_x(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
 def _(x, group):
     m, k = x.shape
     return (x.new_empty((m, -(-k // sbvr_tiled.CHUNK), 8, 4), dtype=torch.int32),
-            x.new_empty((m, k // sbvr.act_group(group), 8), dtype=torch.float32))
+            x.new_empty((m, k // sbvr.act_group(group), 2), dtype=torch.float32))
 
 
 @torch.library.custom_op("lowbit::sbvr_tiled_dequantize", mutates_args=())

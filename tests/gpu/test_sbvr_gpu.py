@@ -22,7 +22,7 @@ def test_sbvr_module_on_cuda_matches_reference_and_captures(dtype, gen):
     assert q.device.type == "cuda" and rel_err(q.dequantize().cpu(), lin.weight.detach()) < 0.13
     mod = lowbit.nn.SbvrLinear.from_weight(q, lin.bias.detach().cuda()).to(dtype=dtype)
     x = torch.randn(3, 512, generator=gen).to(dtype).cuda()
-    want = sbvr.linear_bitplane_reference(x.float().cpu(), *(t.cpu() for t in q.tensors()), 128) + lin.bias.detach()
+    want = sbvr.linear_bitplane_reference(x.float().cpu(), *(t.cpu() for t in q.tensors()), 128, act_bits=8) + lin.bias.detach()
     y = mod(x)
     assert y.dtype == dtype and rel_err(y.float().cpu(), want) < 1e-2
     g, out = capture(lambda: mod(x))
@@ -80,7 +80,7 @@ def test_popcount_gemv_matches_the_bitplane_reference(ns, dtype, gen):
         bias = (torch.randn(n, generator=gen) * 0.1).to(dtype).cuda()
         for m in range(1, 9):
             x = torch.randn(m, k, generator=gen).to(dtype).cuda()
-            want = sbvr.linear_bitplane_reference(x.float().cpu(), *(u.cpu() for u in q.tensors()), group)
+            want = sbvr.linear_bitplane_reference(x.float().cpu(), *(u.cpu() for u in q.tensors()), group, act_bits=8)
             want = want + bias.float().cpu()
             y = lowbit.ops.sbvr_gemv(x, *t, n, k, group, bias)
             assert y.dtype == dtype and torch.isfinite(y).all()
@@ -113,7 +113,7 @@ def test_popcount_module_path_captures_in_a_cuda_graph(gen):
     x = torch.randn(2, 1024, generator=gen).half().cuda()
     y = mod(x)
     w = mod.sbvr_weight()
-    want = sbvr.linear_bitplane_reference(x.float().cpu(), *(u.cpu() for u in w.tensors()), 128) + lin.bias.detach().cpu()
+    want = sbvr.linear_bitplane_reference(x.float().cpu(), *(u.cpu() for u in w.tensors()), 128, act_bits=8) + lin.bias.detach().cpu()
     assert rel_err(y.float().cpu(), want) < 8e-3
     g, out = capture(lambda: mod(x))
     g.replay()

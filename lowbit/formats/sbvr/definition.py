@@ -253,7 +253,7 @@ def encode_activations(x: torch.Tensor, bits: int = 7, group: int = GROUP) -> tu
         raise ValueError(f"x's last dimension {k} is not a multiple of group={group}")
     g = x.to(torch.float32).reshape(*x.shape[:-1], k // group, group)
     lo, hi = g.amin(-1), g.amax(-1)
-    s = (hi - lo) / ((1 << bits) - 1)
+    s = (hi - lo) / torch.full_like(hi, (1 << bits) - 1)  # a tensor divisor: IEEE division on every device
     s = torch.where(s > 0, s, torch.ones_like(s))
     q = torch.round((g - lo[..., None]) / s[..., None]).clamp(0, (1 << bits) - 1).to(torch.int64)
     return q.reshape(x.shape), s, lo

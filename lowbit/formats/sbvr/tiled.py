@@ -9,8 +9,8 @@
 * ``cache8`` fp16 ``[lines, 8]``: the cache, each line padded to 16 bytes (one load).
 
 The activations of the popcount GEMV (:func:`encode_activations_tiled`): ``xq`` int32 ``[M, chunks, 8, 4]``,
-plane l < 7 of word t (bit i: element 128c + 32t + i), plane 7 all ones over the valid inputs; ``xs`` fp32
-``[M, K / act_group, 8]``: the column weights (s, 2s, .., 64s, m) of each activation group.
+bit-plane l of word t (bit i: element 128c + 32t + i; zero past K); ``xs`` fp32 ``[M, K / act_group, 2]``:
+(s, m) of each activation group (x ~ m + s q, q of ``ACT_BITS`` bits).
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ import torch
 from .definition import ACT_GROUP as CHUNK, WORD, act_group, encode_activations
 
 TILE_ROWS = 16   # CHUNK (= ACT_GROUP, 128): inputs per binary MMA
-ACT_BITS = 7     # the authors' activation bits (the GEMV's 8 MMA columns: 7 planes + ones)
+ACT_BITS = 8     # activation bit-planes = the binary MMA's 8 columns (the authors: 7 + a column of ones)
 CACHE_PAD = 8
+
+
+def check_act_bits(act_bits: object) -> int | None:
+    """``ACT_BITS`` (the popcount product) or None (weight-only)."""
+    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != ACT_BITS):
+        raise ValueError(f"act_bits must be {ACT_BITS} (the popcount GEMV's activations) or None (weight-only), got {act_bits!r}")
+    return act_bits
 
 
 def tiled_shape(n: int, k: int) -> tuple[int, int]:
@@ -70,15 +77,12 @@ def encode_activations_tiled(x: torch.Tensor, group: int) -> tuple[torch.Tensor,
     chunks = -(-k // CHUNK)
     qp = torch.zeros((m, chunks * CHUNK), dtype=torch.int64, device=x.device)
     qp[:, :k] = q
-    valid = torch.zeros((m, chunks * CHUNK), dtype=torch.int64, device=x.device)
-    valid[:, :k] = 1
-    planes = [(qp >> lvl) & 1 for lvl in range(ACT_BITS)] + [valid]
+    planes = [(qp >> lvl) & 1 for lvl in range(ACT_BITS)]
     bits = torch.stack(planes, 1).reshape(m, 8, chunks, 4, WORD)          # [M, plane, chunk, t, i]
     words = (bits << torch.arange(WORD, device=x.device)).sum(-1)          # < 2^32
     xq = _as_int32(words).permute(0, 2, 1, 3).contiguous()                 # [M, chunks, 8, 4]
-    pow2 = torch.exp2(torch.arange(ACT_BITS, dtype=torch.float32, device=x.device))
-    xs = torch.cat([s[..., None] * pow2, lo[..., None]], -1).contiguous()  # [M, K / ag, 8]
+    xs = torch.stack([s, lo], -1).contiguous()                              # [M, K / ag, 2]
     return xq, xs
 
 
-__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "encode_activations_tiled", "tile", "tiled_shape", "untile"]
+__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "check_act_bits", "encode_activations_tiled", "tile", "tiled_shape", "untile"]
