@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
   fi
   if [ -z "${SKIP_BENCH:-}" ]; then
     echo "== bench"
-    timeout "${BENCH_TIMEOUT:-300}" python3 -m lowbit bench ${BENCH_ARGS:---shape 8192x28672 --shape 28672x8192 --m 1,2,4,8 --methods cublas-fp16,lowbit-kbit4,lowbit-sbvr4,lowbit-sbvr4-dequant,lowbit-sbvr3,lowbit-sbvr2} \
+    timeout "${BENCH_TIMEOUT:-300}" python3 -m lowbit bench ${BENCH_ARGS:---shape 8192x28672 --shape 28672x8192 --m 1,2,4,8 --methods cublas-fp16,lowbit-kbit4,lowbit-sbvr4-popcount,lowbit-sbvr4-lookup,lowbit-sbvr3-popcount,lowbit-sbvr3-lookup,lowbit-sbvr2-popcount} \
         --no-hot --no-plots --out "$OUT/bench" 2>&1 | grep -v "it/s\]" | tail -40
   fi
 } 2>&1 | tee "$OUT/sbvr_device.log"

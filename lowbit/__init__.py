@@ -157,7 +157,7 @@ def sbvr_linear(x: torch.Tensor, w: SbvrWeight, act_bits: int | None = None) -> 
     sbvr.tiled.check_act_bits(act_bits)
     n, k = w.shape
     check_x(x, k, w.device, what="K")
-    y = dispatch.sbvr_linear_op(x.reshape(-1, k), *w.tiled(), n, k, w.group, None, act_bits)
+    y = dispatch.sbvr_linear_op(x.reshape(-1, k), *w.layouts(), n, k, w.group, None, act_bits)
     return y.reshape(*x.shape[:-1], n)
 
 

@@ -188,12 +188,12 @@ _forced: str | None = None
 @contextlib.contextmanager
 def forced_path(path: str | None):
     """Run every dense kbit call in the block on ``path`` ("gemv", "gemm", "dequant_matmul"; None:
-    the rule) -- for benchmarks and tests; grouped calls take "gemv" / "gemm" as the grouped GEMV /
+    the rule), every SBVR call on one of :data:`SBVR_PATHS` -- for benchmarks and tests; grouped calls take "gemv" / "gemm" as the grouped GEMV /
     GEMM. A path that cannot take a call (the GEMV above 8 rows, a kernel on CPU or fp32, dequantize
     for grouped calls) falls back to the rule."""
     global _forced
-    if path is not None and path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}")
+    if path is not None and path not in PATHS + SBVR_PATHS:
+        raise ValueError(f"path must be one of {PATHS + SBVR_PATHS} or None, got {path!r}")
     prev, _forced = _forced, path
     try:
         yield
@@ -214,7 +214,7 @@ def choose_path(is_cuda: bool, dtype: torch.dtype, m: int, gemm_max: int, forced
     """The rule behind :func:`kbit_path`: the GEMV up to GEMV_MAX_M rows, the GEMM up to ``gemm_max``,
     dequantize + matmul beyond, and for anything the kernels do not take (CPU, fp32, no rows)."""
     kernel_ok = is_cuda and dtype in GEMV_DTYPES and m >= 1
-    if forced is not None and kernel_ok and (forced != "gemv" or m <= GEMV_MAX_M):
+    if forced in PATHS and kernel_ok and (forced != "gemv" or m <= GEMV_MAX_M):
         return forced
     if use_gemv(is_cuda, dtype, m):
         return "gemv"
@@ -293,20 +293,42 @@ def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     return ops.kbit_linear(x2, *w.tensors(), w.bits)
 
 
-#: SBVR: rows of x up to which the popcount GEMV (activations rounded to 8 bits) runs; above, the weight-only
-#: path (dequantize kernel + cuBLAS). The GEMV's work grows with M, the weight-only path's does not.
-SBVR_POPCOUNT_MAX_M = GEMV_MAX_M
+#: SBVR's decode kernels: the popcount GEMV (x rounded to 8 bits, work ~ M) and the weight-only lookup GEMV
+#: (work independent of M <= 8): rows of x up to which the popcount GEMV runs when the module allows rounded
+#: activations (``act_bits=8``) -- the measured crossover on the H100 (journal 2026-11-25_sbvr_kernels.md).
+SBVR_POPCOUNT_MAX_M = 2
+SBVR_PATHS = ("popcount", "lookup", "dequant_matmul")
 
 
-def sbvr_linear_op(x2: torch.Tensor, qbits, qidx, cache8, n: int, k: int, group: int,
-                   bias: torch.Tensor | None = None, act_bits: int | None = 8) -> torch.Tensor:
-    """``x2 [M, K] @ W^T (+ bias)`` for an SBVR weight in the kernels' layout (:mod:`lowbit.formats.sbvr.tiled`):
-    ``act_bits=8`` and 1 <= M <= :data:`SBVR_POPCOUNT_MAX_M`: the popcount GEMV (the authors' product, x rounded
-    to 8 bits per group; its reference elsewhere); otherwise weight-only -- on CUDA fp16/bf16 the dequantize kernel
-    + cuBLAS (one rounding of W to x's dtype), else the fp32 reference."""
+def sbvr_path(x2: torch.Tensor, num_sums: int, group: int, act_bits: int | None) -> str:
+    """The path of an SBVR call: ``"popcount"`` (the popcount GEMV; its reference on CPU and fp32), ``"lookup"``
+    (the weight-only lookup GEMV: CUDA fp16/bf16, M <= 8, num_sums <= 4, group a multiple of 128) or
+    ``"dequant_matmul"``. Whether x is rounded depends only on (M, num_sums, group, act_bits), never on the
+    device, so CPU and GPU compute the same product."""
+    from .formats.sbvr import tiled as sbvr_tiled
+
     m = x2.shape[0]
-    if act_bits is not None and 1 <= m <= SBVR_POPCOUNT_MAX_M:
+    codes_ok = sbvr_tiled.codes_fit(num_sums, group)
+    popcount_ok = act_bits is not None and 1 <= m <= GEMV_MAX_M
+    lookup_ok = codes_ok and x2.is_cuda and x2.dtype in GEMV_DTYPES and 1 <= m <= GEMV_MAX_M
+    if _forced in SBVR_PATHS and {"popcount": popcount_ok, "lookup": lookup_ok, "dequant_matmul": True}[_forced]:
+        return _forced
+    if popcount_ok and (m <= SBVR_POPCOUNT_MAX_M or not codes_ok):
+        return "popcount"
+    return "lookup" if lookup_ok else "dequant_matmul"
+
+
+def sbvr_linear_op(x2: torch.Tensor, qbits, qcodes, qidx, cache8, n: int, k: int, group: int,
+                   bias: torch.Tensor | None = None, act_bits: int | None = 8) -> torch.Tensor:
+    """``x2 [M, K] @ W^T (+ bias)`` for an SBVR weight in the kernels' layouts (:mod:`lowbit.formats.sbvr.tiled`;
+    ``qcodes`` None where the lookup GEMV cannot take the weight) on :func:`sbvr_path`'s path: the popcount
+    GEMV (x rounded to 8 bits per group), the lookup GEMV, or the dequantize kernel + cuBLAS (one rounding of
+    W to x's dtype) -- the fp32 references on CPU and for fp32."""
+    path = sbvr_path(x2, qbits.shape[-1] // 2, group, act_bits)
+    if path == "popcount":
         return ops.sbvr_gemv(x2, qbits, qidx, cache8, n, k, group, bias)
+    if path == "lookup" and qcodes is not None:
+        return ops.sbvr_lookup_gemv(x2, qcodes, qidx, cache8, n, k, group, bias)
     if x2.is_cuda and x2.dtype in GEMV_DTYPES:
         w = ops.sbvr_tiled_dequantize(qbits, qidx, cache8, n, k, group, x2.dtype)
         return torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))

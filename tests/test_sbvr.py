@@ -184,9 +184,10 @@ def test_rotated_sbvr_module(tmp_path, gen):
     mod = lowbit.nn.SbvrLinear.from_linear(lin, bits=4, rotation=32)
     x = torch.randn(9, 256, generator=gen)  # > 8 rows: weight-only
     assert rel_err(mod(x), x @ mod.dequantize().t()) < 1e-5
-    # <= 8 rows: the popcount product, x H rounded to 8 bits per group, times the stored W H
-    xh = sbvr.rtn_activations(lowbit.formats.kbit.rotation.rotate(x[:3]), 8, 128)
-    assert rel_err(mod(x[:3]), xh @ mod.sbvr_weight().dequantize().t()) < 1e-5
+    # <= SBVR_POPCOUNT_MAX_M rows: the popcount product, x H rounded to 8 bits per group, times the stored W H
+    m = lowbit.dispatch.SBVR_POPCOUNT_MAX_M
+    xh = sbvr.rtn_activations(lowbit.formats.kbit.rotation.rotate(x[:m]), 8, 128)
+    assert rel_err(mod(x[:m]), xh @ mod.sbvr_weight().dequantize().t()) < 1e-5
     assert rel_err(mod.dequantize(), lin.weight.detach()) < 0.13
     assert mod.checkpoint_config()["rotation"] == 32
     with pytest.raises(ValueError, match="rotation must be one of"):
@@ -212,6 +213,11 @@ def test_tile_untile_round_trip(num_sums, n, words, group_words, lines, seed):
     assert all(torch.equal(a, b) for a, b in zip(back, (bv, idx, cache)))
     total_bits = sum(bin(int(v) & 0xFFFFFFFF).count("1") for v in qbits.flatten().tolist())
     assert total_bits == sum(bin(int(v) & 0xFFFFFFFF).count("1") for v in bv.flatten().tolist())
+    if num_sums <= tiled.CODE_MAX_NUM_SUMS:  # the lookup GEMV's 4-bit codes
+        assert torch.equal(tiled.code_untile(tiled.code_tile(bv), n, 32 * words), sbvr.unpack_bits(bv))
+    else:
+        with pytest.raises(ValueError, match="num_sums <= 4"):
+            tiled.code_tile(bv)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128, 256])
@@ -225,9 +231,12 @@ def test_popcount_op_reference_is_the_bitplane_product(group, gen):
     want = sbvr.linear_bitplane_reference(x, *q.tensors(), group, act_bits=8) + bias
     assert rel_err(lowbit.ops.sbvr_gemv(x, *t, n, k, group, bias), want) < 1e-5
     assert torch.equal(lowbit.ops.sbvr_tiled_dequantize(*t, n, k, group, torch.bfloat16), q.dequantize(torch.bfloat16))
-    # the facade: weight-only by default, the popcount product with act_bits=8
+    # the facade: weight-only by default; act_bits=8: the popcount product where the rule picks it
     assert rel_err(lowbit.sbvr_linear(x, q), x @ q.dequantize().t()) < 1e-5
-    assert rel_err(lowbit.sbvr_linear(x, q, act_bits=8), want - bias) < 1e-5
+    rounded = lowbit.dispatch.sbvr_path(x, 3, group, 8) == "popcount"
+    assert rounded == (group < 128)  # 5 rows: the lookup GEMV's weight-only product where it takes the weight
+    assert rel_err(lowbit.sbvr_linear(x, q, act_bits=8), want - bias if rounded else x @ q.dequantize().t()) < 1e-5
+    assert rel_err(lowbit.sbvr_linear(x[:1], q, act_bits=8), (want - bias)[:1]) < 1e-5
 
 
 def test_popcount_op_bad_input(gen):
@@ -253,20 +262,40 @@ def test_popcount_op_bad_input(gen):
 
 
 def test_module_act_bits_paths_and_checkpoint(tmp_path, gen):
-    """M <= 8 rows: the popcount product (x rounded to 8 bits); more rows or act_bits=None: weight-only; a
-    checkpoint keeps act_bits."""
+    """M <= SBVR_POPCOUNT_MAX_M rows: the popcount product (x rounded to 8 bits); more rows or act_bits=None:
+    weight-only, on CPU as on the GPU; a checkpoint keeps act_bits."""
     m = build("llama", int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     lowbit.quantize_model(m, format="sbvr", bits=4, progress=False)
+    for mod in (m.model.layers[0].mlp.down_proj, m.model.layers[0].mlp.up_proj):
+        assert mod.act_bits == 8
+        w = mod.sbvr_weight()
+        for rows in (1, lowbit.dispatch.SBVR_POPCOUNT_MAX_M, lowbit.dispatch.SBVR_POPCOUNT_MAX_M + 1, 8, 9):
+            x = torch.randn(rows, mod.in_features, generator=gen)
+            rounded = rows <= 8 and (rows <= lowbit.dispatch.SBVR_POPCOUNT_MAX_M or not sbvr.tiled.codes_fit(4, mod.group))
+            assert (lowbit.dispatch.sbvr_path(x, 4, mod.group, 8) == "popcount") == rounded
+            xin = sbvr.rtn_activations(x, 8, sbvr.act_group(mod.group)) if rounded else x
+            assert rel_err(mod(x), xin @ w.dequantize().t()) < 1e-5
     mod = m.model.layers[0].mlp.down_proj
-    assert mod.act_bits == 8
-    w = mod.sbvr_weight()
-    x = torch.randn(3, mod.in_features, generator=gen)
-    xh = sbvr.rtn_activations(x, 8, sbvr.act_group(mod.group))
-    assert rel_err(mod(x), xh @ w.dequantize().t()) < 1e-5
-    x9 = torch.randn(9, mod.in_features, generator=gen)
-    assert rel_err(mod(x9), x9 @ w.dequantize().t()) < 1e-5
     mod.act_bits = None
-    assert rel_err(mod(x), x @ w.dequantize().t()) < 1e-5
+    x = torch.randn(1, mod.in_features, generator=gen)
+    assert rel_err(mod(x), x @ mod.sbvr_weight().dequantize().t()) < 1e-5
     lowbit.save_quantized(m, tmp_path / "ck")
     m2 = lowbit.load_quantized(build("llama", 0), tmp_path / "ck")
     assert m2.model.layers[0].mlp.down_proj.act_bits is None and m2.model.layers[0].mlp.up_proj.act_bits == 8
+
+
+@pytest.mark.parametrize("num_sums", [2, 4])
+def test_lookup_op_reference_is_the_weight_only_product(num_sums, gen):
+    n, k = 37, 384
+    q = lowbit.quantize_sbvr(torch.randn(n, k, generator=gen), num_sums=num_sums)
+    qbits, qcodes, qidx, cache8 = q.layouts()
+    x = torch.randn(6, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    y = lowbit.ops.sbvr_lookup_gemv(x, qcodes, qidx, cache8, n, k, 128, bias)
+    assert rel_err(y, x @ q.dequantize().t() + bias) < 1e-6
+    with pytest.raises(ValueError, match="multiples of 128"):
+        g64 = lowbit.quantize_sbvr(torch.randn(n, k, generator=gen), num_sums=num_sums, group=64)
+        lowbit.ops.sbvr_lookup_gemv(x, qcodes, g64.tiled()[1], cache8, n, k, 64)
+    with pytest.raises(ValueError, match="qcodes must be"):
+        lowbit.ops.sbvr_lookup_gemv(x, qcodes[:, :1].contiguous(), qidx, cache8, n, k, 128)
+    assert lowbit.quantize_sbvr(torch.randn(n, k, generator=gen), num_sums=5).codes() is None

@@ -123,13 +123,17 @@ __device__ __forceinline__ void load_bits(uint32_t (&a)[2 * NS], const uint32_t*
     }
 }
 
-// A coefficient line (8 fp16, NS used) as floats.
+// A coefficient line (8 fp16, NS used): loaded raw (so it can be fetched a chunk ahead), then as floats.
+__device__ __forceinline__ uint4 load_line(const uint4* cache8, uint32_t line) { return __ldg(cache8 + line); }
 template <int NS>
-__device__ __forceinline__ void load_coeffs(float (&c)[NS], const uint4* cache8, uint32_t line) {
-    const uint4 v = __ldg(cache8 + line);
+__device__ __forceinline__ void unpack_line(float (&c)[NS], const uint4& v) {
     const __half* h = reinterpret_cast<const __half*>(&v);
 #pragma unroll
     for (int j = 0; j < NS; ++j) c[j] = __half2float(h[j]);
+}
+template <int NS>
+__device__ __forceinline__ void load_coeffs(float (&c)[NS], const uint4* cache8, uint32_t line) {
+    unpack_line<NS>(c, load_line(cache8, line));
 }
 
 // A count (non-negative, < 2^23) as a float in two full-rate instructions (I2F is quarter rate).
@@ -137,75 +141,103 @@ __device__ __forceinline__ float count_to_float(int v) {
     return __uint_as_float(uint32_t(v) | 0x4B000000u) - 8388608.f;
 }
 
+// Everything a chunk's first weight group needs, loaded one chunk ahead (software pipeline): the
+// bitvectors (DRAM), the activation planes and (s, m) of each token and the two rows' coefficient
+// lines (L2/L1). The line indices themselves are fetched two chunks ahead, so no load waits on another.
+template <int NS, int M>
+struct Stage {
+    uint32_t a[2 * NS];
+    uint32_t b[M];
+    float2 sm[M];
+    uint4 c_lo, c_hi;
+};
+
+template <int NS, int M>
+__device__ __forceinline__ void load_stage(Stage<NS, M>& st, const uint32_t* qb, const uint4* cache8,
+                                           const uint32_t* xq, const float2* xs, int c, int chunks, int n_act,
+                                           int ai, uint32_t lines, int lane) {
+    load_bits<NS>(st.a, qb + int64_t(c) * 64 * NS);
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) {
+        st.b[mt] = __ldg(xq + (int64_t(mt) * chunks + c) * 32 + lane);
+        st.sm[mt] = __ldg(xs + int64_t(mt) * n_act + ai);
+    }
+    st.c_lo = load_line(cache8, lines & 0xFFFFu);
+    st.c_hi = load_line(cache8, lines >> 16);
+}
+
 // One CTA per 16-row tile; its warps split the chunks (warp w: chunks w, w + W, ...) and reduce in
-// shared memory in a fixed order (deterministic). Per chunk: the next chunk's bitvectors and cache
-// line indices are loaded first (two chunks in flight per warp, and the index -> coefficient gather
-// off the critical path), then per weight group in the chunk and token NS MMAs. Lane (g, t) gets
-// the counts of columns (bit-planes) 2t and 2t + 1, which weigh s 4^t (1, 2): one integer
-// d0 + 2 d1 per plane and row, times c_j, summed over the planes, times s 4^t.
+// shared memory in a fixed order (deterministic). Per weight group in a chunk and token: NS MMAs.
+// Lane (g, t) gets the counts of columns (bit-planes) 2t and 2t + 1, which weigh s 4^t (1, 2): one
+// integer d0 + 2 d1 per plane and row, times c_j, summed over the planes, times s 4^t.
 template <int NS, int M, typename T>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
     const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
-    const uint32_t* __restrict__ xq, const float* __restrict__ xs, const T* __restrict__ bias, T* __restrict__ y,
+    const uint32_t* __restrict__ xq, const float* __restrict__ xs_, const T* __restrict__ bias, T* __restrict__ y,
     int n, int k, int group) {
     __shared__ float red[kMaxWarps][M][16];
+    const float2* xs = reinterpret_cast<const float2*>(xs_);
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
     const int chunks = (k + kChunk - 1) / kChunk, n_groups = k / group, ag = group < kChunk ? group : kChunk;
     const int n_act = k / ag;
     const int parts = group < kChunk ? kChunk / group : 1, part_words = group < kChunk ? group / 32 : 4;
+    const int groups_per_chunk = kChunk / ag;  // activation groups per chunk (= weight groups when < 128)
     const float four_t = float(1 << (2 * t));
     const uint32_t* qb = qbits + (int64_t(tile) * chunks * 32 + lane) * 2 * NS;  // + chunk * 64 NS
     const uint32_t* qi = qidx + int64_t(tile) * n_groups * 8 + g;                // + group * 8
+    auto lines_of = [&](int c) { return c < chunks ? __ldg(qi + int64_t(c) * kChunk / group * 8) : 0u; };
     float acc[M][2] = {};
-    uint32_t a[2 * NS], lines = 0;
-    if (warp < chunks) {
-        load_bits<NS>(a, qb + int64_t(warp) * 64 * NS);
-        lines = __ldg(qi + int64_t(warp) * kChunk / group * 8);
-    }
+    Stage<NS, M> cur, nxt;
+    uint32_t lines_next = lines_of(warp + warps);
+    if (warp < chunks)
+        load_stage<NS, M>(cur, qb, cache8, xq, xs, warp, chunks, n_act, warp * groups_per_chunk, lines_of(warp), lane);
     for (int c = warp; c < chunks; c += warps) {
-        uint32_t a_next[2 * NS], lines_next = 0;
-        if (c + warps < chunks) {
-            load_bits<NS>(a_next, qb + int64_t(c + warps) * 64 * NS);
-            lines_next = __ldg(qi + int64_t(c + warps) * kChunk / group * 8);
+        const int cn = c + warps;
+        if (cn < chunks) {
+            load_stage<NS, M>(nxt, qb, cache8, xq, xs, cn, chunks, n_act, cn * groups_per_chunk, lines_next, lane);
+            lines_next = lines_of(cn + warps);
         }
-        uint32_t b[M];
-#pragma unroll
-        for (int mt = 0; mt < M; ++mt) b[mt] = __ldg(xq + (int64_t(mt) * chunks + c) * 32 + lane);
         for (int p = 0; p < parts; ++p) {
             const int64_t first = int64_t(c) * kChunk + int64_t(p) * group;  // the part's first input
             if (first >= k) break;                                            // past the last group
-            const int gi = int(first / group), ai = int(first / ag);
-            const uint32_t ln = p == 0 ? lines : __ldg(qi + int64_t(gi) * 8);
             float c_lo[NS], c_hi[NS];
-            load_coeffs<NS>(c_lo, cache8, ln & 0xFFFFu);
-            load_coeffs<NS>(c_hi, cache8, ln >> 16);
+            float2 sm_p[M];
+            if (p == 0) {
+                unpack_line<NS>(c_lo, cur.c_lo);
+                unpack_line<NS>(c_hi, cur.c_hi);
+#pragma unroll
+                for (int mt = 0; mt < M; ++mt) sm_p[mt] = cur.sm[mt];
+            } else {  // groups of 32 or 64: the chunk's later groups, loaded here
+                const uint32_t ln = __ldg(qi + (first / group) * 8);
+                load_coeffs<NS>(c_lo, cache8, ln & 0xFFFFu);
+                load_coeffs<NS>(c_hi, cache8, ln >> 16);
+#pragma unroll
+                for (int mt = 0; mt < M; ++mt) sm_p[mt] = __ldg(xs + int64_t(mt) * n_act + first / ag);
+            }
             const bool mine = t / part_words == p;  // this lane's word is in the part
             float z_lo = 0.f, z_hi = 0.f;           // the zero point's share: sum_j c_j popc(own word of w_j)
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
-                z_lo = fmaf(c_lo[j], count_to_float(mine ? __popc(a[j]) : 0), z_lo);
-                z_hi = fmaf(c_hi[j], count_to_float(mine ? __popc(a[NS + j]) : 0), z_hi);
+                z_lo = fmaf(c_lo[j], count_to_float(mine ? __popc(cur.a[j]) : 0), z_lo);
+                z_hi = fmaf(c_hi[j], count_to_float(mine ? __popc(cur.a[NS + j]) : 0), z_hi);
             }
 #pragma unroll
             for (int mt = 0; mt < M; ++mt) {
-                const float2 sm = __ldg(reinterpret_cast<const float2*>(xs) + int64_t(mt) * n_act + ai);
                 float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
                 for (int j = 0; j < NS; ++j) {
                     int d[4] = {0, 0, 0, 0};
-                    bmma_and_popc(d, mine ? a[j] : 0u, mine ? a[NS + j] : 0u, b[mt]);
+                    bmma_and_popc(d, mine ? cur.a[j] : 0u, mine ? cur.a[NS + j] : 0u, cur.b[mt]);
                     p_lo = fmaf(c_lo[j], count_to_float(d[0] + 2 * d[1]), p_lo);
                     p_hi = fmaf(c_hi[j], count_to_float(d[2] + 2 * d[3]), p_hi);
                 }
-                const float s4 = sm.x * four_t;
-                acc[mt][0] = fmaf(s4, p_lo, fmaf(sm.y, z_lo, acc[mt][0]));
-                acc[mt][1] = fmaf(s4, p_hi, fmaf(sm.y, z_hi, acc[mt][1]));
+                const float s4 = sm_p[mt].x * four_t;
+                acc[mt][0] = fmaf(s4, p_lo, fmaf(sm_p[mt].y, z_lo, acc[mt][0]));
+                acc[mt][1] = fmaf(s4, p_hi, fmaf(sm_p[mt].y, z_hi, acc[mt][1]));
             }
         }
-#pragma unroll
-        for (int i = 0; i < 2 * NS; ++i) a[i] = a_next[i];
-        lines = lines_next;
+        cur = nxt;
     }
     // the quad's 4 lanes hold the 8 columns (and the zero point's shares) of rows g, g + 8: sum them,
     // then the warps

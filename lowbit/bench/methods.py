@@ -266,29 +266,36 @@ def _gemlite_a16w4() -> Method:
     )
 
 
-def _sbvr(num_sums: int, weight_only: bool = False) -> Method:
+def _sbvr(num_sums: int, path: str | None = None) -> Method:
     from lowbit.formats import sbvr
 
-    act_bits = None if weight_only else sbvr.tiled.ACT_BITS
+    act_bits = sbvr.tiled.ACT_BITS
 
     def prepare(w):
         q = lowbit.quantize_sbvr(w, num_sums=num_sums)
-        q.tiled()
+        q.layouts()
         return q
 
-    def reference(x, q):
-        if weight_only or x.shape[0] > lowbit.dispatch.SBVR_POPCOUNT_MAX_M:
-            return sbvr.linear_reference(x, q)
-        return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group, act_bits)
+    def run(x, q):
+        with lowbit.dispatch.forced_path(path):
+            return lowbit.sbvr_linear(x, q, act_bits=act_bits)
 
+    def reference(x, q):
+        with lowbit.dispatch.forced_path(path):
+            rounded = lowbit.dispatch.sbvr_path(x, num_sums, q.group, act_bits) == "popcount"
+        if rounded:
+            return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group, act_bits)
+        return sbvr.linear_reference(x, q)
+
+    what = {None: "the dispatcher's choice per M", "popcount": "pinned to the popcount GEMV (x rounded to 8 bits)",
+            "lookup": "pinned to the weight-only lookup GEMV", "dequant_matmul": "pinned to dequantize + cuBLAS"}[path]
     return Method(
-        name=f"lowbit-sbvr{num_sums}" + ("-dequant" if weight_only else ""),
-        description=f"lowbit SBVR, {num_sums} bitvectors per 128-group (~{num_sums + 0.125} bits/weight), lowbit.sbvr_linear"
-        + (": weight-only (dequantize kernel + cuBLAS)" if weight_only else
-           ": M <= 8 the popcount GEMV (x rounded to 8 bits per group), above weight-only"),
+        name=f"lowbit-sbvr{num_sums}" + (f"-{path.split('_')[0]}" if path else ""),
+        description=f"lowbit SBVR, {num_sums} bitvectors per 128-group (~{num_sums + 0.125} bits/weight), "
+                    f"lowbit.sbvr_linear(act_bits=8): {what}",
         act_dtype=torch.float16,
         prepare=prepare,
-        run=lambda x, q: lowbit.sbvr_linear(x, q, act_bits=act_bits),
+        run=run,
         weight_bytes=lambda q: q.nbytes(),
         reference=reference,
         tolerance=2e-3,
@@ -302,7 +309,7 @@ def all_methods() -> dict[str, Method]:
     methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS] + [_kbit(4, pdl=True)]
     methods += [_kbit(b, path=p) for b in kbit.SUPPORTED_BITS for p in KBIT_PATHS]
-    methods += [_sbvr(ns) for ns in (2, 3, 4)] + [_sbvr(4, weight_only=True)]
+    methods += [_sbvr(ns, p) for ns in (2, 3, 4) for p in (None, "popcount", "lookup", "dequant_matmul")]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]
     return {m.name: m for m in methods}

@@ -1,5 +1,5 @@
-"""CUDA implementations of SBVR's ops (``csrc/sbvr/gemv.cu``): the activation encoder, the popcount GEMV
-on the binary tensor cores, and the dequantize of the weight-only path."""
+"""CUDA implementations of SBVR's ops: the activation encoder, the popcount GEMV on the binary tensor cores
+and the dequantize (``csrc/sbvr/gemv.cu``), the weight-only lookup GEMV (``csrc/sbvr/lookup_gemv.cu``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ register_signatures({
     "sbvr_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P],
     # qbits, qidx, cache8, out [n, k], n, k, group, stream
     "sbvr_dequant": [_P, _P, _P, _P, _I, _I, _I, _P],
+    # qcodes, qidx, cache8, x, bias (null: none), y, n, k, group, stream (csrc/sbvr/lookup_gemv.cu)
+    "sbvr_lookup_gemv": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P],
 })
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -58,6 +60,22 @@ def _(x, qbits, qidx, cache8, n, k, group, bias=None):
     def run(b):
         lib.call("sbvr_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(xq), ptr(xs), ptr(b), ptr(y), n, k, group,
                                stream_of(x.device)], bits=ns, dtype=x.dtype, m=m)
+        return y
+
+    return with_bias(run, x, bias)
+
+
+@ops.sbvr_lookup_gemv.register_kernel("cuda")
+def _(x, qcodes, qidx, cache8, n, k, group, bias=None):
+    m = ops.check_sbvr_lookup_args(x, qcodes, qidx, cache8, n, k, group, bias)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype not in KERNEL_DTYPES:
+        return ops.sbvr_lookup_reference(x, qcodes, qidx, cache8, n, k, group, bias)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+
+    def run(b):
+        lib.call("sbvr_lookup_gemv", [ptr(qcodes), ptr(qidx), ptr(cache8), ptr(x), ptr(b), ptr(y), n, k, group,
+                                      stream_of(x.device)], dtype=x.dtype, m=m)
         return y
 
     return with_bias(run, x, bias)

@@ -118,15 +118,20 @@ class SbvrLinear(QuantizedModule):
             self._w, self._w_src = sbvr.SbvrWeight(*src, self.group), src
         return self._w
 
-    def tiled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(qbits, qidx, cache8)``: the weight in the kernels' layout (:mod:`lowbit.formats.sbvr.tiled`), built
-        once per change of the buffers (on CUDA when they get there, so not inside a captured graph)."""
+    def layouts(self) -> tuple:
+        """``(qbits, qcodes or None, qidx, cache8)``: the weight in the kernels' layouts
+        (:mod:`lowbit.formats.sbvr.tiled`), built once per change of the buffers (on CUDA when they get there,
+        so not inside a captured graph)."""
         if torch.compiler.is_compiling():
+            if self._tiled is not None:
+                return self._tiled
             b = self._buffers
-            return self._tiled if self._tiled is not None else sbvr.tiled.tile(b["bitvectors"], b["coeff_idx"], b["cache"])
+            qbits, qidx, cache8 = sbvr.tiled.tile(b["bitvectors"], b["coeff_idx"], b["cache"])
+            codes = sbvr.tiled.code_tile(b["bitvectors"]) if sbvr.tiled.codes_fit(self.num_sums, self.group) else None
+            return qbits, codes, qidx, cache8
         w = self.sbvr_weight()
         if self._tiled is None or self._tiled_of is not w:
-            self._tiled, self._tiled_of = sbvr.tiled.tile(*w.tensors()), w
+            self._tiled, self._tiled_of = w.layouts(), w
         return self._tiled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,12 +145,12 @@ class SbvrLinear(QuantizedModule):
             w = self.sbvr_weight()
             if self._cpu_weight is None or self._cpu_weight[0] is not w:
                 self._cpu_weight = (w, w.dequantize(torch.float32))
-            popcount = self.act_bits is not None and 1 <= x2.shape[0] <= dispatch.SBVR_POPCOUNT_MAX_M
+            popcount = dispatch.sbvr_path(x2, self.num_sums, self.group, self.act_bits) == "popcount"
             xin = sbvr.rtn_activations(x2, self.act_bits, sbvr.act_group(self.group)) if popcount else x2.to(torch.float32)
             bias = None if self.bias is None else self.bias.to(torch.float32)
             y = torch.nn.functional.linear(xin, self._cpu_weight[1], bias).to(x.dtype)
         else:
-            y = dispatch.sbvr_linear_op(x2, *self.tiled(), self.out_features, k, self.group, self.bias, self.act_bits)
+            y = dispatch.sbvr_linear_op(x2, *self.layouts(), self.out_features, k, self.group, self.bias, self.act_bits)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -168,7 +173,7 @@ class SbvrLinear(QuantizedModule):
     def tensors_changed(self) -> None:
         self._w = self._w_src = self._tiled = self._cpu_weight = None
         if self.bitvectors.device.type == "cuda":
-            self.tiled()
+            self.layouts()
 
     def checkpoint_config(self) -> dict:
         return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None,

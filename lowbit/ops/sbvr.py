@@ -13,9 +13,8 @@ from ..formats.sbvr import tiled as sbvr_tiled
 from .common import GEMV_MAX_M, _check_out_dtype, check_bias
 
 
-def check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group) -> int:
-    """Shapes and dtypes of an SBVR weight in the tiled layout; returns num_sums."""
-    check_tensor("qbits", qbits, dtypes=(torch.int32,), dim=4)
+def _check_lines(qidx, cache8, n, k, group) -> tuple[int, int]:
+    """n, k, group and the line tensors every SBVR kernel reads; returns (tiles, chunks)."""
     check_tensor("qidx", qidx, dtypes=(torch.int32,), dim=3)
     check_tensor("cache8", cache8, dtypes=(torch.float16,), dim=2)
     if not (isinstance(n, int) and isinstance(k, int) and n >= 1 and k >= sbvr.WORD):
@@ -24,27 +23,50 @@ def check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group) -> int:
     if k % group:
         raise ValueError(f"k = {k} is not a multiple of group={group}")
     tiles, chunks = sbvr_tiled.tiled_shape(n, k)
-    ns = qbits.shape[-1] // 2
-    if qbits.shape[-1] % 2 or ns not in sbvr.SUPPORTED_NUM_SUMS or tuple(qbits.shape) != (tiles, chunks, 32, 2 * ns):
-        raise ValueError(f"qbits must be [{tiles}, {chunks}, 32, 2 * num_sums] for [{n}, {k}], got {tuple(qbits.shape)}")
     if tuple(qidx.shape) != (tiles, k // group, 8):
         raise ValueError(f"qidx must be {(tiles, k // group, 8)}, got {tuple(qidx.shape)}")
     if cache8.shape[1] != sbvr_tiled.CACHE_PAD or not 1 <= cache8.shape[0] <= sbvr.MAX_LINES:
         raise ValueError(f"cache8 must be [1..{sbvr.MAX_LINES}, {sbvr_tiled.CACHE_PAD}], got {tuple(cache8.shape)}")
-    check_same_device(qbits=qbits, qidx=qidx, cache8=cache8)
+    check_same_device(qidx=qidx, cache8=cache8)
+    return tiles, chunks
+
+
+def _check_x(op, x, weight, n, k, bias) -> int:
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [M, K={k}], got {tuple(x.shape)}")
+    if not 1 <= x.shape[0] <= GEMV_MAX_M:
+        raise ValueError(f"{op} takes M = 1..{GEMV_MAX_M} rows of x, got {x.shape[0]}")
+    check_same_device(x=x, weight=weight)
+    check_bias(bias, n, x)
+    return x.shape[0]
+
+
+def check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group) -> int:
+    """Shapes and dtypes of an SBVR weight in the tiled layout; returns num_sums."""
+    check_tensor("qbits", qbits, dtypes=(torch.int32,), dim=4)
+    tiles, chunks = _check_lines(qidx, cache8, n, k, group)
+    ns = qbits.shape[-1] // 2
+    if qbits.shape[-1] % 2 or ns not in sbvr.SUPPORTED_NUM_SUMS or tuple(qbits.shape) != (tiles, chunks, 32, 2 * ns):
+        raise ValueError(f"qbits must be [{tiles}, {chunks}, 32, 2 * num_sums] for [{n}, {k}], got {tuple(qbits.shape)}")
+    check_same_device(qbits=qbits, qidx=qidx)
     return ns
 
 
 def check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias=None) -> int:
     check_sbvr_tiled_args(qbits, qidx, cache8, n, k, group)
-    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
-    if x.shape[1] != k:
-        raise ValueError(f"x must have shape [M, K={k}], got {tuple(x.shape)}")
-    if not 1 <= x.shape[0] <= GEMV_MAX_M:
-        raise ValueError(f"sbvr_gemv takes M = 1..{GEMV_MAX_M} rows of x, got {x.shape[0]}")
-    check_same_device(x=x, qbits=qbits)
-    check_bias(bias, n, x)
-    return x.shape[0]
+    return _check_x("sbvr_gemv", x, qbits, n, k, bias)
+
+
+def check_sbvr_lookup_args(x, qcodes, qidx, cache8, n, k, group, bias=None) -> int:
+    check_tensor("qcodes", qcodes, dtypes=(torch.int32,), dim=4)
+    tiles, chunks = _check_lines(qidx, cache8, n, k, group)
+    if tuple(qcodes.shape) != (tiles, chunks, 32, 8):
+        raise ValueError(f"qcodes must be [{tiles}, {chunks}, 32, 8] for [{n}, {k}], got {tuple(qcodes.shape)}")
+    if group % sbvr_tiled.CHUNK:
+        raise ValueError(f"the lookup GEMV takes groups that are multiples of {sbvr_tiled.CHUNK}, got {group}")
+    check_same_device(qcodes=qcodes, qidx=qidx)
+    return _check_x("sbvr_lookup_gemv", x, qcodes, n, k, bias)
 
 
 def sbvr_gemv_reference(x, qbits, qidx, cache8, n, k, group, bias=None) -> Tensor:
@@ -72,6 +94,33 @@ def sbvr_gemv(x: Tensor, qbits: Tensor, qidx: Tensor, cache8: Tensor, n: int, k:
 @sbvr_gemv.register_fake
 def _(x, qbits, qidx, cache8, n, k, group, bias=None):
     m = check_sbvr_gemv_args(x, qbits, qidx, cache8, n, k, group, bias)
+    return x.new_empty((m, n))
+
+
+def sbvr_lookup_reference(x, qcodes, qidx, cache8, n, k, group, bias=None) -> Tensor:
+    """The weight-only product in fp32 from the lookup GEMV's layout, rounded once to x's dtype."""
+    codes = sbvr_tiled.code_untile(qcodes, n, k)
+    lines = sbvr_tiled.untile_lines(qidx, n)
+    w = torch.gather(sbvr.points(cache8.to(torch.float32))[lines], -1, codes.to(torch.int64).reshape(n, k // group, group))
+    y = x.to(torch.float32) @ w.reshape(n, k).t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+@torch.library.custom_op("lowbit::sbvr_lookup_gemv", mutates_args=())
+def sbvr_lookup_gemv(x: Tensor, qcodes: Tensor, qidx: Tensor, cache8: Tensor, n: int, k: int, group: int,
+                     bias: Tensor | None = None) -> Tensor:
+    """Weight-only ``x [M <= 8, K] @ W^T (+ bias)``: each group's subset sums as a table, weights looked up from
+    4-bit codes (:func:`lowbit.formats.sbvr.tiled.code_tile`), fp16/bf16 tensor cores, fp32 accumulation, one
+    rounding. CPU and fp32: the reference."""
+    check_sbvr_lookup_args(x, qcodes, qidx, cache8, n, k, group, bias)
+    return sbvr_lookup_reference(x, qcodes, qidx, cache8, n, k, group, bias)
+
+
+@sbvr_lookup_gemv.register_fake
+def _(x, qcodes, qidx, cache8, n, k, group, bias=None):
+    m = check_sbvr_lookup_args(x, qcodes, qidx, cache8, n, k, group, bias)
     return x.new_empty((m, n))
 
 

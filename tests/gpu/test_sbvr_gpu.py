@@ -44,7 +44,7 @@ def test_sbvr_model_on_cuda(gen):
 def _weight(n, k, ns, group, gen, device="cuda"):
     w = torch.randn(n, k, generator=gen) * 0.05
     q = lowbit.quantize_sbvr(w.to(device), num_sums=ns, group=group)
-    return q, q.tiled()
+    return q, q.tiled()  # (qbits, qidx, cache8)
 
 
 @pytest.mark.parametrize("ns", [2, 3, 4, 5, 6])
@@ -85,6 +85,26 @@ def test_popcount_gemv_matches_the_bitplane_reference(ns, dtype, gen):
             y = lowbit.ops.sbvr_gemv(x, *t, n, k, group, bias)
             assert y.dtype == dtype and torch.isfinite(y).all()
             assert rel_err(y.float().cpu(), want) < 8e-3, (n, k, group, m)
+
+
+@pytest.mark.parametrize("ns", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lookup_gemv_matches_the_weight_only_reference(ns, dtype, gen):
+    """Every M = 1..8, odd N, partial and multi-chunk groups; fp32 reference of the decoded weight, bound: the
+    one rounding to dtype plus W rounded to dtype (bf16 points: 2^-8 each) over random-sign sums."""
+    bound = 8e-3 if dtype == torch.bfloat16 else 2e-3
+    for n, k, group in ((300, 512, 128), (1001, 384, 128), (64, 1024, 256), (4099, 2048, 128), (5, 128, 128)):
+        q = lowbit.quantize_sbvr((torch.randn(n, k, generator=gen) * 0.05).cuda(), num_sums=ns, group=group)
+        qbits, qcodes, qidx, cache8 = q.layouts()
+        bias = (torch.randn(n, generator=gen) * 0.1).to(dtype).cuda()
+        w = q.dequantize().cpu()
+        for m in range(1, 9):
+            x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+            want = x.float().cpu() @ w.t() + bias.float().cpu()
+            y = lowbit.ops.sbvr_lookup_gemv(x, qcodes, qidx, cache8, n, k, group, bias)
+            assert y.dtype == dtype and torch.isfinite(y).all()
+            assert rel_err(y.float().cpu(), want) < bound, (n, k, group, m)
+            assert torch.equal(y, lowbit.ops.sbvr_lookup_gemv(x, qcodes, qidx, cache8, n, k, group, bias))
 
 
 def test_popcount_gemv_writes_every_output_and_is_deterministic(gen):

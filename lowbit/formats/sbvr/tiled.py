@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .definition import ACT_GROUP as CHUNK, WORD, act_group, encode_activations
+from .definition import ACT_GROUP as CHUNK, WORD, act_group, encode_activations, unpack_bits
 
 TILE_ROWS = 16   # CHUNK (= ACT_GROUP, 128): inputs per binary MMA
 ACT_BITS = 8     # activation bit-planes = the binary MMA's 8 columns (the authors: 7 + a column of ones)
@@ -63,10 +63,50 @@ def untile(qbits: torch.Tensor, qidx: torch.Tensor, cache8: torch.Tensor, n: int
     tiles, chunks, _, two_ns = qbits.shape
     ns = two_ns // 2
     bv = qbits.reshape(tiles, chunks, 8, 4, 2, ns).permute(0, 4, 2, 1, 3, 5).reshape(tiles * TILE_ROWS, chunks * 4, ns)
+    idx = untile_lines(qidx, n)
+    idx16 = torch.where(idx >= 1 << 15, idx - (1 << 16), idx).to(torch.int16)
+    return bv[:n, :k // WORD].contiguous(), idx16.contiguous(), cache8[:, :ns].contiguous()
+
+
+def untile_lines(qidx: torch.Tensor, n: int) -> torch.Tensor:
+    """The cache line of each (row, group) from ``qidx``: int64 ``[n, groups]``."""
+    tiles = qidx.shape[0]
     v = qidx.to(torch.int64) & 0xFFFFFFFF                       # [tiles, groups, 8]
     idx = torch.stack([v & 0xFFFF, v >> 16], 1).permute(0, 1, 3, 2).reshape(tiles * TILE_ROWS, -1)
-    idx16 = torch.where(idx >= 1 << 15, idx - (1 << 16), idx).to(torch.int16)
-    return bv[:n, :k // WORD].contiguous(), idx16[:n].contiguous(), cache8[:, :ns].contiguous()
+    return idx[:n]
+
+
+#: num_sums the lookup GEMV's 4-bit codes hold
+CODE_MAX_NUM_SUMS = 4
+
+
+def codes_fit(num_sums: int, group: int) -> bool:
+    """Whether the lookup GEMV takes a weight: 4-bit codes, one group per row and chunk."""
+    return num_sums <= CODE_MAX_NUM_SUMS and group % CHUNK == 0
+
+
+def code_tile(bitvectors: torch.Tensor) -> torch.Tensor:
+    """The lookup GEMV's codes (``csrc/sbvr/lookup_gemv.cu``): ``qcodes`` int32 ``[tiles, chunks, 32, 8]``, lane
+    (g, t) of tile T, chunk c: words 0..3 = row 16T + g, words 4..7 = row 16T + g + 8; word w holds the 4-bit
+    codes of inputs 128c + 32t + 8w .. + 7 (nibble e: input + e). num_sums <= 4; zero past N and K."""
+    n, words, ns = bitvectors.shape
+    if ns > CODE_MAX_NUM_SUMS:
+        raise ValueError(f"the lookup GEMV's 4-bit codes hold num_sums <= {CODE_MAX_NUM_SUMS}, got {ns}")
+    tiles, chunks = tiled_shape(n, words * WORD)
+    codes = torch.zeros((tiles * TILE_ROWS, chunks * CHUNK), dtype=torch.int64, device=bitvectors.device)
+    codes[:n, :words * WORD] = unpack_bits(bitvectors).to(torch.int64)
+    nib = codes.reshape(tiles, 2, 8, chunks, 4, 4, 8) << (4 * torch.arange(8, device=codes.device))
+    qcodes = _as_int32(nib.sum(-1)).permute(0, 3, 2, 4, 1, 5)      # [tiles, chunks, g, t, half, word]
+    return qcodes.reshape(tiles, chunks, 32, 8).contiguous()
+
+
+def code_untile(qcodes: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`code_tile`: codes uint8 ``[n, k]``."""
+    tiles, chunks = qcodes.shape[:2]
+    v = qcodes.to(torch.int64).reshape(tiles, chunks, 8, 4, 2, 4) & 0xFFFFFFFF
+    nib = (v[..., None] >> (4 * torch.arange(8, device=v.device))) & 15   # [tiles, chunks, g, t, half, word, e]
+    codes = nib.permute(0, 4, 2, 1, 3, 5, 6).reshape(tiles * TILE_ROWS, chunks * CHUNK)
+    return codes[:n, :k].to(torch.uint8)
 
 
 def encode_activations_tiled(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,4 +125,4 @@ def encode_activations_tiled(x: torch.Tensor, group: int) -> tuple[torch.Tensor,
     return xq, xs
 
 
-__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "check_act_bits", "encode_activations_tiled", "tile", "tiled_shape", "untile"]
+__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "CODE_MAX_NUM_SUMS", "check_act_bits", "code_tile", "code_untile", "codes_fit", "untile_lines", "encode_activations_tiled", "tile", "tiled_shape", "untile"]

@@ -12,7 +12,7 @@ class SbvrWeight:
     """An SBVR weight ``[N, K]``: ``bitvectors`` int32 [N, K/32, num_sums], ``coeff_idx`` int16 [N, K/group]
     (unsigned cache rows), ``cache`` fp16 [lines, num_sums], ``group`` (elements per coefficient vector)."""
 
-    __slots__ = ("bitvectors", "coeff_idx", "cache", "group", "_tiled")
+    __slots__ = ("bitvectors", "coeff_idx", "cache", "group", "_tiled", "_codes")
 
     def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor, group: int = GROUP,
                  *, check: bool = True):
@@ -24,13 +24,25 @@ class SbvrWeight:
             if len(devices) != 1:
                 raise ValueError(f"bitvectors, coeff_idx and cache must be on one device, got {sorted(map(str, devices))}")
         self.bitvectors, self.coeff_idx, self.cache, self.group = bitvectors, coeff_idx, cache, group
-        self._tiled = None
+        self._tiled = self._codes = None
 
     def tiled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(qbits, qidx, cache8)``: the kernels' layout (:mod:`.tiled`), built once and kept (a second copy)."""
         if self._tiled is None:
             self._tiled = tiled.tile(*self.tensors())
         return self._tiled
+
+    def codes(self) -> torch.Tensor | None:
+        """The lookup GEMV's ``qcodes`` (:func:`.tiled.code_tile`), built once and kept; None where that kernel
+        cannot take the weight (num_sums > 4, group not a multiple of 128)."""
+        if self._codes is None and tiled.codes_fit(self.num_sums, self.group):
+            self._codes = tiled.code_tile(self.bitvectors)
+        return self._codes
+
+    def layouts(self) -> tuple:
+        """``(qbits, qcodes or None, qidx, cache8)``: what :func:`lowbit.dispatch.sbvr_linear_op` takes."""
+        qbits, qidx, cache8 = self.tiled()
+        return qbits, self.codes(), qidx, cache8
 
     @property
     def shape(self) -> tuple[int, int]:
