@@ -77,8 +77,10 @@ def test_bad_input_refused(gen):
     w = torch.randn(8, 256, generator=gen)
     with pytest.raises(ValueError, match="num_sums must be one of"):
         lowbit.quantize_sbvr(w, num_sums=7)
-    with pytest.raises(ValueError, match="group must be a positive multiple of 32"):
+    with pytest.raises(ValueError, match="group must be a power of two >= 32"):
         lowbit.quantize_sbvr(w, group=48)
+    with pytest.raises(ValueError, match="group must be a power of two >= 32"):
+        lowbit.quantize_sbvr(w, group=96)
     with pytest.raises(ValueError, match="K a multiple of group=128"):
         lowbit.quantize_sbvr(torch.randn(8, 96))
     bad = w.clone()
@@ -252,7 +254,7 @@ def test_popcount_op_bad_input(gen):
     with pytest.raises(ValueError, match="qidx must be"):
         lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8, 20, 256, 64)
     with pytest.raises(ValueError, match="not a multiple of group"):
-        lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8, 20, 256, 96 * 2)
+        lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8, 20, 256, 512)
     with pytest.raises(TypeError, match="cache8"):
         lowbit.ops.sbvr_gemv(x, qbits, qidx, cache8.float(), 20, 256, 128)
     with pytest.raises(ValueError, match="act_bits must be"):

@@ -156,11 +156,11 @@ template <int NS, int M>
 __device__ __forceinline__ void load_stage(Stage<NS, M>& st, const uint32_t* qb, const uint4* cache8,
                                            const uint32_t* xq, const float2* xs, int c, int chunks, int n_act,
                                            int ai, uint32_t lines, int lane) {
-    load_bits<NS>(st.a, qb + int64_t(c) * 64 * NS);
+    load_bits<NS>(st.a, qb + c * 64 * NS);
 #pragma unroll
     for (int mt = 0; mt < M; ++mt) {
-        st.b[mt] = __ldg(xq + (int64_t(mt) * chunks + c) * 32 + lane);
-        st.sm[mt] = __ldg(xs + int64_t(mt) * n_act + ai);
+        st.b[mt] = __ldg(xq + (mt * chunks + c) * 32 + lane);
+        st.sm[mt] = __ldg(xs + mt * n_act + ai);
     }
     st.c_lo = load_line(cache8, lines & 0xFFFFu);
     st.c_hi = load_line(cache8, lines >> 16);
@@ -179,28 +179,28 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
     const float2* xs = reinterpret_cast<const float2*>(xs_);
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
-    const int chunks = (k + kChunk - 1) / kChunk, n_groups = k / group, ag = group < kChunk ? group : kChunk;
-    const int n_act = k / ag;
-    const int parts = group < kChunk ? kChunk / group : 1, part_words = group < kChunk ? group / 32 : 4;
-    const int groups_per_chunk = kChunk / ag;  // activation groups per chunk (= weight groups when < 128)
+    // group is a power of two (lowbit/formats/sbvr/definition.py): group and chunk indices by shifts
+    const int lg = __ffs(group) - 1, lag = lg < 7 ? lg : 7;  // log2 of the group and the activation group
+    const int chunks = (k + kChunk - 1) / kChunk, n_groups = k >> lg, n_act = k >> lag;
+    const int parts = lg < 7 ? 1 << (7 - lg) : 1, lpw = lg < 7 ? lg - 5 : 2;  // parts per chunk, log2 words per part
     const float four_t = float(1 << (2 * t));
+    // the tile's data (64-bit offsets once; 32-bit offsets within a tile)
     const uint32_t* qb = qbits + (int64_t(tile) * chunks * 32 + lane) * 2 * NS;  // + chunk * 64 NS
     const uint32_t* qi = qidx + int64_t(tile) * n_groups * 8 + g;                // + group * 8
-    auto lines_of = [&](int c) { return c < chunks ? __ldg(qi + int64_t(c) * kChunk / group * 8) : 0u; };
+    auto lines_of = [&](int c) { return c < chunks ? __ldg(qi + ((c << 7) >> lg) * 8) : 0u; };
     float acc[M][2] = {};
     Stage<NS, M> cur, nxt;
     uint32_t lines_next = lines_of(warp + warps);
-    if (warp < chunks)
-        load_stage<NS, M>(cur, qb, cache8, xq, xs, warp, chunks, n_act, warp * groups_per_chunk, lines_of(warp), lane);
+    if (warp < chunks) load_stage<NS, M>(cur, qb, cache8, xq, xs, warp, chunks, n_act, (warp << 7) >> lag, lines_of(warp), lane);
     for (int c = warp; c < chunks; c += warps) {
         const int cn = c + warps;
         if (cn < chunks) {
-            load_stage<NS, M>(nxt, qb, cache8, xq, xs, cn, chunks, n_act, cn * groups_per_chunk, lines_next, lane);
+            load_stage<NS, M>(nxt, qb, cache8, xq, xs, cn, chunks, n_act, (cn << 7) >> lag, lines_next, lane);
             lines_next = lines_of(cn + warps);
         }
         for (int p = 0; p < parts; ++p) {
-            const int64_t first = int64_t(c) * kChunk + int64_t(p) * group;  // the part's first input
-            if (first >= k) break;                                            // past the last group
+            const int first = (c << 7) + (p << lg);  // the part's first input
+            if (first >= k) break;                    // past the last group
             float c_lo[NS], c_hi[NS];
             float2 sm_p[M];
             if (p == 0) {
@@ -209,14 +209,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
 #pragma unroll
                 for (int mt = 0; mt < M; ++mt) sm_p[mt] = cur.sm[mt];
             } else {  // groups of 32 or 64: the chunk's later groups, loaded here
-                const uint32_t ln = __ldg(qi + (first / group) * 8);
+                const uint32_t ln = __ldg(qi + (first >> lg) * 8);
                 load_coeffs<NS>(c_lo, cache8, ln & 0xFFFFu);
                 load_coeffs<NS>(c_hi, cache8, ln >> 16);
 #pragma unroll
-                for (int mt = 0; mt < M; ++mt) sm_p[mt] = __ldg(xs + int64_t(mt) * n_act + first / ag);
+                for (int mt = 0; mt < M; ++mt) sm_p[mt] = __ldg(xs + mt * n_act + (first >> lag));
             }
-            const bool mine = t / part_words == p;  // this lane's word is in the part
-            float z_lo = 0.f, z_hi = 0.f;           // the zero point's share: sum_j c_j popc(own word of w_j)
+            const bool mine = (t >> lpw) == p;  // this lane's word is in the part
+            float z_lo = 0.f, z_hi = 0.f;        // the zero point's share: sum_j c_j popc(own word of w_j)
 #pragma unroll
             for (int j = 0; j < NS; ++j) {
                 z_lo = fmaf(c_lo[j], count_to_float(mine ? __popc(cur.a[j]) : 0), z_lo);
@@ -275,7 +275,7 @@ __global__ void dequant_kernel(const uint32_t* __restrict__ qbits, const uint32_
     const int row = int(i / words), word = int(i % words);
     const int tile = row / 16, r = row % 16, g = r % 8, h = r / 8, c = word / 4, t = word % 4;
     const uint32_t* a = qbits + ((int64_t(tile) * chunks + c) * 32 + g * 4 + t) * 2 * NS + h * NS;
-    const uint32_t lines = __ldg(qidx + (int64_t(tile) * n_groups + int64_t(word) * 32 / group) * 8 + g);
+    const uint32_t lines = __ldg(qidx + (int64_t(tile) * n_groups + ((word * 32) >> (__ffs(group) - 1))) * 8 + g);
     float coef[NS];
     load_coeffs<NS>(coef, cache8, h ? lines >> 16 : lines & 0xFFFFu);
     uint32_t bits[NS];
@@ -320,9 +320,10 @@ int launch_encode_x(const void* x, uint32_t* xq, float* xs, int m, int k, int gr
 
 template <int NS, int M, typename T>
 int launch_gemv(const uint32_t* qbits, const uint32_t* qidx, const void* cache8, const uint32_t* xq, const float* xs,
-                const void* bias, void* y, int n, int k, int group, void* stream) {
+                const void* bias, void* y, int n, int k, int group, int warps, void* stream) {
     const int tiles = (n + 15) / 16, chunks = (k + kChunk - 1) / kChunk;
-    const int warps = pick_warps(tiles, chunks);
+    if (warps <= 0) warps = pick_warps(tiles, chunks);
+    if (warps > kMaxWarps) return static_cast<int>(cudaErrorInvalidValue);
     popcount_gemv_kernel<NS, M, T><<<tiles, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
         qbits, qidx, static_cast<const uint4*>(cache8), xq, xs, static_cast<const T*>(bias), static_cast<T*>(y), n, k,
         group);
@@ -345,8 +346,9 @@ int launch_dequant(const uint32_t* qbits, const uint32_t* qidx, const void* cach
     extern "C" int lowbit_sbvr_gemv_b##NS##_##NAME##_m##M(const uint32_t* qbits, const uint32_t* qidx,           \
                                                            const void* cache8, const uint32_t* xq, const float* xs, \
                                                            const void* bias, void* y, int n, int k, int group,      \
-                                                           void* stream) {                                          \
-        return lowbit::sbvr::launch_gemv<NS, M, TYPE>(qbits, qidx, cache8, xq, xs, bias, y, n, k, group, stream);   \
+                                                           int warps, void* stream) {                               \
+        return lowbit::sbvr::launch_gemv<NS, M, TYPE>(qbits, qidx, cache8, xq, xs, bias, y, n, k, group, warps,      \
+                                                      stream);                                                      \
     }
 #define LOWBIT_SBVR_NS(NS, NAME, TYPE)                                                                             \
     LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 1)                                                                             \

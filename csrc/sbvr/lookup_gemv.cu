@@ -14,7 +14,7 @@
 // registers hold x at exactly those inputs, loaded per lane. Any k order is the same product.
 #include <cstdint>
 
-#include "../common.cuh"
+#include "../tiled/decode.cuh"  // mask_shift_add: a lookup address in two instructions
 
 namespace lowbit {
 namespace sbvr_lookup {
@@ -34,11 +34,11 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
     return v;
 }
 
-// The shared address of nibble E of `word` in a row table at `row` (16 entries of 2 bytes).
+// The shared address of nibble E of `word` in a row table at `row` (16 entries of 2 bytes): masked,
+// then shifted into place and added in one LEA.
 template <int E>
 __device__ __forceinline__ uint32_t entry(uint32_t word, uint32_t row) {
-    if constexpr (E == 0) return row + ((word << 1) & 0x1Eu);
-    else return row + ((word >> (4 * E - 1)) & 0x1Eu);
+    return gemv::mask_shift_add<0xFu << (4 * E), 1 - 4 * E>(word, row);
 }
 
 // One CTA per 16-row tile, warps split the chunks (warp w: chunks w, w + W, ...), fixed-order reduction.
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) lookup_gemv_kernel(
     __shared__ __align__(16) uint16_t table[kMaxWarps][16][16];  // [warp][row in tile][code]
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
-    const int chunks = (k + kChunk - 1) / kChunk, n_groups = k / group;
+    const int chunks = (k + kChunk - 1) / kChunk, lg = __ffs(group) - 1, n_groups = k >> lg;
     const uint32_t tbl = static_cast<uint32_t>(__cvta_generic_to_shared(&table[warp][0][0]));
     const uint32_t row_lo = tbl + g * 32, row_hi = tbl + (g + 8) * 32;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) lookup_gemv_kernel(
             for (int i = 0; i < 16; ++i) xr[i] = 0u;
         }
         // this lane's 4 points (codes 4t .. 4t + 3) of rows g and g + 8, as the reference sums them
-        const int gi = int((int64_t(c) * kChunk + 32 * t) / group);  // the lane's word's group
+        const int gi = (c * kChunk + 32 * t) >> lg;  // the lane's word's group (group: a power of two)
         const uint32_t lines = first < k ? __ldg(qidx + (int64_t(tile) * n_groups + gi) * 8 + g) : 0u;
         __syncwarp();  // the previous chunk's lookups are done
 #pragma unroll
@@ -133,14 +133,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) lookup_gemv_kernel(
 
 template <int M, typename T>
 int launch(const uint32_t* qcodes, const uint32_t* qidx, const void* cache8, const void* x, const void* bias, void* y,
-           int n, int k, int group, void* stream) {
+           int n, int k, int group, int warps, void* stream) {
     if (group % kChunk) return static_cast<int>(cudaErrorInvalidValue);
     const int tiles = (n + 15) / 16, chunks = (k + kChunk - 1) / kChunk;
     int sms = 132, device = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    int warps = 4;
-    while (warps < kMaxWarps && int64_t(tiles) * warps < int64_t(sms) * 32 && 2 * warps <= chunks) warps *= 2;
+    if (warps > kMaxWarps) return static_cast<int>(cudaErrorInvalidValue);
+    if (warps <= 0) {
+        warps = 4;
+        while (warps < kMaxWarps && int64_t(tiles) * warps < int64_t(sms) * 32 && 2 * warps <= chunks) warps *= 2;
+    }
     lookup_gemv_kernel<M, T><<<tiles, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
         qcodes, qidx, static_cast<const uint4*>(cache8), static_cast<const T*>(x), static_cast<const T*>(bias),
         static_cast<T*>(y), n, k, group);
@@ -153,8 +156,9 @@ int launch(const uint32_t* qcodes, const uint32_t* qidx, const void* cache8, con
 #define LOWBIT_SBVR_LOOKUP(NAME, TYPE, M)                                                                         \
     extern "C" int lowbit_sbvr_lookup_gemv_##NAME##_m##M(const uint32_t* qcodes, const uint32_t* qidx,            \
                                                          const void* cache8, const void* x, const void* bias,      \
-                                                         void* y, int n, int k, int group, void* stream) {         \
-        return lowbit::sbvr_lookup::launch<M, TYPE>(qcodes, qidx, cache8, x, bias, y, n, k, group, stream);       \
+                                                         void* y, int n, int k, int group, int warps,              \
+                                                         void* stream) {                                           \
+        return lowbit::sbvr_lookup::launch<M, TYPE>(qcodes, qidx, cache8, x, bias, y, n, k, group, warps, stream); \
     }
 #define LOWBIT_SBVR_LOOKUP_DTYPE(NAME, TYPE) \
     LOWBIT_SBVR_LOOKUP(NAME, TYPE, 1)        \

@@ -17,15 +17,18 @@ _P, _I = ctypes.c_void_p, ctypes.c_int
 register_signatures({
     # x, xq, xs, m, k, group, stream
     "sbvr_encode_x": [_P, _P, _P, _I, _I, _I, _P],
-    # qbits, qidx, cache8, xq, xs, bias (null: none), y, n, k, group, stream
-    "sbvr_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P],
+    # qbits, qidx, cache8, xq, xs, bias (null: none), y, n, k, group, warps per CTA (0: the kernel's rule), stream
+    "sbvr_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     # qbits, qidx, cache8, out [n, k], n, k, group, stream
     "sbvr_dequant": [_P, _P, _P, _P, _I, _I, _I, _P],
-    # qcodes, qidx, cache8, x, bias (null: none), y, n, k, group, stream (csrc/sbvr/lookup_gemv.cu)
-    "sbvr_lookup_gemv": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _P],
+    # qcodes, qidx, cache8, x, bias (null: none), y, n, k, group, warps per CTA (0: the rule), stream
+    # (csrc/sbvr/lookup_gemv.cu)
+    "sbvr_lookup_gemv": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
 })
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+#: warps per CTA of both GEMVs, 0: the kernels' own rule (a knob for benchmarks/tools/sbvr_gemv_profile.py)
+WARPS = 0
 
 
 def encode_x(lib, x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +61,7 @@ def _(x, qbits, qidx, cache8, n, k, group, bias=None):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
 
     def run(b):
-        lib.call("sbvr_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(xq), ptr(xs), ptr(b), ptr(y), n, k, group,
+        lib.call("sbvr_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(xq), ptr(xs), ptr(b), ptr(y), n, k, group, WARPS,
                                stream_of(x.device)], bits=ns, dtype=x.dtype, m=m)
         return y
 
@@ -74,7 +77,7 @@ def _(x, qcodes, qidx, cache8, n, k, group, bias=None):
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
 
     def run(b):
-        lib.call("sbvr_lookup_gemv", [ptr(qcodes), ptr(qidx), ptr(cache8), ptr(x), ptr(b), ptr(y), n, k, group,
+        lib.call("sbvr_lookup_gemv", [ptr(qcodes), ptr(qidx), ptr(cache8), ptr(x), ptr(b), ptr(y), n, k, group, WARPS,
                                       stream_of(x.device)], dtype=x.dtype, m=m)
         return y
 

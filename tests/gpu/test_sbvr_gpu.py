@@ -119,7 +119,7 @@ def test_popcount_gemv_writes_every_output_and_is_deterministic(gen):
     outs = []
     for _ in range(3):
         y = torch.full((4, n), float("nan"), dtype=torch.float16, device="cuda")
-        lib.call("sbvr_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(xq), ptr(xs), ptr(None), ptr(y), n, k, group,
+        lib.call("sbvr_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(xq), ptr(xs), ptr(None), ptr(y), n, k, group, 0,
                                stream_of(x.device)], bits=4, dtype=torch.float16, m=4)
         outs.append(y)
     assert torch.isfinite(outs[0]).all()

@@ -54,8 +54,9 @@ def check_num_sums(num_sums: object) -> int:
 
 
 def check_group(group: object) -> int:
-    if isinstance(group, bool) or not isinstance(group, int) or group < WORD or group % WORD:
-        raise ValueError(f"group must be a positive multiple of {WORD}, got {group!r}")
+    # a power of two: the kernels turn group indices into shifts (32, 64 and 128 are what models use)
+    if isinstance(group, bool) or not isinstance(group, int) or group < WORD or group & (group - 1):
+        raise ValueError(f"group must be a power of two >= {WORD}, got {group!r}")
     return group
 
 
