@@ -295,8 +295,9 @@ def kbit_weight_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
 
 #: SBVR's decode kernels: the popcount GEMV (x rounded to 8 bits, work ~ M) and the weight-only lookup GEMV
 #: (work independent of M <= 8): rows of x up to which the popcount GEMV runs when the module allows rounded
-#: activations (``act_bits=8``) -- the measured crossover on the H100 (journal 2026-11-25_sbvr_kernels.md).
-SBVR_POPCOUNT_MAX_M = 2
+#: activations (``act_bits=8``) -- the measured crossover on the H100 (M = 4: popcount faster or equal on five
+#: Llama shapes, M = 8: lookup faster on all; benchmarks/journal/2026-11-25_sbvr_kernels.md).
+SBVR_POPCOUNT_MAX_M = 4
 SBVR_PATHS = ("popcount", "lookup", "dequant_matmul")
 
 

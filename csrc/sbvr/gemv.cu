@@ -300,12 +300,15 @@ __global__ void dequant_kernel(const uint32_t* __restrict__ qbits, const uint32_
     }
 }
 
+// Warps per CTA (one CTA per tile): 4, doubled while the grid has fewer than ~15 warps per SM (measured on
+// the H100 over Llama shapes, benchmarks/tools/sbvr_warps.py: more warps per CTA only add wave tails),
+// never more than the chunks.
 inline int pick_warps(int tiles, int chunks) {
     int sms = 132, device = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    int w = 4;  // enough resident warps to keep the loads in flight, never more warps than chunks
-    while (w < kMaxWarps && int64_t(tiles) * w < int64_t(sms) * 32 && 2 * w <= chunks) w *= 2;
+    int w = 4;
+    while (w < kMaxWarps && int64_t(tiles) * w < int64_t(sms) * 15 && 2 * w <= chunks) w *= 2;
     return w;
 }
 

@@ -140,9 +140,9 @@ int launch(const uint32_t* qcodes, const uint32_t* qidx, const void* cache8, con
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (warps > kMaxWarps) return static_cast<int>(cudaErrorInvalidValue);
-    if (warps <= 0) {
+    if (warps <= 0) {  // as the popcount GEMV's rule (gemv.cu, pick_warps)
         warps = 4;
-        while (warps < kMaxWarps && int64_t(tiles) * warps < int64_t(sms) * 32 && 2 * warps <= chunks) warps *= 2;
+        while (warps < kMaxWarps && int64_t(tiles) * warps < int64_t(sms) * 15 && 2 * warps <= chunks) warps *= 2;
     }
     lookup_gemv_kernel<M, T><<<tiles, warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
         qcodes, qidx, static_cast<const uint4*>(cache8), static_cast<const T*>(x), static_cast<const T*>(bias),
