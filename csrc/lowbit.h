@@ -42,6 +42,15 @@ LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(3)
 LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(4)
 LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(5)
 
+// SBVR (csrc/sbvr/; layouts: lowbit/formats/sbvr/tiled.py), fp16/bf16 (NAME), num_sums NS = 2..6, M = 1..8:
+//   lowbit_sbvr_encode_x_<NAME>(x, xq, xs, m, k, group, stream): activations -> 8 bit-planes + (s, m) per group
+//   lowbit_sbvr_gemv_b<NS>_<NAME>_m<M>(qbits, qidx, cache8, xq, xs, bias, y, n, k, group, warps, stream): the
+//       popcount GEMV (warps per CTA, 0: the kernel's rule)
+//   lowbit_sbvr_dequant_b<NS>_<NAME>(qbits, qidx, cache8, out, n, k, group, stream): the weight [n, k]
+//   lowbit_sbvr_lookup_gemv_<NAME>_m<M>(qcodes, qidx, cache8, x, bias, y, n, k, group, warps, stream): the
+//       weight-only lookup GEMV (num_sums <= 4, group a multiple of 128)
+// (declared where they are defined; the Python loader's signatures: lowbit/kernels/sbvr.py)
+
 // Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.
 int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, int mode, void* stream);
 // Copy probe: dst = src, n_bytes a multiple of 16, both 16-byte aligned.
