@@ -161,6 +161,27 @@ def sbvr_linear(x: torch.Tensor, w: SbvrWeight, act_bits: int | None = None) -> 
     return y.reshape(*x.shape[:-1], n)
 
 
+def quantize_sbvr_experts(weights: torch.Tensor, num_sums: int = 4, group: int = sbvr.GROUP, *,
+                          progress: bool = False) -> "sbvr.SbvrExperts":
+    """SBVR of stacked expert weights ``[E, N, K]``, each expert with its own coefficient cache."""
+    check_tensor("weights", weights, dtypes=(torch.float32, torch.float16, torch.bfloat16), dim=3)
+    return sbvr.quantize_experts(weights, num_sums, group, progress=progress)
+
+
+def sbvr_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: "sbvr.SbvrExperts",
+                        act_bits: int | None = 8) -> torch.Tensor:
+    """MoE experts: ``y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ W_e^T`` (rows sorted by expert).
+    ``act_bits=8``: the grouped popcount GEMV (x rounded to 8 bits per group; one launch) up to 4 rows per
+    expert on average; otherwise, and with ``act_bits=None``, weight-only, expert by expert."""
+    if not isinstance(experts, sbvr.SbvrExperts):
+        raise TypeError(f"experts must be a lowbit SbvrExperts (from lowbit.quantize_sbvr_experts), got {type(experts).__name__}")
+    sbvr.tiled.check_act_bits(act_bits)
+    e, n, k = experts.shape
+    check_x(x, k, experts.device)
+    offsets, check = offsets_for(expert_offsets, x, e)
+    return dispatch.sbvr_grouped_op(x, offsets, experts, act_bits, check)
+
+
 def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4.NvFp4Experts":
     """NVFP4 of a stack of expert weights ``[E, N, K]`` (K % 32 == 0) in the tiled layout, for
     :func:`nvfp4_grouped_linear`."""
@@ -190,6 +211,8 @@ __all__ = [
     "quantize_sbvr",
     "dequantize_sbvr",
     "sbvr_linear",
+    "quantize_sbvr_experts",
+    "sbvr_grouped_linear",
     "SbvrWeight",
     "sbvr",
     "GEMV_MAX_M",

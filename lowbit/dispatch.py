@@ -338,6 +338,22 @@ def sbvr_linear_op(x2: torch.Tensor, qbits, qcodes, qidx, cache8, n: int, k: int
     return (y if bias is None else y + bias.to(torch.float32)).to(x2.dtype)
 
 
+def sbvr_grouped_op(x2: torch.Tensor, offsets: torch.Tensor, experts, act_bits: int | None = 8,
+                    check_offsets: bool = True) -> torch.Tensor:
+    """MoE rows sorted by expert times :class:`~lowbit.formats.sbvr.SbvrExperts`: with ``act_bits=8`` and at most
+    ``SBVR_POPCOUNT_MAX_M`` rows per expert on average, the grouped popcount GEMV (x rounded to 8 bits; its
+    reference on CPU); otherwise weight-only, expert by expert (decoded weight, one matmul each)."""
+    e, n, k = experts.shape
+    if act_bits is not None and x2.shape[0] <= SBVR_POPCOUNT_MAX_M * e:
+        qbits, qidx, cache8, cache_off = experts.layouts()
+        return ops.sbvr_grouped_gemv(x2, offsets, qbits, qidx, cache8, cache_off, n, k, experts.group, check_offsets)
+    from .ops.common import per_expert
+
+    return per_expert(x2, offsets, n, e, lambda i, rows: dense_linear_op(rows, experts.expert(i).dequantize(rows.dtype))
+                      if rows.is_cuda and rows.dtype in GEMV_DTYPES else
+                      (rows.float() @ experts.expert(i).dequantize().t()).to(rows.dtype))
+
+
 def dense_linear_op(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x2 [M, K] @ weight^T`` for an unquantized fp16/bf16 weight: lowbit's tuned GEMV for
     1 <= M <= DENSE_GEMV_MAX_M, cuBLAS above on CUDA, the fp32 reference on CPU."""

@@ -40,13 +40,19 @@ def test_library_builds_and_exports_symbols(built_library):
                                "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
-                               "check_expert_offsets"}
+                               "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
+                               "sbvr_lookup_gemv"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     assert hasattr(lib, "lowbit_check_expert_offsets")
     from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
     for dt in ("fp16", "bf16"):
+        assert hasattr(lib, f"lowbit_sbvr_encode_x_{dt}")
+        for ns in (2, 3, 4, 5, 6):
+            assert hasattr(lib, f"lowbit_sbvr_dequant_b{ns}_{dt}") and hasattr(lib, f"lowbit_sbvr_grouped_gemv_b{ns}_{dt}")
+            assert all(hasattr(lib, f"lowbit_sbvr_gemv_b{ns}_{dt}_m{m}") for m in range(1, 9))
+        assert all(hasattr(lib, f"lowbit_sbvr_lookup_gemv_{dt}_m{m}") for m in range(1, 9))
         for nt, r in GEMM_INSTANCES:
             assert hasattr(lib, f"lowbit_nvfp4_gemm_{dt}_t{nt}_r{r}")
             assert hasattr(lib, f"lowbit_nvfp4_gemm_occupancy_{dt}_t{nt}_r{r}")

@@ -155,30 +155,33 @@ struct Stage {
 template <int NS, int M>
 __device__ __forceinline__ void load_stage(Stage<NS, M>& st, const uint32_t* qb, const uint4* cache8,
                                            const uint32_t* xq, const float2* xs, int c, int chunks, int n_act,
-                                           int ai, uint32_t lines, int lane) {
+                                           int ai, uint32_t lines, int lane, int m_rows) {
     load_bits<NS>(st.a, qb + c * 64 * NS);
 #pragma unroll
     for (int mt = 0; mt < M; ++mt) {
-        st.b[mt] = __ldg(xq + (mt * chunks + c) * 32 + lane);
-        st.sm[mt] = __ldg(xs + mt * n_act + ai);
+        if (mt < m_rows) {
+            st.b[mt] = __ldg(xq + (mt * chunks + c) * 32 + lane);
+            st.sm[mt] = __ldg(xs + mt * n_act + ai);
+        }
     }
     st.c_lo = load_line(cache8, lines & 0xFFFFu);
     st.c_hi = load_line(cache8, lines >> 16);
 }
 
-// One CTA per 16-row tile; its warps split the chunks (warp w: chunks w, w + W, ...) and reduce in
-// shared memory in a fixed order (deterministic). Per weight group in a chunk and token: NS MMAs.
-// Lane (g, t) gets the counts of columns (bit-planes) 2t and 2t + 1, which weigh s 4^t (1, 2): one
-// integer d0 + 2 d1 per plane and row, times c_j, summed over the planes, times s 4^t.
+// One 16-row tile of the product for up to M rows of x (m_rows of them real): the CTA's warps split the
+// chunks (warp w: chunks w, w + W, ...) and reduce in shared memory in a fixed order (deterministic).
+// Per weight group in a chunk and token: NS MMAs. Lane (g, t) gets the counts of columns (bit-planes)
+// 2t and 2t + 1, which weigh s 4^t (1, 2): one integer d0 + 2 d1 per plane and row, times c_j, summed
+// over the planes, times s 4^t. `qbits`, `qidx` and `cache8` point at this weight's (expert's) data,
+// `xq`, `xs` and `y` at the first row.
 template <int NS, int M, typename T>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
-    const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
-    const uint32_t* __restrict__ xq, const float* __restrict__ xs_, const T* __restrict__ bias, T* __restrict__ y,
-    int n, int k, int group) {
-    __shared__ float red[kMaxWarps][M][16];
-    const float2* xs = reinterpret_cast<const float2*>(xs_);
+__device__ __forceinline__ void tile_gemv(const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx,
+                                          const uint4* __restrict__ cache8, const uint32_t* __restrict__ xq,
+                                          const float2* __restrict__ xs, const T* __restrict__ bias,
+                                          T* __restrict__ y, int n, int k, int group, int tile, int m_rows,
+                                          float (&red)[kMaxWarps][M][16]) {
     const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
+    const int g = lane / 4, t = lane % 4;
     // group is a power of two (lowbit/formats/sbvr/definition.py): group and chunk indices by shifts
     const int lg = __ffs(group) - 1, lag = lg < 7 ? lg : 7;  // log2 of the group and the activation group
     const int chunks = (k + kChunk - 1) / kChunk, n_groups = k >> lg, n_act = k >> lag;
@@ -191,11 +194,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
     float acc[M][2] = {};
     Stage<NS, M> cur, nxt;
     uint32_t lines_next = lines_of(warp + warps);
-    if (warp < chunks) load_stage<NS, M>(cur, qb, cache8, xq, xs, warp, chunks, n_act, (warp << 7) >> lag, lines_of(warp), lane);
+    if (warp < chunks)
+        load_stage<NS, M>(cur, qb, cache8, xq, xs, warp, chunks, n_act, (warp << 7) >> lag, lines_of(warp), lane, m_rows);
     for (int c = warp; c < chunks; c += warps) {
         const int cn = c + warps;
         if (cn < chunks) {
-            load_stage<NS, M>(nxt, qb, cache8, xq, xs, cn, chunks, n_act, (cn << 7) >> lag, lines_next, lane);
+            load_stage<NS, M>(nxt, qb, cache8, xq, xs, cn, chunks, n_act, (cn << 7) >> lag, lines_next, lane, m_rows);
             lines_next = lines_of(cn + warps);
         }
         for (int p = 0; p < parts; ++p) {
@@ -213,7 +217,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
                 load_coeffs<NS>(c_lo, cache8, ln & 0xFFFFu);
                 load_coeffs<NS>(c_hi, cache8, ln >> 16);
 #pragma unroll
-                for (int mt = 0; mt < M; ++mt) sm_p[mt] = __ldg(xs + mt * n_act + (first >> lag));
+                for (int mt = 0; mt < M; ++mt)
+                    if (mt < m_rows) sm_p[mt] = __ldg(xs + mt * n_act + (first >> lag));
             }
             const bool mine = (t >> lpw) == p;  // this lane's word is in the part
             float z_lo = 0.f, z_hi = 0.f;        // the zero point's share: sum_j c_j popc(own word of w_j)
@@ -224,6 +229,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
             }
 #pragma unroll
             for (int mt = 0; mt < M; ++mt) {
+                if (mt >= m_rows) break;  // uniform: the block's row count
                 float p_lo = 0.f, p_hi = 0.f;
 #pragma unroll
                 for (int j = 0; j < NS; ++j) {
@@ -256,10 +262,48 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
         const int mt = i / 16, r = i % 16, row = tile * 16 + r;
         float v = 0.f;
         for (int w = 0; w < warps; ++w) v += red[w][mt][r];
-        if (row < n) {
+        if (row < n && mt < m_rows) {
             if (bias != nullptr) v += to_float(bias[row]);
             y[int64_t(mt) * n + row] = from_float<T>(v);
         }
+    }
+    __syncthreads();  // red is free again (the grouped kernel calls this once per block of rows)
+}
+
+// Dense: one CTA per 16-row tile, M rows of x.
+template <int NS, int M, typename T>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_gemv_kernel(
+    const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
+    const uint32_t* __restrict__ xq, const float* __restrict__ xs, const T* __restrict__ bias, T* __restrict__ y,
+    int n, int k, int group) {
+    __shared__ float red[kMaxWarps][M][16];
+    tile_gemv<NS, M, T>(qbits, qidx, cache8, xq, reinterpret_cast<const float2*>(xs), bias, y, n, k, group,
+                        blockIdx.x, M, red);
+}
+
+// Grouped (MoE): CTA (tile, expert e) takes the rows offsets[e] .. offsets[e + 1] (sorted by expert) in
+// blocks of kGroupedM; expert e's weights are the e-th of the stacked layouts, its cache lines start at
+// cache_offsets[e] of the concatenated cache. An expert without rows costs its CTAs one load.
+constexpr int kGroupedM = 4;
+
+template <int NS, typename T>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) popcount_grouped_kernel(
+    const uint32_t* __restrict__ qbits, const uint32_t* __restrict__ qidx, const uint4* __restrict__ cache8,
+    const int* __restrict__ cache_offsets, const int64_t* __restrict__ offsets, const uint32_t* __restrict__ xq,
+    const float* __restrict__ xs, T* __restrict__ y, int n, int k, int group) {
+    __shared__ float red[kMaxWarps][kGroupedM][16];
+    const int e = blockIdx.y;
+    const int64_t r0 = offsets[e], r1 = offsets[e + 1];
+    if (r0 >= r1) return;
+    const int tiles = (n + 15) / 16, chunks = (k + kChunk - 1) / kChunk, lg = __ffs(group) - 1;
+    const int n_act = k >> (lg < 7 ? lg : 7);
+    const uint32_t* qb = qbits + int64_t(e) * tiles * chunks * 32 * 2 * NS;
+    const uint32_t* qi = qidx + int64_t(e) * tiles * (k >> lg) * 8;
+    const uint4* c8 = cache8 + cache_offsets[e];
+    for (int64_t rb = r0; rb < r1; rb += kGroupedM) {
+        const int m_rows = int(r1 - rb < kGroupedM ? r1 - rb : kGroupedM);
+        tile_gemv<NS, kGroupedM, T>(qb, qi, c8, xq + rb * chunks * 32, reinterpret_cast<const float2*>(xs) + rb * n_act,
+                                    nullptr, y + rb * n, n, k, group, blockIdx.x, m_rows, red);
     }
 }
 
@@ -334,6 +378,18 @@ int launch_gemv(const uint32_t* qbits, const uint32_t* qidx, const void* cache8,
 }
 
 template <int NS, typename T>
+int launch_grouped(const uint32_t* qbits, const uint32_t* qidx, const void* cache8, const int* cache_offsets,
+                   const int64_t* offsets, const uint32_t* xq, const float* xs, void* y, int rows, int n_experts,
+                   int n, int k, int group, int warps, void* stream) {
+    const int tiles = (n + 15) / 16, chunks = (k + kChunk - 1) / kChunk;
+    if (warps <= 0) warps = pick_warps(tiles * (rows < n_experts ? rows : n_experts), chunks);  // tiles with rows
+    if (warps > kMaxWarps || n_experts > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    popcount_grouped_kernel<NS, T><<<dim3(tiles, n_experts), warps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
+        qbits, qidx, static_cast<const uint4*>(cache8), cache_offsets, offsets, xq, xs, static_cast<T*>(y), n, k, group);
+    return static_cast<int>(cudaGetLastError());
+}
+
+template <int NS, typename T>
 int launch_dequant(const uint32_t* qbits, const uint32_t* qidx, const void* cache8, void* out, int n, int k, int group,
                    void* stream) {
     const int64_t threads = int64_t(n) * (k / 32);
@@ -362,6 +418,13 @@ int launch_dequant(const uint32_t* qbits, const uint32_t* qidx, const void* cach
     LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 6)                                                                             \
     LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 7)                                                                             \
     LOWBIT_SBVR_GEMV(NS, NAME, TYPE, 8)                                                                             \
+    extern "C" int lowbit_sbvr_grouped_gemv_b##NS##_##NAME(                                                        \
+        const uint32_t* qbits, const uint32_t* qidx, const void* cache8, const int* cache_offsets,                  \
+        const int64_t* offsets, const uint32_t* xq, const float* xs, void* y, int rows, int n_experts, int n, int k, \
+        int group, int warps, void* stream) {                                                                       \
+        return lowbit::sbvr::launch_grouped<NS, TYPE>(qbits, qidx, cache8, cache_offsets, offsets, xq, xs, y, rows,  \
+                                                      n_experts, n, k, group, warps, stream);                       \
+    }                                                                                                               \
     extern "C" int lowbit_sbvr_dequant_b##NS##_##NAME(const uint32_t* qbits, const uint32_t* qidx,                 \
                                                        const void* cache8, void* out, int n, int k, int group,      \
                                                        void* stream) {                                              \

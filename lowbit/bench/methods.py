@@ -287,6 +287,15 @@ def _sbvr(num_sums: int, path: str | None = None) -> Method:
             return sbvr.linear_bitplane_reference(x, *q.tensors(), q.group, act_bits)
         return sbvr.linear_reference(x, q)
 
+    def prepare_experts(ws):
+        ex = lowbit.quantize_sbvr_experts(torch.stack(ws), num_sums=num_sums)
+        ex.layouts()
+        return ex
+
+    def prepare_input(x, counts):
+        return x, torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=x.device, dtype=torch.int64)
+
+    grouped = path is None  # MoE blocks: the grouped popcount GEMV (one launch per projection)
     what = {None: "the dispatcher's choice per M", "popcount": "pinned to the popcount GEMV (x rounded to 8 bits)",
             "lookup": "pinned to the weight-only lookup GEMV", "dequant_matmul": "pinned to dequantize + cuBLAS"}[path]
     return Method(
@@ -299,6 +308,9 @@ def _sbvr(num_sums: int, path: str | None = None) -> Method:
         weight_bytes=lambda q: q.nbytes(),
         reference=reference,
         tolerance=2e-3,
+        prepare_experts=prepare_experts if grouped else None,
+        prepare_input=prepare_input if grouped else None,
+        run_grouped=(lambda inp, ex: lowbit.sbvr_grouped_linear(inp[0], inp[1], ex)) if grouped else None,
         by_default=False,
     )
 

@@ -11,7 +11,7 @@ from .. import ops
 from ..formats import sbvr
 from ..formats.sbvr import tiled as sbvr_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import with_bias
+from .tiled import check_offsets_on_device, with_bias
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 register_signatures({
@@ -21,6 +21,9 @@ register_signatures({
     "sbvr_gemv": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
     # qbits, qidx, cache8, out [n, k], n, k, group, stream
     "sbvr_dequant": [_P, _P, _P, _P, _I, _I, _I, _P],
+    # qbits [E, ...], qidx [E, ...], cache8, cache_offsets int32 [E + 1], expert_offsets int64 [E + 1], xq, xs, y,
+    # rows, E, n, k, group, warps (0: the rule), stream
+    "sbvr_grouped_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P],
     # qcodes, qidx, cache8, x, bias (null: none), y, n, k, group, warps per CTA (0: the rule), stream
     # (csrc/sbvr/lookup_gemv.cu)
     "sbvr_lookup_gemv": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
@@ -82,6 +85,24 @@ def _(x, qcodes, qidx, cache8, n, k, group, bias=None):
         return y
 
     return with_bias(run, x, bias)
+
+
+@ops.sbvr_grouped_gemv.register_kernel("cuda")
+def _(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group, check_offsets=True):
+    experts = ops.check_sbvr_grouped_args(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype not in KERNEL_DTYPES:
+        return ops.sbvr_grouped_reference(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group)
+    offsets = expert_offsets.contiguous()
+    if check_offsets:
+        check_offsets_on_device(lib, offsets, x.shape[0])
+    y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if x.shape[0]:
+        xq, xs = encode_x(lib, x.contiguous(), group)
+        lib.call("sbvr_grouped_gemv", [ptr(qbits), ptr(qidx), ptr(cache8), ptr(cache_offsets), ptr(offsets), ptr(xq),
+                                       ptr(xs), ptr(y), x.shape[0], experts, n, k, group, WARPS, stream_of(x.device)],
+                 bits=qbits.shape[-1] // 2, dtype=x.dtype)
+    return y
 
 
 @ops.sbvr_tiled_dequantize.register_kernel("cuda")

@@ -310,6 +310,10 @@ def quantize_model(
                                          linears=int(kind == "linear")))
 
     start = time.perf_counter()
+    if method == "gptq" and experts_cls is not None and not experts_cls.calibrated:
+        for item in [it for it in items if it[2] == "experts"]:  # this format's expert blocks: round to nearest
+            build(item)
+        items = [it for it in items if it[2] != "experts"]
     if method == "gptq":
         if not items:
             raise ValueError("method='gptq': the model has no layers to quantize (nothing quantize_model would take)")

@@ -55,6 +55,35 @@ def fused_experts_layout(module: nn.Module) -> tuple[int, int, int] | None:
     return e, h, two_i // 2
 
 
+def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                gate_up, down) -> torch.Tensor:
+    """The expert block's computation around its two grouped products (any format): route, sort the
+    (token, expert) rows by expert, ``gate_up(x, offsets)``, ``act(gate) * up``, ``down(x, offsets)``, weight each
+    row, sum each token's k rows. ``mod``: ``num_experts``, ``hidden_dim``, ``intermediate_dim``, ``act_fn`` and
+    the buffer ``expert_range`` (``arange(E + 1)``)."""
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
+        raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
+    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+        raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
+                         f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+    tokens, k = top_k_index.shape
+    dtype = hidden_states.dtype
+    ids = top_k_index.reshape(-1)
+    # Sentinel ids (>= E, expert parallelism) go to the last expert with weight 0.
+    valid = ids < mod.num_experts
+    weights = torch.where(valid, top_k_weights.reshape(-1), 0).to(torch.float32)
+    ids = torch.where(valid, ids, mod.num_experts - 1)
+    sorted_ids, perm = torch.sort(ids, stable=True)
+    offsets = torch.searchsorted(sorted_ids, mod.expert_range.to(sorted_ids.dtype))
+    x = hidden_states.contiguous().index_select(0, perm // k)
+    gu = gate_up(x, offsets)
+    inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
+    out = down(inter.contiguous(), offsets)
+    out = out.float() * weights.index_select(0, perm)[:, None]
+    unsorted = torch.empty_like(out).index_copy_(0, perm, out)  # a permutation: deterministic
+    return unsorted.view(tokens, k, mod.hidden_dim).sum(dim=1).to(dtype)
+
+
 def _quantize_stack(w: torch.Tensor, bits: int, codebook):
     """[E, N, K] -> (qweight, qabsmax, codebook, scales), a few experts at a time."""
     per = max(1, _QUANT_CHUNK_WEIGHTS // (w.shape[1] * w.shape[2]))
@@ -228,27 +257,9 @@ class KbitMoeExperts(QuantizedModule):
                                         self.bits, n, k, check_offsets=False)  # forward built them: valid
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_dim:
-            raise ValueError(f"hidden_states must be [tokens, {self.hidden_dim}], got {tuple(hidden_states.shape)}")
-        if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
-            raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
-                             f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
-        tokens, k = top_k_index.shape
-        dtype = hidden_states.dtype
-        ids = top_k_index.reshape(-1)
-        # Sentinel ids (>= E, expert parallelism) go to the last expert with weight 0.
-        valid = ids < self.num_experts
-        weights = torch.where(valid, top_k_weights.reshape(-1), 0).to(torch.float32)
-        ids = torch.where(valid, ids, self.num_experts - 1)
-        sorted_ids, perm = torch.sort(ids, stable=True)
-        offsets = torch.searchsorted(sorted_ids, self.expert_range.to(sorted_ids.dtype))
-        x = hidden_states.contiguous().index_select(0, perm // k)
-        gate_up = self._grouped(0, "gate_up", x, offsets)
-        inter = self.act_fn(gate_up[:, :self.intermediate_dim]) * gate_up[:, self.intermediate_dim:]
-        out = self._grouped(1, "down", inter.contiguous(), offsets)
-        out = out.float() * weights.index_select(0, perm)[:, None]
-        unsorted = torch.empty_like(out).index_copy_(0, perm, out)  # a permutation: deterministic
-        return unsorted.view(tokens, k, self.hidden_dim).sum(dim=1).to(dtype)
+        return moe_forward(self, hidden_states, top_k_index, top_k_weights,
+                           lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
+                           lambda x, offsets: self._grouped(1, "down", x, offsets))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""

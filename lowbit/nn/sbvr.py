@@ -200,3 +200,144 @@ class SbvrLinear(QuantizedModule):
                 f"format=sbvr, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines, "
                 f"act_bits={self.act_bits}" +
                 (f", rotation={self.rotation}" if self.rotation else ""))
+
+
+class SbvrMoeExperts(QuantizedModule):
+    """A transformers fused MoE expert block (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; see
+    :func:`lowbit.nn.experts.fused_experts_layout`) in SBVR: per projection the stacked bitvectors, indices and
+    the experts' concatenated coefficient caches (:class:`lowbit.formats.sbvr.SbvrExperts`). Its two products are
+    :func:`lowbit.dispatch.sbvr_grouped_op`: the grouped popcount GEMV at decode (x rounded to 8 bits; ``act_bits=None``:
+    weight-only), expert by expert above. RTN only (no GPTQ for expert blocks). Build with :meth:`from_experts`."""
+
+    PROJECTIONS = ("gate_up", "down")
+    calibrated = False  # method="gptq" rounds expert blocks to nearest (the linears are calibrated)
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, num_sums: int = 4,
+                 act_fn: nn.Module | None = None, *, cache_lines: tuple[int, int] = (1, 1), act_bits: int | None = ACT_BITS,
+                 device=None):
+        super().__init__()
+        for name, v in (("num_experts", num_experts), ("hidden_dim", hidden_dim), ("intermediate_dim", intermediate_dim)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        self.num_sums, self.act_bits = sbvr.check_num_sums(num_sums), check_act_bits(act_bits)
+        self.act_fn = act_fn if act_fn is not None else nn.SiLU()
+        self.groups = {p: group_for(self._shape(p)[1]) for p in self.PROJECTIONS}
+        for p, lines in zip(self.PROJECTIONS, cache_lines):
+            n, k = self._shape(p)
+            self.register_buffer(f"{p}_bitvectors", torch.zeros((num_experts, n, k // sbvr.WORD, num_sums), dtype=torch.int32,
+                                                                device=device))
+            self.register_buffer(f"{p}_coeff_idx", torch.zeros((num_experts, n, k // self.groups[p]), dtype=torch.int16,
+                                                               device=device))
+            self.register_buffer(f"{p}_cache", torch.zeros((lines, num_sums), dtype=torch.float16, device=device))
+            self.register_buffer(f"{p}_cache_offsets", torch.zeros((num_experts + 1,), dtype=torch.int64, device=device))
+        self.register_buffer("expert_range", torch.arange(num_experts + 1, device=device), persistent=False)
+        self._experts: dict = {}
+
+    def _shape(self, p: str) -> tuple[int, int]:
+        return (2 * self.intermediate_dim, self.hidden_dim) if p == "gate_up" else (self.hidden_dim, self.intermediate_dim)
+
+    def _tensors(self, p: str) -> tuple:
+        b = self._buffers
+        return b[f"{p}_bitvectors"], b[f"{p}_coeff_idx"], b[f"{p}_cache"], b[f"{p}_cache_offsets"]
+
+    def experts(self, p: str) -> sbvr.SbvrExperts:
+        """The projection's :class:`~lowbit.formats.sbvr.SbvrExperts`, checked once per change of the buffers (its
+        kernel layouts built with it on CUDA, not inside a captured graph)."""
+        have = self._experts.get(p)
+        if torch.compiler.is_compiling() and have is not None:  # traced: the buffers were checked when built
+            return have[1]
+        src = self._tensors(p)
+        if have is None or any(a is not c for a, c in zip(have[0], src)):
+            ex = sbvr.SbvrExperts(*src, self.groups[p], check=not torch.compiler.is_compiling())
+            if ex.device.type == "cuda":
+                ex.layouts()
+            have = self._experts[p] = (src, ex)
+        return have[1]
+
+    @classmethod
+    def from_experts(cls, module: nn.Module, bits: int = 4, codebook=None, quantized=None) -> "SbvrMoeExperts":
+        """Encode a transformers fused expert block on its device (``bits`` = num_sums), each expert with its own
+        coefficient cache."""
+        from .experts import fused_experts_layout
+
+        if codebook is not None:
+            raise ValueError("codebook is a kbit option; SBVR's coefficients come from its own search")
+        if quantized is not None:
+            raise ValueError("SBVR expert blocks are quantized round-to-nearest only (no GPTQ for them yet)")
+        layout = fused_experts_layout(module)
+        if layout is None:
+            raise TypeError(f"{type(module).__name__} is not a fused expert block lowbit knows "
+                            "(gate_up_proj [E, 2I, H], down_proj [E, H, I], act(gate) * up)")
+        e, h, i = layout
+        mod = cls(e, h, i, bits, module.act_fn, device="meta")
+        for p in cls.PROJECTIONS:
+            ex = sbvr.quantize_experts(getattr(module, f"{p}_proj").detach(), bits, mod.groups[p])
+            mod._buffers.update({f"{p}_bitvectors": ex.bitvectors, f"{p}_coeff_idx": ex.coeff_idx,
+                                 f"{p}_cache": ex.cache, f"{p}_cache_offsets": ex.cache_offsets})
+        mod._buffers["expert_range"] = torch.arange(e + 1, device=module.gate_up_proj.device)
+        mod.tensors_changed()
+        return mod
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        from .experts import moe_forward
+
+        return moe_forward(self, hidden_states, top_k_index, top_k_weights,
+                           lambda x, off: dispatch.sbvr_grouped_op(x, off, self.experts("gate_up"), self.act_bits, False),
+                           lambda x, off: dispatch.sbvr_grouped_op(x, off, self.experts("down"), self.act_bits, False))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""
+        return self.experts("gate_up").dequantize(dtype), self.experts("down").dequantize(dtype)
+
+    def format_bytes(self) -> int:
+        return sum(self.experts(p).nbytes() for p in self.PROJECTIONS)
+
+    def tensors_changed(self) -> None:
+        self._experts = {}
+        if self.gate_up_bitvectors.device.type == "cuda":
+            for p in self.PROJECTIONS:
+                self.experts(p)
+
+    def _apply(self, fn, recurse=True):
+        from .linear import apply_keeping_dtypes
+
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("gate_up_cache", "down_cache"))
+        self.tensors_changed()
+        return self
+
+    def install(self, model: nn.Module, name: str, device: torch.device | None = None) -> None:
+        super().install(model, name, device)
+        self._buffers["expert_range"] = torch.arange(self.num_experts + 1, device=device or self.gate_up_cache.device)
+
+    def checkpoint_config(self) -> dict:
+        return {"num_experts": self.num_experts, "hidden_dim": self.hidden_dim, "intermediate_dim": self.intermediate_dim,
+                "num_sums": self.num_sums, "act_bits": self.act_bits,
+                "cache_lines": [int(getattr(self, f"{p}_cache").shape[0]) for p in self.PROJECTIONS]}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrMoeExperts":
+        from .experts import fused_experts_layout
+
+        shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
+        have = (old.num_experts, old.hidden_dim, old.intermediate_dim) if isinstance(old, SbvrMoeExperts) \
+            else fused_experts_layout(old)
+        if have != shape:
+            raise ValueError(f"saved experts (E, H, I) = {shape} do not fit this model's {type(old).__name__} {have}")
+        return cls(*shape, num_sums=cfg["num_sums"], act_fn=old.act_fn, cache_lines=tuple(cfg["cache_lines"]),
+                   act_bits=cfg.get("act_bits", ACT_BITS), device="meta")
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        for p in self.PROJECTIONS:
+            try:
+                sbvr.SbvrExperts(*(staged[f"{name}.{p}_{t}"] for t in ("bitvectors", "coeff_idx", "cache", "cache_offsets")),
+                                 self.groups[p])
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"module {name!r} ({p}): {e}") from None
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}, "
+                f"format=sbvr, num_sums={self.num_sums}, act_bits={self.act_bits}")
+
+
+SbvrLinear.experts_class = SbvrMoeExperts

@@ -10,7 +10,7 @@ from torch import Tensor
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import sbvr
 from ..formats.sbvr import tiled as sbvr_tiled
-from .common import GEMV_MAX_M, _check_out_dtype, check_bias
+from .common import GEMV_MAX_M, _check_out_dtype, check_bias, per_expert
 
 
 def _check_lines(qidx, cache8, n, k, group) -> tuple[int, int]:
@@ -122,6 +122,51 @@ def sbvr_lookup_gemv(x: Tensor, qcodes: Tensor, qidx: Tensor, cache8: Tensor, n:
 def _(x, qcodes, qidx, cache8, n, k, group, bias=None):
     m = check_sbvr_lookup_args(x, qcodes, qidx, cache8, n, k, group, bias)
     return x.new_empty((m, n))
+
+
+def check_sbvr_grouped_args(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group) -> int:
+    """The grouped popcount GEMV's arguments (experts stacked on dim 0); returns the expert count."""
+    check_tensor("qbits", qbits, dtypes=(torch.int32,), dim=5)
+    check_tensor("qidx", qidx, dtypes=(torch.int32,), dim=4)
+    experts = qbits.shape[0]
+    if qidx.shape[0] != experts:
+        raise ValueError(f"qbits and qidx must stack the same experts, got {qbits.shape[0]} and {qidx.shape[0]}")
+    check_sbvr_tiled_args(qbits[0], qidx[0], cache8, n, k, group)
+    check_tensor("cache_offsets", cache_offsets, dtypes=(torch.int32,), dim=1)
+    if cache_offsets.shape[0] != experts + 1:
+        raise ValueError(f"cache_offsets must have E + 1 = {experts + 1} entries, got {cache_offsets.shape[0]}")
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] != k:
+        raise ValueError(f"x must have shape [tokens, K={k}], got {tuple(x.shape)}")
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
+    if expert_offsets.shape[0] != experts + 1:
+        raise ValueError(f"expert_offsets must have E + 1 = {experts + 1} entries, got {expert_offsets.shape[0]}")
+    check_same_device(x=x, expert_offsets=expert_offsets, qbits=qbits, cache_offsets=cache_offsets)
+    return experts
+
+
+def sbvr_grouped_reference(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group) -> Tensor:
+    """Expert by expert: each expert's rows through the popcount product's reference."""
+    lines = cache_offsets.tolist()
+    return per_expert(x, expert_offsets, n, qbits.shape[0], lambda e, rows: sbvr_gemv_reference(
+        rows, qbits[e], qidx[e], cache8[lines[e]:lines[e + 1]], n, k, group))
+
+
+@torch.library.custom_op("lowbit::sbvr_grouped_gemv", mutates_args=())
+def sbvr_grouped_gemv(x: Tensor, expert_offsets: Tensor, qbits: Tensor, qidx: Tensor, cache8: Tensor,
+                      cache_offsets: Tensor, n: int, k: int, group: int, check_offsets: bool = True) -> Tensor:
+    """MoE rows sorted by expert (expert e owns rows ``expert_offsets[e]:expert_offsets[e + 1]``) times the stacked
+    SBVR experts: the popcount product of every row (x rounded to 8 bits per group), one launch, each expert's
+    rows in blocks of 4 per pass over its weight. ``check_offsets=False``: offsets built by lowbit. CPU and
+    fp32: the reference, expert by expert."""
+    check_sbvr_grouped_args(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group)
+    return sbvr_grouped_reference(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group)
+
+
+@sbvr_grouped_gemv.register_fake
+def _(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group, check_offsets=True):
+    check_sbvr_grouped_args(x, expert_offsets, qbits, qidx, cache8, cache_offsets, n, k, group)
+    return x.new_empty((x.shape[0], n))
 
 
 @torch.library.custom_op("lowbit::sbvr_encode_x", mutates_args=())

@@ -9,4 +9,4 @@
 
 from . import columns, definition, tiled, weight
 from .definition import *  # noqa: F401,F403
-from .weight import SbvrWeight, linear_reference, quantize  # noqa: F401
+from .weight import SbvrExperts, SbvrWeight, linear_reference, quantize, quantize_experts  # noqa: F401

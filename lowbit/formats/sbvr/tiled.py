@@ -43,19 +43,34 @@ def _as_int32(v: torch.Tensor) -> torch.Tensor:
 
 def tile(bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Checkpoint tensors (:class:`~lowbit.formats.sbvr.SbvrWeight`) -> ``(qbits, qidx, cache8)``."""
+    return tile_bits(bitvectors), tile_lines(coeff_idx), pad_cache(cache)
+
+
+def tile_bits(bitvectors: torch.Tensor) -> torch.Tensor:
+    """bitvectors ``[N, K/32, num_sums]`` -> ``qbits``."""
     n, words, ns = bitvectors.shape
     tiles, chunks = tiled_shape(n, words * WORD)
     bv = torch.zeros((tiles * TILE_ROWS, chunks * 4, ns), dtype=torch.int32, device=bitvectors.device)
     bv[:n, :words] = bitvectors
     # [tiles, half, g, chunks, t, ns] -> [tiles, chunks, g, t, half, ns]
-    qbits = bv.reshape(tiles, 2, 8, chunks, 4, ns).permute(0, 3, 2, 4, 1, 5).reshape(tiles, chunks, 32, 2 * ns)
+    return bv.reshape(tiles, 2, 8, chunks, 4, ns).permute(0, 3, 2, 4, 1, 5).reshape(tiles, chunks, 32, 2 * ns).contiguous()
+
+
+def tile_lines(coeff_idx: torch.Tensor) -> torch.Tensor:
+    """coeff_idx ``[N, groups]`` -> ``qidx``."""
+    n = coeff_idx.shape[0]
+    tiles = -(-n // TILE_ROWS)
     idx = torch.zeros((tiles * TILE_ROWS, coeff_idx.shape[1]), dtype=torch.int64, device=coeff_idx.device)
     idx[:n] = coeff_idx.to(torch.int64) & 0xFFFF
     idx = idx.reshape(tiles, 2, 8, -1)
-    qidx = _as_int32(idx[:, 0] | (idx[:, 1] << 16)).permute(0, 2, 1)
+    return _as_int32(idx[:, 0] | (idx[:, 1] << 16)).permute(0, 2, 1).contiguous()
+
+
+def pad_cache(cache: torch.Tensor) -> torch.Tensor:
+    """cache ``[lines, num_sums]`` -> ``cache8`` (16 bytes a line)."""
     cache8 = torch.zeros((cache.shape[0], CACHE_PAD), dtype=torch.float16, device=cache.device)
-    cache8[:, :ns] = cache
-    return qbits.contiguous(), qidx.contiguous(), cache8
+    cache8[:, :cache.shape[1]] = cache
+    return cache8
 
 
 def untile(qbits: torch.Tensor, qidx: torch.Tensor, cache8: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -125,4 +140,4 @@ def encode_activations_tiled(x: torch.Tensor, group: int) -> tuple[torch.Tensor,
     return xq, xs
 
 
-__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "CODE_MAX_NUM_SUMS", "check_act_bits", "code_tile", "code_untile", "codes_fit", "untile_lines", "encode_activations_tiled", "tile", "tiled_shape", "untile"]
+__all__ = ["ACT_BITS", "CHUNK", "TILE_ROWS", "CODE_MAX_NUM_SUMS", "check_act_bits", "code_tile", "code_untile", "codes_fit", "pad_cache", "tile_bits", "tile_lines", "untile_lines", "encode_activations_tiled", "tile", "tiled_shape", "untile"]

@@ -102,5 +102,94 @@ def quantize(weight: torch.Tensor, num_sums: int = 4, group: int = GROUP, *, pro
     return SbvrWeight(definition.pack_bits(codes, num_sums), idx16, cache, group)
 
 
+class SbvrExperts:
+    """E stacked SBVR weights ``[E, N, K]`` (MoE experts): ``bitvectors`` int32 [E, N, K/32, num_sums],
+    ``coeff_idx`` int16 [E, N, K/group] (rows of the expert's own cache), ``cache`` fp16 [lines, num_sums] (the
+    experts' caches one after another), ``cache_offsets`` int64 [E + 1] (expert e's lines:
+    ``cache[cache_offsets[e]:cache_offsets[e + 1]]``)."""
+
+    __slots__ = ("bitvectors", "coeff_idx", "cache", "cache_offsets", "group", "_layouts")
+
+    def __init__(self, bitvectors: torch.Tensor, coeff_idx: torch.Tensor, cache: torch.Tensor,
+                 cache_offsets: torch.Tensor, group: int = GROUP, *, check: bool = True):
+        if check:
+            if not isinstance(bitvectors, torch.Tensor) or bitvectors.dim() != 4:
+                raise ValueError("bitvectors must be [E, N, K/32, num_sums]")
+            e = bitvectors.shape[0]
+            if not isinstance(cache_offsets, torch.Tensor) or cache_offsets.dtype != torch.int64 or \
+                    tuple(cache_offsets.shape) != (e + 1,):
+                raise ValueError(f"cache_offsets must be int64 [{e + 1}]")
+            off = cache_offsets.tolist()
+            if off[0] != 0 or off[-1] != cache.shape[0] or any(b <= a for a, b in zip(off, off[1:])):
+                raise ValueError(f"cache_offsets must rise from 0 to the cache's {cache.shape[0]} lines, got {off}")
+            for i in range(e):
+                check_sbvr_tensors(bitvectors[i], coeff_idx[i], cache[off[i]:off[i + 1]], group)
+        self.bitvectors, self.coeff_idx, self.cache, self.cache_offsets = bitvectors, coeff_idx, cache, cache_offsets
+        self.group, self._layouts = group, None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, n, words, _ = self.bitvectors.shape
+        return e, n, words * WORD
+
+    @property
+    def num_sums(self) -> int:
+        return self.bitvectors.shape[3]
+
+    @property
+    def device(self) -> torch.device:
+        return self.bitvectors.device
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.bitvectors, self.coeff_idx, self.cache, self.cache_offsets
+
+    def expert(self, e: int) -> SbvrWeight:
+        lo, hi = self.cache_offsets[e].item(), self.cache_offsets[e + 1].item()
+        return SbvrWeight(self.bitvectors[e], self.coeff_idx[e], self.cache[lo:hi], self.group, check=False)
+
+    def layouts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(qbits [E, tiles, chunks, 32, 2 num_sums], qidx [E, tiles, groups, 8], cache8 [lines, 8], cache_offsets
+        int32 [E + 1])``: the grouped popcount GEMV's layout, built once and kept."""
+        if self._layouts is None:
+            n_exp = self.bitvectors.shape[0]
+            self._layouts = (torch.stack([tiled.tile_bits(self.bitvectors[i]) for i in range(n_exp)]),
+                             torch.stack([tiled.tile_lines(self.coeff_idx[i]) for i in range(n_exp)]),
+                             tiled.pad_cache(self.cache), self.cache_offsets.to(torch.int32))
+        return self._layouts
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors()[:3])
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.stack([self.expert(i).dequantize(dtype) for i in range(self.bitvectors.shape[0])])
+
+    def __repr__(self) -> str:
+        e, n, k = self.shape
+        return f"SbvrExperts({e} x {n}x{k}, num_sums={self.num_sums}, group={self.group}, cache={self.cache.shape[0]} lines)"
+
+
+def quantize_experts(weights: torch.Tensor, num_sums: int = 4, group: int = GROUP, *, progress: bool = False) -> SbvrExperts:
+    """Encode stacked expert weights ``[E, N, K]`` one expert at a time (each with its own cache)."""
+    if weights.dim() != 3:
+        raise ValueError(f"weights must be [E, N, K], got {tuple(weights.shape)}")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=weights.shape[0], desc=f"SBVR encode experts {tuple(weights.shape)}", unit="expert", leave=False)
+    parts = []
+    try:
+        for i in range(weights.shape[0]):
+            parts.append(quantize(weights[i], num_sums, group))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    lines = torch.tensor([0] + [p.cache.shape[0] for p in parts], device=weights.device).cumsum(0)
+    return SbvrExperts(torch.stack([p.bitvectors for p in parts]), torch.stack([p.coeff_idx for p in parts]),
+                       torch.cat([p.cache for p in parts]), lines.to(torch.int64), group)
+
+
 def linear_reference(x: torch.Tensor, w: SbvrWeight, bias=None) -> torch.Tensor:
     return definition.linear_reference(x, *w.tensors(), w.group, bias)
