@@ -151,8 +151,8 @@ def dequantize_sbvr(w: SbvrWeight, dtype: torch.dtype = torch.float16) -> torch.
 
 def sbvr_linear(x: torch.Tensor, w: SbvrWeight, act_bits: int | None = None) -> torch.Tensor:
     """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype (:func:`lowbit.dispatch.sbvr_linear_op`): weight-only by
-    default; ``act_bits=8``: the authors' product for M <= 8 rows (x rounded to 8 bits per group, the
-    popcount GEMV on CUDA)."""
+    default; ``act_bits=8``: the authors' product for decode-sized M (x rounded to 8 bits per group, the
+    popcount GEMV on CUDA; :func:`lowbit.dispatch.sbvr_path` says where)."""
     _check_sbvr(w)
     sbvr.tiled.check_act_bits(act_bits)
     n, k = w.shape

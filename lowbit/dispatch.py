@@ -188,8 +188,8 @@ _forced: str | None = None
 @contextlib.contextmanager
 def forced_path(path: str | None):
     """Run every dense kbit call in the block on ``path`` ("gemv", "gemm", "dequant_matmul"; None:
-    the rule), every SBVR call on one of :data:`SBVR_PATHS` -- for benchmarks and tests; grouped calls take "gemv" / "gemm" as the grouped GEMV /
-    GEMM. A path that cannot take a call (the GEMV above 8 rows, a kernel on CPU or fp32, dequantize
+    the rule), every SBVR call on one of :data:`SBVR_PATHS` -- for benchmarks and tests; grouped kbit calls
+    take "gemv" / "gemm" as the grouped GEMV / GEMM. A path that cannot take a call (the GEMV above 8 rows, a kernel on CPU or fp32, dequantize
     for grouped calls) falls back to the rule."""
     global _forced
     if path is not None and path not in PATHS + SBVR_PATHS:

@@ -6,8 +6,8 @@
 // weights), every SBVR group has its own points: a warp rebuilds a 16-row x 16-point table per chunk
 // (each lane 8 points) and looks weights up one 16-bit value at a time. Rows g and g + 4 share banks,
 // so a lookup costs up to two wavefronts: shared-memory bound near 60% of HBM bandwidth, for every
-// M <= 8 alike (the MMA takes 8 tokens for the price of one). The popcount GEMV (gemv.cu) is faster at
-// M = 1-2 and slower above; the dispatcher keeps the faster one per M.
+// M <= 8 alike (the MMA takes 8 tokens for the price of one). The popcount GEMV (gemv.cu) is faster up to
+// M = 4 and slower above; the dispatcher keeps the faster one per M.
 //
 // k permutation: lane (g, t) holds word t (inputs 32t .. 32t + 31) of its rows' chunk, so MMA i takes
 // from lane t the inputs 32t + 4i .. 32t + 4i + 3 (A registers 0/1: +0, +1; 2/3: +2, +3) -- and its B

@@ -1,8 +1,9 @@
 """``SbvrLinear``: a drop-in for ``nn.Linear`` with an SBVR weight (:mod:`lowbit.formats.sbvr`). Models of them
 come from ``lowbit.quantize_model(model, format="sbvr", bits=num_sums)``. Its forward is
-:func:`lowbit.dispatch.sbvr_linear_op`: for decode-sized inputs (M <= 8 rows) the authors' product -- the
-activations rounded to 8 bits per group, popcounts on the binary tensor cores -- unless ``act_bits=None``;
-larger inputs (prefill) and ``act_bits=None`` are weight-only. Inference only."""
+:func:`lowbit.dispatch.sbvr_linear_op`: for decode-sized inputs (up to ``dispatch.SBVR_POPCOUNT_MAX_M`` rows) the
+authors' product -- the activations rounded to 8 bits per group, popcounts on the binary tensor cores -- unless
+``act_bits=None``; larger inputs and ``act_bits=None`` are weight-only (the lookup GEMV up to 8 rows, dequantize +
+cuBLAS above). ``SbvrMoeExperts``: transformers' fused MoE expert blocks in SBVR. Inference only."""
 
 from __future__ import annotations
 
