@@ -33,6 +33,7 @@ CASES = [
     ("generate --format nvfp4 --rotate", "--rotate: --format nvfp4 has no rotated weights"),
     ("eval --codebook-rounds 2", "--codebook-rounds takes a count >= 1, with --method gptq"),
     ("eval --only nosuchrow", "--only: no rows named ['nosuchrow']"),
+    ("eval --out /nonexistent/dir/eval.json", "--out /nonexistent/dir/eval.json: its folder does not exist"),
 ]
 
 

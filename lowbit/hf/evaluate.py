@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 
 import torch
 
@@ -311,7 +312,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--encoder", action="store_true", help="also all-MiniLM-L6-v2: embedding cosine vs unquantized")
     p.add_argument("--only", default=None, metavar="ROWS",
                    help="comma-separated row names to score (e.g. sbvr3,sbvr3-gptq); the others are left out")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file (a folder: its eval.json)")
     p.set_defaults(func=_cmd)
     return p
 
@@ -334,6 +335,10 @@ def _cmd(args) -> int:
     if args.calibration_samples is not None and (args.calibration_samples < 1 or "gptq" not in methods):
         raise UsageError("--calibration-samples takes a count >= 1, with --method gptq")
     sources.check_spec(args.model)
+    if args.out and os.path.isdir(args.out):  # a folder: the JSON goes inside it
+        args.out = os.path.join(args.out, "eval.json")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UsageError(f"--out {args.out}: its folder does not exist")
     import lowbit
 
     if args.codebook_rounds is not None and (args.codebook_rounds < 1 or "gptq" not in methods or args.no_fit):
