@@ -7,6 +7,8 @@
   Rows past N and words past K are zero (they add nothing to a product).
 * ``qidx`` int32 ``[tiles, groups, 8]``: the cache lines of rows 16T + g (low 16 bits) and 16T + g + 8 (high).
 * ``cache8`` fp16 ``[lines, 8]``: the cache, each line padded to 16 bytes (one load).
+* ``qcodes`` int32 ``[tiles, chunks, 32, 8]`` (:func:`code_tile`): the same tiles as 4-bit codes, for the
+  weight-only lookup GEMV (``csrc/sbvr/lookup_gemv.cu``; num_sums <= 4).
 
 The activations of the popcount GEMV (:func:`encode_activations_tiled`): ``xq`` int32 ``[M, chunks, 8, 4]``,
 bit-plane l of word t (bit i: element 128c + 32t + i; zero past K); ``xs`` fp32 ``[M, K / act_group, 2]``:
@@ -19,7 +21,8 @@ import torch
 
 from .definition import ACT_GROUP as CHUNK, WORD, act_group, encode_activations, unpack_bits
 
-TILE_ROWS = 16   # CHUNK (= ACT_GROUP, 128): inputs per binary MMA
+# CHUNK (= ACT_GROUP, 128): inputs per binary MMA
+TILE_ROWS = 16
 ACT_BITS = 8     # activation bit-planes = the binary MMA's 8 columns (the authors: 7 + a column of ones)
 CACHE_PAD = 8
 
