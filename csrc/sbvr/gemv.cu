@@ -49,7 +49,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // One warp per (token, chunk): x -> 8 bit-plane words x 4 (xq [m][chunks][8][4]) and per activation
 // group (ag = 32, 64 or 128 inputs) xs [m][k / ag][2] = (s, m). Rounding as encode_activations:
 // s = (hi - lo) / 255 (1 for a constant group), q = rint((x - lo) / s) clamped -- the same IEEE fp32
-// operations, so q and s are bit-exact with the reference.
+// operations, so q and s are bit-exact with the reference. A group with a NaN or Inf gets s = NaN: the
+// product is NaN, as x @ W^T would be.
 template <typename T>
 __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ xq, float* __restrict__ xs, int m,
                                 int k, int ag) {
@@ -59,6 +60,7 @@ __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ 
     const int lane = threadIdx.x % 32, token = int(warp / chunks), c = int(warp % chunks);
     const T* xr = x + int64_t(token) * k;
     float v[4], lo[4], hi[4];
+    bool bad[4];  // a NaN or Inf in the word: fminf/fmaxf would drop a NaN, so it is tracked apart
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
         const int e = c * kChunk + 32 * t + lane;
@@ -66,10 +68,12 @@ __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ 
         v[t] = valid ? to_float(xr[e]) : 0.f;
         lo[t] = warp_min(valid ? v[t] : INFINITY);
         hi[t] = warp_max(valid ? v[t] : -INFINITY);
+        bad[t] = __any_sync(kFullMask, valid && !isfinite(v[t]));
     }
     const int words = ag / 32;  // words per activation group: 1, 2 or 4
     const float lo2[2] = {fminf(lo[0], lo[1]), fminf(lo[2], lo[3])}, hi2[2] = {fmaxf(hi[0], hi[1]), fmaxf(hi[2], hi[3])};
     const float lo4 = fminf(lo2[0], lo2[1]), hi4 = fmaxf(hi2[0], hi2[1]);
+    const bool bad2[2] = {bad[0] || bad[1], bad[2] || bad[3]}, bad4 = bad2[0] || bad2[1];
     uint32_t out = 0;           // lane (l, t) writes plane l, word t
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -79,6 +83,7 @@ __global__ void encode_x_kernel(const T* __restrict__ x, uint32_t* __restrict__ 
         const float ghi = words == 1 ? hi[t] : words == 2 ? hi2[t / 2] : hi4;
         float s = (ghi - glo) / float((1 << kActBits) - 1);
         s = s > 0.f ? s : 1.f;
+        if (words == 1 ? bad[t] : words == 2 ? bad2[t / 2] : bad4) s = __int_as_float(0x7fc00000);  // NaN in, NaN out
         const float q = fminf(fmaxf(rintf((v[t] - glo) / s), 0.f), float((1 << kActBits) - 1));
         const uint32_t qi = valid ? uint32_t(q) : 0u;
 #pragma unroll

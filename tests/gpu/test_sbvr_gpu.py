@@ -166,3 +166,22 @@ def test_grouped_popcount_gemv_matches_the_reference(ns, dtype, gen):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, y)
+
+
+def test_nan_and_inf_activations_give_nan_outputs(gen):
+    """A NaN or Inf in a token's activations makes every output of that token non-finite on every path (the
+    popcount path: NaN -- its encoder must not let fminf/fmaxf drop it; the weight-only path: what x @ W^T gives,
+    NaN or +-Inf); the other tokens stay finite."""
+    n, k = 96, 512
+    q, _ = _weight(n, k, 4, 128, gen)
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(3, k, generator=gen).half().cuda()
+        x[1, 200] = bad
+        for path in ("popcount", "lookup"):
+            with lowbit.dispatch.forced_path(path):
+                y = lowbit.sbvr_linear(x, q, act_bits=8)
+            assert (torch.isnan(y[1]) if path == "popcount" else ~torch.isfinite(y[1])).all(), (path, bad)
+            assert torch.isfinite(y[[0, 2]]).all(), (path, bad)
+        ex = lowbit.quantize_sbvr_experts((torch.randn(2, n, k, generator=gen) * 0.05).cuda(), num_sums=4)
+        yg = lowbit.sbvr_grouped_linear(x, torch.tensor([0, 2, 3]).cuda(), ex)
+        assert torch.isnan(yg[1]).all() and torch.isfinite(yg[[0, 2]]).all()
