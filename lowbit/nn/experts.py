@@ -55,6 +55,16 @@ def fused_experts_layout(module: nn.Module) -> tuple[int, int, int] | None:
     return e, h, two_i // 2
 
 
+def saved_experts_shape(cls: type, cfg: dict, old: nn.Module) -> tuple[int, int, int]:
+    """(E, H, I) of a checkpoint's expert block entry, checked against the module it replaces (a ``cls`` module or a
+    transformers fused expert block)."""
+    shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
+    have = (old.num_experts, old.hidden_dim, old.intermediate_dim) if isinstance(old, cls) else fused_experts_layout(old)
+    if have != shape:
+        raise ValueError(f"saved experts (E, H, I) = {shape} do not fit this model's {type(old).__name__} {have}")
+    return shape
+
+
 def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up, down) -> torch.Tensor:
     """The expert block's computation around its two grouped products (any format): route, sort the
@@ -148,12 +158,7 @@ class KbitMoeExperts(QuantizedModule):
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "KbitMoeExperts":
-        shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
-        have = (old.num_experts, old.hidden_dim, old.intermediate_dim) if isinstance(old, KbitMoeExperts) \
-            else fused_experts_layout(old)
-        if have != shape:
-            raise ValueError(f"saved experts (E, H, I) = {shape} do not fit this model's {type(old).__name__} {have}")
-        return cls(*shape, bits=cfg["bits"], act_fn=old.act_fn, device="meta")
+        return cls(*saved_experts_shape(cls, cfg, old), bits=cfg["bits"], act_fn=old.act_fn, device="meta")
 
     def compact_pairs(self):
         return [(f"{p}_qweight", f"{p}_qabsmax", f"{p}_planes", f"{p}_absmax", *self._shape(p)) for p in ("gate_up", "down")]

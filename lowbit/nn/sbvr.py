@@ -318,14 +318,9 @@ class SbvrMoeExperts(QuantizedModule):
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrMoeExperts":
-        from .experts import fused_experts_layout
+        from .experts import saved_experts_shape
 
-        shape = (cfg["num_experts"], cfg["hidden_dim"], cfg["intermediate_dim"])
-        have = (old.num_experts, old.hidden_dim, old.intermediate_dim) if isinstance(old, SbvrMoeExperts) \
-            else fused_experts_layout(old)
-        if have != shape:
-            raise ValueError(f"saved experts (E, H, I) = {shape} do not fit this model's {type(old).__name__} {have}")
-        return cls(*shape, num_sums=cfg["num_sums"], act_fn=old.act_fn, cache_lines=tuple(cfg["cache_lines"]),
+        return cls(*saved_experts_shape(cls, cfg, old), num_sums=cfg["num_sums"], act_fn=old.act_fn, cache_lines=tuple(cfg["cache_lines"]),
                    act_bits=cfg.get("act_bits", ACT_BITS), device="meta")
 
     def check_checkpoint_values(self, name: str, staged: dict) -> None:
