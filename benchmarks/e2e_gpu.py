@@ -91,8 +91,11 @@ def main():
     p.add_argument("--sdpa", default="", choices=("", "flash", "efficient", "cudnn", "math"),
                    help="torch SDPA backend (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="no programmatic dependent launch (default: on with compile, lowbit.hf.decode.decode_pdl)")
     p.add_argument("--profile", default="", help="comma-separated variants to profile")
     p.add_argument("--profile-graph", action="store_true", help="profile graph replays instead of eager steps")
+    p.add_argument("--trace-dir", default="", help="write each profiled variant's Chrome trace here")
     p.add_argument("--kbit-path", default="auto", choices=("auto", "split", "streamk"),
                    help="dense kbit GEMV schedule for every shape (default: the per-shape choice)")
     p.add_argument("--out", default="e2e.json")
@@ -119,11 +122,13 @@ def main():
             conv_s = time.perf_counter() - t0
             ids = torch.randint(0, model.config.vocab_size, (args.batch, args.context), generator=torch.Generator().manual_seed(1))
             r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
-                                     profile=variant in args.profile.split(","), profile_graph=args.profile_graph)
+                                     profile=variant in args.profile.split(","), profile_graph=args.profile_graph,
+                                     pdl=False if args.no_pdl else None,
+                                     profile_trace=f"{args.trace_dir}/{variant.replace('+', '_')}.trace.json" if args.trace_dir else None)
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "variant": variant, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+                   "kbit_path": args.kbit_path, "variant": variant, "pdl": not args.no_pdl and not args.no_compile, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
                    "first_tokens": r.tokens[0, :8].tolist()}

@@ -65,11 +65,12 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
     }
 }
 
-// Programmatic dependent launch (sm_90+, used when an op is asked for it): a kernel lets the
-// next one in the stream start as soon as all its CTAs are resident, and waits for the previous
-// one's completion (and memory) only before it touches its inputs or outputs -- weights are
-// constant, so their first loads overlap the predecessor's tail. Without the launch attribute
-// both are no-ops.
+// Programmatic dependent launch (sm_90+, used when an op is asked for it): a kernel waits for the
+// previous one's completion (and memory) only before it touches its inputs or outputs -- weights
+// are constant, so their first loads overlap the predecessor's tail -- and lets the next one start
+// right after that wait, never before it: a dependent may skip its own wait when it reads nothing
+// of ours (inductor's Triton kernels do), and must not overtake our predecessor. Without the
+// launch attribute both are no-ops.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

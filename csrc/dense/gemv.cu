@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
     float acc[ROWS * M];
 #pragma unroll
     for (int i = 0; i < ROWS * M; ++i) acc[i] = 0.f;
-    if constexpr (PDL) pdl_launch_dependents();
 
     for (int c0 = t; c0 < kv; c0 += tpr * UNROLL) {
         uint4 wr[UNROLL][ROWS];
@@ -119,7 +118,10 @@ __global__ void __launch_bounds__(512) dense_gemv_kernel(const T* __restrict__ x
             }
         }
     }
-    if constexpr (PDL) pdl_wait();  // threads without a pass must not write y early either
+    if constexpr (PDL) {
+        pdl_wait();  // threads without a pass must not write y early either
+        pdl_launch_dependents();
+    }
     group_reduce<ROWS * M>(acc, red, tpr);
     if (t == 0) {
 #pragma unroll
@@ -180,7 +182,6 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
     float acc[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    if constexpr (PDL) pdl_launch_dependents();
 
     // A warp takes UNROLL adjacent chunks per step.
     for (int ch0 = wg * UNROLL; ch0 < chunks; ch0 += wpg * UNROLL) {
@@ -216,7 +217,10 @@ __global__ void __launch_bounds__(512) dense_gemv_mma_kernel(const T* __restrict
             }
         }
     }
-    if constexpr (PDL) pdl_wait();  // warps without a step must not write y early either
+    if constexpr (PDL) {
+        pdl_wait();  // warps without a step must not write y early either
+        pdl_launch_dependents();
+    }
     // acc[i][q] = C[g + 8 (q >> 1)][2t + (q & 1)]; keep entries whose row and column segments match.
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {

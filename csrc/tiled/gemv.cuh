@@ -280,9 +280,9 @@ struct StreamK {
     }
 };
 
-// PDL (template flag; launched with the programmatic-serialization attribute): trigger the next
-// kernel at entry; weights, scale and table (constants) are read before griddepcontrol.wait;
-// x, y, workspace and counters (stream-ordered data) only after it.
+// PDL (template flag; launched with the programmatic-serialization attribute): weights, scale and
+// table (constants) are read before griddepcontrol.wait; x, y, workspace and counters
+// (stream-ordered data) only after it, and the next kernel is triggered right after it (common.cuh).
 template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
@@ -296,7 +296,6 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const int u_begin = sk.begin(w), u_end = sk.begin(w + 1);
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
-    if constexpr (PDL) pdl_launch_dependents();
     // Start the first groups' loads before building the table: their latency hides the build.
     constexpr int S = kStreamStages(BITS);
     GroupData<BITS> buf[S];
@@ -306,7 +305,10 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     m = m < MAXM ? m : MAXM;
     __syncthreads();
     if (w >= n_warps) return;
-    if constexpr (PDL) pdl_wait();  // x, y, workspace and counters belong to the stream order
+    if constexpr (PDL) {
+        pdl_wait();  // x, y, workspace and counters belong to the stream order
+        pdl_launch_dependents();
+    }
     const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
@@ -483,7 +485,6 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         return;
     }
 
-    if constexpr (PDL) pdl_launch_dependents();
     GroupData<BITS> buf[S_];
     bool prefetched = false;
     if (expert_offsets == nullptr) {
@@ -496,7 +497,10 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
     Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
-    if constexpr (PDL) pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
+    if constexpr (PDL) {
+        pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
+        pdl_launch_dependents();
+    }
     const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
     __syncthreads();
 

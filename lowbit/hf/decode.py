@@ -12,6 +12,7 @@ fuses norms, rope and the other elementwise work) and captures the compiled code
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ class DecodeResult:
 def kernel_category(name: str) -> str:
     """Group a CUDA kernel name for the decode-step breakdown."""
     n = name.lower()
+    if n.startswith("triton"):  # inductor's fused glue (its names can mention the ops around it, e.g. kbit_gemv)
+        return "other (norms, rope, activations, routing, argmax)"
     if "kbit" in n:
         return "kbit GEMV (lowbit)"
     if "dense_gemv" in n:
@@ -53,8 +56,9 @@ def kernel_category(name: str) -> str:
     return "other (norms, rope, activations, routing, argmax)"
 
 
-def profile_steps(step, steps: int = 3) -> dict:
-    """CUDA kernel time per decode step by category (torch.profiler over eager calls of ``step``)."""
+def profile_steps(step, steps: int = 3, trace: str | None = None) -> dict:
+    """CUDA kernel time per decode step by category (torch.profiler over eager calls of ``step``);
+    ``trace``: also write the profile as a Chrome trace (JSON) to that path."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -62,6 +66,8 @@ def profile_steps(step, steps: int = 3) -> dict:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(trace)
     cats: dict[str, float] = {}
     kernels: dict[str, float] = {}
     for ev in prof.key_averages():
@@ -76,15 +82,40 @@ def profile_steps(step, steps: int = 3) -> dict:
     return {"ms_per_step_by_category": cats, "kernel_ms_per_step": sum(cats.values()), "top_kernels_ms": top}
 
 
+@contextlib.contextmanager
+def decode_pdl(enabled: bool = True):
+    """Programmatic dependent launch for a decode loop: lowbit's GEMVs
+    (:func:`lowbit.programmatic_launch`) and the Triton kernels torch.compile generates inside the
+    block (``torch._inductor.config.triton.enable_pdl``). Each kernel of a step then launches while
+    its predecessor drains and waits for it only before touching its data. Both sides must take
+    part: lowbit's kernels alone measured no gain (their predecessors never let them start early).
+    A torch without the inductor switch gets lowbit's half only."""
+    from ..kernels.device import programmatic_launch
+
+    if not enabled:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    patch = (inductor_config.patch({"triton.enable_pdl": True}) if hasattr(inductor_config.triton, "enable_pdl")
+             else contextlib.nullcontext())
+    with patch, programmatic_launch(True):
+        yield
+
+
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
-                  profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False) -> DecodeResult:
+                  profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
+                  profile_trace: str | None = None, pdl: bool | None = None) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
     once every row produced ``eos_token_id``; on CUDA it runs all steps (fixed work: timings).
     ``profile``: CUDA kernel time per step by category, from eager calls of the (compiled) step, or
-    with ``profile_graph`` from replays of the captured graph (the kernels as the timed loop runs them).
+    with ``profile_graph`` from replays of the captured graph (the kernels as the timed loop runs them);
+    ``profile_trace``: write that profile as a Chrome trace to this path too.
+    ``pdl``: programmatic dependent launch for the decode steps, lowbit's kernels and the compiled
+    step's Triton kernels alike (:func:`decode_pdl`); default: on when compiling on sm_90+.
     ``gqa_sdpa``: on CUDA, switch a model that runs transformers' "sdpa" attention to
     :func:`lowbit.hf.attention.sdpa_gqa_attention` (K/V heads read in place, not repeated; the
     model keeps that setting).
@@ -113,7 +144,9 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    with torch.no_grad():
+    if pdl is None:
+        pdl = compile and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    with torch.no_grad(), decode_pdl(pdl):
         sync()
         t0 = time.perf_counter()
         pos = torch.arange(prompt, device=device).expand(batch, -1)
@@ -158,7 +191,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
                 if max_new_tokens > t_start_i else 0.0
             mode = "cuda-graph+compile" if compile else "cuda-graph"
             if profile:  # eager steps: same kernels, no graph; or the graph's replays
-                breakdown = profile_steps(g.replay if profile_graph and g is not None else step)
+                breakdown = profile_steps(g.replay if profile_graph and g is not None else step, trace=profile_trace)
                 breakdown["source"] = "graph replays" if profile_graph and g is not None else "eager steps"
             else:
                 breakdown = None
@@ -173,5 +206,5 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
             sync()
             decode_s = time.perf_counter() - t0
             mode = "eager+compile" if compile else "eager"
-            breakdown = profile_steps(step) if profile and device.type == "cuda" else None
+            breakdown = profile_steps(step, trace=profile_trace) if profile and device.type == "cuda" else None
     return DecodeResult(out[:, :i].cpu(), prefill_s, decode_s, mode, breakdown)
