@@ -153,3 +153,80 @@ def test_round_semantics_any_call_sequence(calls, seed):
             x.mul_(0.5).add_(0.25)  # in place: the same object, new values
         want = fused(x.clone())[:, fused.offsets[part]:fused.offsets[part] + fused.out_sizes[part]]
         assert torch.equal(getattr(parent, f"p{part}")(x), want)
+
+
+# ---- gated MLPs: the down projection reads silu(gate) * up from the fused gate|up output ------------
+def _wired(mod) -> bool:
+    return "forward" in mod.__dict__ and mod.forward.__func__ is lowbit.nn.fused._glu_mlp_forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glu_mlps_wired_and_equal_to_the_model_forward(dtype, gen):
+    """quantize_model(fuse=True) wires every SiLU-gated MLP (Llama's, Qwen3-Next's shared expert, GLM's
+    dense and shared MLPs); the wired forward equals the model's own: exactly in fp32, within bf16's
+    rounding of silu(gate) (the model rounds it before the product, lowbit after) in bf16."""
+    for name in ("llama", "qwen3_next", "glm4_moe_lite", "qwen3_moe"):
+        model = build(name, _seed(gen), dtype=dtype)
+        wired = sum(type(m).__name__.endswith("MLP") and hasattr(m, "down_proj") for m in model.modules())
+        assert wired > 0 or name == "qwen3_moe"  # Qwen3-MoE has no dense MLP: nothing to wire
+        lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
+        mlps = [m for m in model.modules() if _wired(m)]
+        assert len(mlps) == wired, name
+        for mlp in mlps:
+            x = torch.randn(2, 3, mlp.down_proj.out_features, generator=gen).to(dtype)
+            with torch.no_grad():
+                got, want = mlp(x), type(mlp).forward(mlp, x)
+            if dtype == torch.float32:
+                assert torch.equal(got, want)
+            else:
+                assert rel_err(got, want) < 1e-2
+        assert lowbit.nn.fused.wire_glu_mlps(model) == wired  # idempotent
+
+
+def test_glu_mlps_not_wired_without_a_fused_kbit_pair(gen):
+    seed = _seed(gen)
+    for kwargs in ({"fuse": False}, {"fuse": True, "skip": ("lm_head", "*.down_proj")},
+                   {"fuse": [("q_proj", "k_proj", "v_proj")]}):
+        model = build("llama", seed)
+        lowbit.quantize_model(model, bits=4, progress=False, **kwargs)
+        assert not any(_wired(m) for m in model.modules()), kwargs
+    model = build("llama", seed)
+    lowbit.quantize_model(model, format="nvfp4", progress=False)
+    assert not any(_wired(m) for m in model.modules())
+
+
+def test_glu_mlps_wired_after_load(tmp_path, gen):
+    seed = _seed(gen)
+    model = build("llama", seed)
+    lowbit.quantize_model(model, bits=3, fuse=True, progress=False)
+    lowbit.save_quantized(model, tmp_path)
+    loaded = lowbit.load_quantized(build("llama", seed + 1), tmp_path)
+    assert sum(_wired(m) for m in loaded.modules()) == 2
+    ids = torch.randint(0, 320, (1, 6), generator=gen)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+
+
+def test_glu_down_projection_op_and_errors(gen):
+    """ops.kbit_gemv_glu = the GEMV of silu_mul_reference(h); KbitLinear.forward_glu on CPU is the same
+    product; bad shapes and dtypes fail clearly."""
+    down = KbitLinear.from_linear(nn.Linear(96, 40), bits=4).to(torch.bfloat16)
+    b = down._buffers
+    h = (torch.randn(3, 192, generator=gen) * 3).bfloat16()
+    x = lowbit.ops.silu_mul_reference(h)
+    gate, up = h.float().chunk(2, -1)
+    assert torch.equal(x, (torch.nn.functional.silu(gate) * up).bfloat16())
+    args = (b["qweight"], b["qabsmax"], b["codebook"], b["scale"], 4, 40, 96)
+    want = lowbit.ops.kbit_gemv(x, *args, down.bias)
+    assert torch.equal(lowbit.ops.kbit_gemv_glu(h, *args, down.bias), want)
+    assert torch.equal(down.forward_glu(h), down(x))
+    with pytest.raises(ValueError, match="2 \\* K_in"):
+        lowbit.ops.kbit_gemv_glu(h[:, :190].contiguous(), *args)
+    with pytest.raises(ValueError, match="1..8 rows"):
+        lowbit.ops.kbit_gemv_glu(torch.zeros(9, 192, dtype=torch.bfloat16), *args)
+    with pytest.raises(TypeError):
+        lowbit.ops.kbit_gemv_glu(h.float(), *args)
+    with pytest.raises(ValueError, match="gate \\| up"):
+        down.forward_glu(h[:, :96])
+    with pytest.raises(ValueError, match="even"):
+        lowbit.ops.silu_mul_reference(h[:, :5])

@@ -395,3 +395,115 @@ def test_rotated_module_eager_compiled_and_graph_agree(gen):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+# ---- GLU: the down projection reads silu(gate) * up from a [M, 2 K_in] gate|up output ----------------
+def _glu_input(m, k_in, dtype, gen):
+    return (torch.randn(m, 2 * k_in, generator=gen) * 3).to(dtype).cuda()  # gates well into silu's curve
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_glu_gemv_matches_reference(bits, m, dtype, dense_path, gen):
+    """The kernel's silu(gate) * up (fast exp, fp32, rounded once) against the reference product: the
+    plain GEMV's bound (a last-bit difference of the rounded product is far below it)."""
+    for n, k_in in _shapes(gen):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        qw, qa = q.tiled()
+        h = _glu_input(m, k_in, dtype, gen)
+        y = lowbit.ops.kbit_gemv_glu(h, qw, qa, q.codebook, q.scale, bits, n, k_in)
+        x = lowbit.ops.silu_mul_reference(h.cpu())
+        err = _rel(y, _ref(x, q))
+        assert err <= BOUND[dtype], f"N={n} K_in={k_in}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+@pytest.mark.parametrize("dense_kernel", ["kbit_gemv", "kbit_split_gemv"])
+def test_glu_gemv_poisoned_output_guard_and_nan(pdl, dense_kernel, gen):
+    """Direct C call with the GLU flag (and PDL) on a NaN-filled buffer with a guard tail; a NaN gate
+    makes its token's outputs NaN (never dropped), the other tokens stay finite."""
+    lib = get_library()
+    for n, k_in, m in ((37, 96, 1), (1000, 4096, 3), (64, 8192, 8)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=4).to("cuda")
+        qw, qa = q.tiled()
+        h = _glu_input(m, k_in, torch.float16, gen)
+
+        def run(h):
+            buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+            flags = pdl | tiled.FLAG_GLU
+            if dense_kernel == "kbit_gemv":
+                warps = gemv_warps(lib, h.device, 4, torch.float16, m, n, k_in)
+                ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
+                args = [ptr(h), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
+                        ptr(counters(h.device, -(-n // 16))), m, n, k_in, warps, flags, stream_of(h.device)]
+                lib.call("kbit_gemv", args, bits=4, dtype=torch.float16, m=tiled.gemv_instance(m))
+            else:
+                ctas = split_max_ctas(lib, h.device, 4, torch.float16, 1)
+                args = [ptr(h), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1,
+                        n, k_in, ctas, flags, stream_of(h.device)]
+                lib.call("kbit_split_gemv", args, bits=4, dtype=torch.float16)
+            torch.cuda.synchronize()
+            assert buf[m * n:].isnan().all()
+            return buf[: m * n].view(m, n)
+
+        assert _rel(run(h), _ref(lowbit.ops.silu_mul_reference(h.cpu()), q)) <= 1e-3
+        h[m - 1, 5] = float("nan")
+        y = run(h)
+        assert y[m - 1].isnan().all() and torch.isfinite(y[: m - 1]).all()
+
+
+def test_glu_refused_with_rotation_and_for_nvfp4():
+    """GLU has kbit instances without rotation only: other flag sets are errors, not silent products."""
+    lib = get_library()
+    q = lowbit.quantize_kbit(torch.randn(64, 256), bits=4).to("cuda")
+    qw, qa = q.tiled()
+    h = torch.randn(1, 512).half().cuda()
+    y = torch.empty(1, 64, dtype=torch.float16, device="cuda")
+    ctas = split_max_ctas(lib, h.device, 4, torch.float16, 1)
+    args = [ptr(h), ptr(None), 1, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, 64, 256, ctas,
+            tiled.FLAG_GLU | tiled.FLAG_ROT32, stream_of(h.device)]
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        lib.call("kbit_split_gemv", args, bits=4, dtype=torch.float16)
+    w = lowbit.quantize_nvfp4(torch.randn(64, 256)).to("cuda")
+    wq, ws = w.tiled()
+    from lowbit.kernels.nvfp4 import e2m1_codebook
+
+    args = [ptr(h), ptr(None), 1, ptr(wq), ptr(ws), ptr(e2m1_codebook(h.device)), ptr(w.scale_2), ptr(y), ptr(None), 1,
+            64, 256, ctas, tiled.FLAG_GLU, stream_of(h.device)]
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        lib.call("nvfp4_split_gemv", args, dtype=torch.float16)
+    with pytest.raises(ValueError, match="rotation"):
+        tiled.GemvLauncher(lib, qw, qa, q.codebook, q.scale, 4, 64, 256, 32)(h, 1, (1, 64), glu=True)
+
+
+def test_glu_mlp_eager_compiled_graph_and_gemm_agree(gen):
+    """A fused gate|up + kbit down (the wired MLP's path) on every route: eager launcher with the GLU
+    GEMV, the op under torch.compile, a CUDA graph replay, and M > 8 (product first, then the GEMM) --
+    against the model's own product within bf16 rounding; eager, compiled and graph bit-equal."""
+    from lowbit.nn import FusedKbitLinear
+
+    g, u, d = (torch.nn.Linear(512, 384, bias=False), torch.nn.Linear(512, 384, bias=False),
+               torch.nn.Linear(384, 300, bias=True))
+    gate_up = FusedKbitLinear.from_linears([g, u], bits=4).to("cuda", torch.bfloat16)
+    down = lowbit.nn.KbitLinear.from_linear(d, bits=3).to("cuda", torch.bfloat16)
+
+    def wired(x):
+        return down.forward_glu(gate_up(x))
+
+    def model(x):
+        gx, ux = gate_up(x).chunk(2, -1)
+        return down(torch.nn.functional.silu(gx) * ux)
+
+    with torch.no_grad():
+        for m in (1, 5, 40):
+            x = torch.randn(m, 512, generator=gen).bfloat16().cuda()
+            want = model(x).double().cpu()
+            assert _rel(wired(x), want) < 1e-2
+        x = torch.randn(2, 512, generator=gen).bfloat16().cuda()
+        eager = wired(x)
+        assert torch.equal(torch.compile(wired, fullgraph=True)(x), eager)
+        graph, out = capture(lambda: wired(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
