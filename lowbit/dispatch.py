@@ -386,18 +386,6 @@ def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: in
     return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
-def kbit_glu_linear_op(h2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
-                       bias: torch.Tensor | None = None, rotation: int = 0) -> torch.Tensor:
-    """The down projection of a gated MLP from its fused gate|up output ``h2 [M, 2 K_in]``:
-    ``(silu(gate) * up) @ W^T (+ bias)``. The GEMV path reads the product inside the kernel
-    (:func:`lowbit.ops.kbit_gemv_glu`); every other path (and rotation) computes it first
-    (:func:`lowbit.ops.silu_mul_reference`, the same fp32 product rounded once)."""
-    if not rotation and kbit_path(h2, n) == "gemv":
-        return ops.kbit_gemv_glu(h2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    return kbit_tiled_linear_op(ops.silu_mul_reference(h2), qweight, qabsmax, codebook, scale, bits, n, k_in, bias,
-                                rotation)
-
-
 def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int,
                     check_offsets: bool = True) -> torch.Tensor:
     """Grouped MoE matmul through the custom ops (the ops' CPU default is the reference).

@@ -41,7 +41,6 @@ constexpr int kWarps = 8;  // warps per CTA
 template <typename T>
 struct LaneCtx {
     const T* x;        // this lane's token row (rows >= m read token m-1: their outputs are dropped), + 8t
-    int up;            // GLU: elements from a gate value to its up value (k_in)
     uint32_t lane_op;  // Lut::lane_operand
     uint32_t table;    // the table's shared-window address (uniform)
     int k_blocks;      // k_in / 32
@@ -162,38 +161,17 @@ __device__ __forceinline__ uint4 x_chunk(const T* p) {
     else return *reinterpret_cast<const uint4*>(p);
 }
 
-// GLU (the flag kFlagGlu): x is the [M, 2 K_in] output of a fused gate|up projection and the GEMV
-// reads silu(gate) * up, computed in fp32 and rounded once to T -- the activation kernel between the
-// two projections disappears, and the down projection can start (PDL) while gate|up drains.
-// silu(g) = g / (1 + e^-g) with the fast exp; NaN and Inf propagate as in torch.
-template <typename T>
-__device__ __forceinline__ uint32_t silu_mul2(uint32_t g, uint32_t u) {
-    const float2 gf = to_float2<T>(g), uf = to_float2<T>(u);
-    const float a = gf.x * __frcp_rn(1.f + __expf(-gf.x)) * uf.x;
-    const float b = gf.y * __frcp_rn(1.f + __expf(-gf.y)) * uf.y;
-    return Pack2<T>::pack(a, b);
-}
-
-template <bool PDL, bool GLU, typename T>
-__device__ __forceinline__ uint4 x_block(const T* p, int up) {
-    const uint4 g = x_chunk<PDL>(p);
-    if constexpr (!GLU) return g;
-    const uint4 u = x_chunk<PDL>(p + up);
-    return make_uint4(silu_mul2<T>(g.x, u.x), silu_mul2<T>(g.y, u.y), silu_mul2<T>(g.z, u.z), silu_mul2<T>(g.w, u.w));
-}
-
 // Load x for the 8 blocks of group grp (zero past k_in in a partial last group).
-template <bool PDL, typename T, bool GLU = false>
+template <bool PDL, typename T>
 __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<T>& ctx, int grp) {
     const int valid_blocks = ctx.k_blocks - grp * kGroupBlocks;
     const T* xg = ctx.x + grp * 256;
     if (valid_blocks >= kGroupBlocks) {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_block<PDL, GLU>(xg + 32 * j, ctx.up);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_chunk<PDL>(xg + 32 * j);
     } else {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j)
-            xv[j] = j < valid_blocks ? x_block<PDL, GLU>(xg + 32 * j, ctx.up) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? x_chunk<PDL>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -213,15 +191,14 @@ __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BI
                                             std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false, bool ROT = false, bool GLU = false>
+template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false, bool ROT = false>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
-    load_x<PDL, T, GLU>(xv, ctx, grp);
+    load_x<PDL>(xv, ctx, grp);
     decode_group<BITS, QUAD, T, FP4, ROT>(acc, d, xv, ctx);
 }
 
-// x_stride: elements per token row of x (k_in; 2 k_in under GLU).
 template <int BITS, bool QUAD, typename T>
 __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int m, int k_in) {
     const int lane = threadIdx.x & 31;
@@ -229,7 +206,6 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     const int row = g < m ? g : m - 1;
     LaneCtx<T> c;
     c.x = x + row * x_stride + 8 * t;
-    c.up = k_in;
     c.table = static_cast<uint32_t>(__cvta_generic_to_shared(g_table));
     c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
@@ -255,7 +231,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, bool ROT, bool GLU, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, bool ROT, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -267,7 +243,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
             if (u < u_end) {
                 if (u + S - 1 < u_end)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, QUAD, T, PDL, FP4, ROT, GLU>(acc, buf[i], ctx, grp);
+                compute_group<BITS, QUAD, T, PDL, FP4, ROT>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -307,7 +283,7 @@ struct StreamK {
 // PDL (template flag; launched with the programmatic-serialization attribute): weights, scale and
 // table (constants) are read before griddepcontrol.wait; x, y, workspace and counters
 // (stream-ordered data) only after it, and the next kernel is triggered right after it (common.cuh).
-template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false, bool GLU = false>
+template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -333,7 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         pdl_wait();  // x, y, workspace and counters belong to the stream order
         pdl_launch_dependents();
     }
-    const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, GLU ? 2 * k_in : k_in, m, k_in);
+    const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
         const int row0 = tile * 16 + g;
@@ -371,7 +347,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
         }
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, PDL, FP4, ROT, GLU>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+    run_units<BITS, QUAD, T, S, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                           u_begin - first_tile * n_groups, n_groups, flush);
 }
 
@@ -448,7 +424,7 @@ inline __device__ int compact_experts(ActiveExpert* list, const int64_t* __restr
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
-template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool GLU = false>
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -459,7 +435,6 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int x_stride = GLU ? 2 * k_in : k_in;
     const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
     const int tile_in_item = plan.tile_of(warp);
     const bool warp_used = tile_in_item >= 0;  // split not dividing kWarps leaves kWarps % split warps idle
@@ -489,12 +464,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         static_assert(!PDL, "the one-group path reads x before any wait");
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         const bool has_tile = warp_used && tile < n_tiles;
-        const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x, x_stride, m_dense, k_in);
+        const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x, k_in, m_dense, k_in);
         GroupData<BITS> d;
         uint4 xv[kGroupBlocks];
         if (has_tile) {
             load_group<BITS, kScaleStride<FP4>>(d, qw_lane, qa_lane, first_unit(0, tile));
-            load_x<false, T, GLU>(xv, ctx, g_begin);
+            load_x<false>(xv, ctx, g_begin);
         }
         const float scale = *scales;
         Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
@@ -542,12 +517,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             if (has_tile) {
                 if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
-                const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x + int64_t(tok0) * x_stride, x_stride, m, k_in);
+                const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, PDL, FP4, ROT, GLU>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -556,29 +531,17 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     }
 }
 
-// The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
-// bit 2 reads x as silu(gate) * up from a [M, 2 K_in] gate|up output (GLU; kbit without rotation).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagGlu = 4;
+// The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2;
 
-// Whether the format has the flags' instances (NVFP4: PDL only; kbit: rotation or GLU, not both).
-template <bool FP4>
-__host__ bool valid_flags(int flags) {
-    if (FP4) return !(flags & (kFlagRot32 | kFlagGlu));
-    return !((flags & kFlagRot32) && (flags & kFlagGlu));
-}
-
-// Pick the <PDL, ROT, GLU> instance of a kernel template (ROT and GLU only where the format has them;
-// check valid_flags first).
+// Pick the <PDL, ROT> instance of a kernel template (ROT only where the format has it).
 template <bool FP4, typename Pick>
 __host__ auto pick_instance(int flags, Pick&& pick) {
-    using F = std::false_type;
-    using Tr = std::true_type;
     const bool pdl = flags & kFlagPdl;
     if constexpr (!FP4) {
-        if (flags & kFlagRot32) return pdl ? pick(Tr{}, Tr{}, F{}) : pick(F{}, Tr{}, F{});
-        if (flags & kFlagGlu) return pdl ? pick(Tr{}, F{}, Tr{}) : pick(F{}, F{}, Tr{});
+        if (flags & kFlagRot32) return pdl ? pick(std::true_type{}, std::true_type{}) : pick(std::false_type{}, std::true_type{});
     }
-    return pdl ? pick(Tr{}, F{}, F{}) : pick(F{}, F{}, F{});
+    return pdl ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
 }
 
 // Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
@@ -603,10 +566,10 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
                 int flags, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     constexpr size_t smem = stream_smem<BITS>();
-    if (!valid_flags<FP4>(flags)) return static_cast<int>(cudaErrorInvalidValue);
+    if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
-    auto kernel = pick_instance<FP4>(flags, [](auto pdl_, auto rot_, auto glu_) {
-        return kbit_gemv_kernel<BITS, T, MAXM, decltype(pdl_)::value, FP4, decltype(rot_)::value, decltype(glu_)::value>;
+    auto kernel = pick_instance<FP4>(flags, [](auto pdl_, auto rot_) {
+        return kbit_gemv_kernel<BITS, T, MAXM, decltype(pdl_)::value, FP4, decltype(rot_)::value>;
     });
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
@@ -635,7 +598,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
                  int max_ctas, int flags, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    if (!valid_flags<FP4>(flags)) return static_cast<int>(cudaErrorInvalidValue);
+    if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
@@ -652,10 +615,10 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const size_t smem = split_smem<BITS>(n_experts);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    auto kernel = pick_instance<FP4>(flags, [one](auto pdl_, auto rot_, auto glu_) {
-        constexpr bool P = decltype(pdl_)::value, R = decltype(rot_)::value, G = decltype(glu_)::value;
-        if constexpr (P) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, R, G>;
-        else return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R, G> : kbit_split_gemv_kernel<BITS, T, false, false, FP4, R, G>;
+    auto kernel = pick_instance<FP4>(flags, [one](auto pdl_, auto rot_) {
+        constexpr bool P = decltype(pdl_)::value, R = decltype(rot_)::value;
+        if constexpr (P) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
+        else return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, false, false, FP4, R>;
     });
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);

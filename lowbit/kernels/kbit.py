@@ -69,16 +69,6 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
     return with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 
-@ops.kbit_gemv_glu.register_kernel("cuda")
-def _(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    ops.check_kbit_gemv_glu_args(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    lib = library_or_none(h.device)
-    if lib is None:
-        return ops.gemv_reference(ops.silu_mul_reference(h), qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in)
-    return with_bias(lambda b: launch(h.contiguous(), h.shape[0], (h.shape[0], n), b, glu=True), h, bias)
-
-
 @ops.kbit_grouped_gemv.register_kernel("cuda")
 def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, check_offsets=True):
     ops.check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in)

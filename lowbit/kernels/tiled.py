@@ -76,11 +76,9 @@ def tiled_format(fmt) -> TiledFormat:
     raise TypeError(f"fmt must be a TiledFormat or kbit's bits (int), got {fmt!r}")
 
 
-# The GEMV launchers' `flags` (csrc/tiled/gemv.cuh): bit 0 PDL, bit 1 the block-32 rotation, bit 2 GLU
-# (x read as silu(gate) * up from a [M, 2 K_in] gate|up output).
+# The GEMV launchers' `flags` (csrc/tiled/gemv.cuh): bit 0 PDL, bit 1 the block-32 rotation.
 FLAG_ROT32 = 2
-FLAG_GLU = 4
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(8))
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(4))
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -261,8 +259,7 @@ class GemvLauncher(_Launcher):
     1..8 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
     ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
     ``rotation=32`` (kbit): the weight holds ``W H`` and the kernel multiplies by ``x H``
-    (lowbit/formats/kbit/rotation.py), rotating x in its registers. ``glu=True`` (kbit, no rotation):
-    x is ``[m, 2 K_in] = [gate | up]`` and the kernel multiplies by ``silu(gate) * up``.
+    (lowbit/formats/kbit/rotation.py), rotating x in its registers.
     """
 
     def __init__(self, lib, qweight, qscales, values, scale, fmt, n, k_in, rotation: int = 0):
@@ -292,15 +289,9 @@ class GemvLauncher(_Launcher):
         self._plans[(dtype, m)] = plan
         return plan
 
-    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None,
-                 glu: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None) -> torch.Tensor:
         dtype = x.dtype
         plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
-        flags = self.flags
-        if glu:
-            if flags & FLAG_ROT32 or self.fmt.name != "kbit":
-                raise ValueError("glu=True: the GEMV reads silu(gate) * up for kbit weights without rotation only")
-            flags |= FLAG_GLU
         if x.data_ptr() % 16:
             x = x.clone()  # the kernels read x with 16-byte loads
         y = torch.empty(out_shape, dtype=dtype, device=self.device)
@@ -310,13 +301,13 @@ class GemvLauncher(_Launcher):
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
-                          _pdl_arg(self.pdl_ok, flags), stream)
+                          _pdl_arg(self.pdl_ok, self.flags), stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
-                          warps, _pdl_arg(self.pdl_ok, flags), stream)
+                          warps, _pdl_arg(self.pdl_ok, self.flags), stream)
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y

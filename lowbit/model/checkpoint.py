@@ -37,7 +37,6 @@ from ..formats import nvfp4
 
 from ..nn import NvFp4Linear
 from ..nn.base import REGISTRY, QuantizedModule
-from ..nn.fused import wire_glu_mlps
 
 FORMAT_NAME = "lowbit"
 FORMAT_VERSION = 2  # 2: compact bit planes instead of the tiled GPU layout
@@ -323,7 +322,6 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
         model.to(device)  # the rest of the skeleton (non-persistent buffers) joins the weights
     if index.get("quantization") is not None:
         model.lowbit_quantization = index["quantization"]
-    wire_glu_mlps(model)  # as quantize_model leaves it
     return model
 
 

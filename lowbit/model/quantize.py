@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..nn import QuantizedModule, fused_experts_layout, linear_class
-from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install, wire_glu_mlps
+from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install
 from .calibrate import CalibrationInfo, GptqOptions, calibrate
 from .calibration_data import calibration_ids
 
@@ -159,9 +159,7 @@ def quantize_model(
       ...), ``False`` quantizes every linear alone, or pass the groups of child names. Measured on the
       H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
       where all its members are quantized linears of one parent with the same input size, bias presence,
-      dtype, device and bits; else each stays alone. A gated MLP whose gate/up are fused and whose
-      down projection is kbit hands the gate|up output straight to the down GEMV, which applies SiLU
-      itself (:func:`lowbit.nn.fused.wire_glu_mlps`).
+      dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
     * ``method``: ``"rtn"`` (default) rounds each weight to nearest; ``"gptq"`` calibrates
       (:mod:`lowbit.model.calibrate`): GPTQ block by block over the model's decoder blocks, every format
@@ -336,7 +334,6 @@ def quantize_model(
             del item
     if sync:
         torch.cuda.synchronize()
-    wire_glu_mlps(model)  # fused gate|up -> down without the activation kernel in between
     report.seconds = time.perf_counter() - start
     report.model_bytes_after = model_bytes(model)
     info = report.calibration

@@ -16,7 +16,6 @@ only positions the E4M4 block scales), so codes and block scales can differ in t
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
 
 import torch
@@ -202,46 +201,6 @@ def install(parent: nn.Module, names: Sequence[str], fused: FusedKbitLinear) -> 
     parent.add_module(fused_name(names), fused)
     for name, part in zip(names, fused.parts()):
         setattr(parent, name, part)
-
-
-# -- gated MLPs: gate|up -> down without the activation kernel --------------------------------------
-#: the gated-MLP layout :func:`wire_glu_mlps` recognises: transformers' Llama / Mistral / Qwen-style MLP,
-#: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU.
-GLU_NAMES = ("gate_proj", "up_proj", "down_proj")
-
-
-def _is_silu(act) -> bool:
-    """torch's SiLU module or transformers' (``ACT2FN["silu"]``, ``SiLUActivation``)."""
-    return isinstance(act, nn.SiLU) or (type(act).__name__ == "SiLUActivation"
-                                        and type(act).__module__.startswith("transformers."))
-
-
-def _glu_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    h = getattr(self, fused_name(GLU_NAMES[:2]))(x)  # [..., gate | up]
-    return self.down_proj.forward_glu(h)
-
-
-def wire_glu_mlps(model: nn.Module) -> int:
-    """Give every gated MLP of ``model`` whose gate/up are one :class:`FusedKbitLinear` and whose down
-    projection is a :class:`KbitLinear` a forward that hands the fused gate|up output straight to
-    :meth:`KbitLinear.forward_glu`: at decode batch sizes the down GEMV reads ``silu(gate) * up`` itself,
-    so the step has one kernel less per layer and the down projection may start (programmatic launch)
-    while gate|up drains. The product is computed in fp32 and rounded once (transformers' eager MLP
-    rounds silu(gate) first). Only the forward changes: parameters, buffers and checkpoints do not.
-    Returns how many MLPs were wired; calling it again is harmless."""
-    wired = 0
-    fused_attr = fused_name(GLU_NAMES[:2])
-    for mod in model.modules():
-        fused, down = getattr(mod, fused_attr, None), getattr(mod, "down_proj", None)
-        if not (isinstance(fused, FusedKbitLinear) and type(down) is KbitLinear and _is_silu(getattr(mod, "act_fn", None))):
-            continue
-        if tuple(fused.part_names) != GLU_NAMES[:2] or list(fused.out_sizes) != [down.in_features] * 2:
-            continue
-        if not type(mod).__name__.endswith("MLP"):  # a module of another shape that happens to hold these names
-            continue
-        mod.forward = types.MethodType(_glu_mlp_forward, mod)
-        wired += 1
-    return wired
 
 
 KbitLinear.fused_class = FusedKbitLinear

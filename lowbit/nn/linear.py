@@ -171,38 +171,6 @@ class KbitLinear(QuantizedModule):
                                           self.bits, self.out_features, k, self.bias, self.rotation)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def forward_glu(self, h: torch.Tensor) -> torch.Tensor:
-        """This layer applied to ``silu(gate) * up`` for ``h = [..., gate | up]`` (``2 * in_features`` wide):
-        a gated MLP's down projection straight from its fused gate|up output. Decode batches (<= 8 rows)
-        on the GPU compute the product inside the GEMV (no activation kernel in between); elsewhere it is
-        computed first (:func:`lowbit.ops.silu_mul_reference`: fp32, rounded once to h's dtype)."""
-        k = self.in_features
-        if h.shape[-1] != 2 * k:
-            raise ValueError(f"h must have shape [..., 2 * in_features = {2 * k}] (gate | up), got {tuple(h.shape)}")
-        if not h.is_contiguous():
-            h = h.contiguous()
-        if h.is_cuda and not torch.compiler.is_compiling() and not self.rotation:
-            m = h.numel() // (2 * k)
-            if dispatch.use_gemv(True, h.dtype, m):
-                launch = self._launcher
-                if launch is None or launch.tensors[0] is not self._buffers["qweight"] or launch.index != h.get_device():
-                    launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features,
-                                                                      k, h, self.rotation)
-                if launch is not None:
-                    out_shape = (*h.shape[:-1], self.out_features)
-                    bias = self.bias
-                    if bias is None or dispatch.fusable_bias(bias, h):
-                        return launch(h, m, out_shape, bias, glu=True)
-                    return launch(h, m, out_shape, glu=True).add_(bias)
-        if h.device.type == "cpu" or not h.is_floating_point() or h.dtype == torch.float32:
-            from ..ops import silu_mul_reference
-
-            return self.forward(silu_mul_reference(h))
-        b = self._buffers
-        y = dispatch.kbit_glu_linear_op(h.reshape(-1, 2 * k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                        self.bits, self.out_features, k, self.bias, self.rotation)
-        return y.view(*h.shape[:-1], self.out_features)
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the reference decodes it (rotated back to x's space
         when the module stores a rotated weight)."""

@@ -128,45 +128,6 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
     return x.new_empty((m, n))
 
 
-def silu_mul_reference(h: Tensor) -> Tensor:
-    """``silu(gate) * up`` for ``h = [..., gate | up]`` (a fused gate|up projection's output, halves of
-    equal width), in fp32 and rounded once to h's dtype: what :func:`kbit_gemv_glu` multiplies by."""
-    if h.shape[-1] % 2:
-        raise ValueError(f"h must hold gate | up (an even last dimension), got {tuple(h.shape)}")
-    gate, up = h.to(torch.float32).chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate) * up).to(h.dtype)
-
-
-def check_kbit_gemv_glu_args(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None) -> int:
-    check_tiled_args(qweight, qabsmax, codebook, scale, bits, n, k_in)
-    check_tensor("h", h, dtypes=(torch.float16, torch.bfloat16), dim=2)
-    if h.shape[1] != 2 * k_in:
-        raise ValueError(f"h must have shape [M, 2 * K_in = {2 * k_in}] (gate | up), got {tuple(h.shape)}")
-    if not 1 <= h.shape[0] <= GEMV_MAX_M:
-        raise ValueError(f"kbit_gemv_glu takes M = 1..{GEMV_MAX_M} rows of h, got {h.shape[0]}")
-    check_same_device(h=h, qweight=qweight)
-    check_bias(bias, n, h)
-    return h.shape[0]
-
-
-@torch.library.custom_op("lowbit::kbit_gemv_glu", mutates_args=())
-def kbit_gemv_glu(h: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
-                  k_in: int, bias: Tensor | None = None) -> Tensor:
-    """The down projection of a gated MLP straight from its fused gate|up output: ``silu(gate) * up @ W^T
-    (+ bias)`` for ``h [M<=8, 2 K_in] = [gate | up]``. The product ``silu(gate) * up`` is computed in fp32
-    and rounded once to h's dtype (:func:`silu_mul_reference`), then the GEMV as :func:`kbit_gemv`; on
-    the GPU inside the GEMV's x loads (the kernel's silu uses the fast exp: within an ulp of h's dtype
-    of the reference's product)."""
-    check_kbit_gemv_glu_args(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    return gemv_reference(silu_mul_reference(h), qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-
-
-@kbit_gemv_glu.register_fake
-def _(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
-    m = check_kbit_gemv_glu_args(h, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    return h.new_empty((m, n))
-
-
 #: the GEMM's grid takes 64 rows per CTA in its third dimension (<= 65535)
 GEMM_MAX_ROWS = 65535 * 64
 
