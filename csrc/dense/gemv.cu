@@ -21,13 +21,6 @@ namespace dense {
 
 constexpr int kMaxWarps = 16;  // threads per CTA <= 512
 
-template <typename T> __device__ __forceinline__ float2 to_float2(uint32_t v);
-template <> __device__ __forceinline__ float2 to_float2<__half>(uint32_t v) {
-    return __half22float2(*reinterpret_cast<__half2*>(&v));
-}
-template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t v) {
-    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));  // exact
-}
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }

@@ -1,4 +1,10 @@
-"""Decode attention for transformers models: SDPA with grouped K/V heads read in place.
+"""Decode attention for transformers models: lowbit's decode kernel for one query token, else SDPA with
+grouped K/V heads read in place.
+
+A decode step (one query token per sequence, a plain boolean mask, no dropout, softcapping or sinks)
+runs :func:`lowbit.ops.decode_attention` (csrc/attention/decode.cu): one kernel instead of torch's SDPA
+and its mask conversions, and one that lets the output projection's GEMV start early (programmatic
+launch). Everything else goes to SDPA:
 
 transformers' SDPA path copies K and V to every query head (``repeat_kv``) whenever an attention
 mask is present -- always so with a static cache -- because older torch fell back to the math kernel
@@ -15,10 +21,50 @@ import torch
 NAME = "lowbit_sdpa"
 
 
+#: attention arguments that change the softmax beyond a mask and a scale: such calls keep torch's SDPA
+_SDPA_ONLY = ("position_bias", "softcap", "s_aux", "sinks")
+
+
+def decode_mask(attention_mask, batch: int, length: int):
+    """A transformers SDPA mask for one query token as lowbit's decode attention takes it: ``[B, L]`` bool
+    (a view), None for no mask, or False when it is not a plain boolean mask of that shape."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[-1] != length:
+        return False
+    if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1 or attention_mask.stride(-1) != 1:
+        return False
+    return attention_mask[:, 0, 0, :].expand(batch, length)
+
+
+def lowbit_decode_attention(query, key, value, attention_mask, scaling):
+    """One decode step's attention through :func:`lowbit.ops.decode_attention` (the output in
+    transformers' ``[B, 1, Hq, D]`` layout), or None when the call is not one it takes."""
+    from ..kernels.attention import supported
+    from ..ops import decode_attention
+
+    b, hq, q_len, d = query.shape
+    if q_len != 1 or key.dim() != 4 or key.shape[0] != b or hq % key.shape[1] or not supported(query[:, :, 0], key):
+        return None
+    if key.stride(-1) != 1 or key.stride(-2) != d or value.stride(-1) != 1 or value.stride(-2) != d or value.shape != key.shape:
+        return None
+    mask = decode_mask(attention_mask, b, key.shape[2])
+    if mask is False:
+        return None
+    scale = float(scaling) if scaling is not None else d ** -0.5
+    out = decode_attention(query.reshape(b, hq, d).contiguous(), key, value, mask, scale)
+    return out.view(b, 1, hq, d)
+
+
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                        is_causal=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if (query.device.type == "cuda" and query.shape[2] == 1 and not (dropout and module.training)
+            and not any(kwargs.get(k) is not None for k in _SDPA_ONLY) and not kwargs.get("output_attentions", False)):
+        out = lowbit_decode_attention(query, key, value, attention_mask, scaling)
+        if out is not None:
+            return out, None
     groups = getattr(module, "num_key_value_groups", 1)
     plain = (groups <= 1 or kwargs.get("position_bias") is not None or kwargs.get("output_attentions", False)
              or query.device.type != "cuda" or key.shape[-1] != value.shape[-1] or key.shape[-1] > 256)

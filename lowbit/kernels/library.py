@@ -106,6 +106,8 @@ def _fmt(key: str, value) -> str:
         return f"u{value}"
     if key == "prefetch":
         return f"p{value}"
+    if key in ("d", "g"):  # decode attention: head dim, query heads per KV head
+        return f"{key}{value}"
     return str(value)
 
 

@@ -1,0 +1,272 @@
+// Decode attention: one query token per sequence against a KV cache (flash-decoding).
+//   out[b, h, :] = softmax(scale * q[b, h] . K[b, h / G]^T, masked) @ V[b, h / G]
+// Why lowbit has it: in a batch-1 decode step on the H100, torch's SDPA for a 512-token Llama-3-8B
+// cache costs ~9 us per layer in two cuDNN kernels plus two mask-conversion kernels, for ~2 MB of
+// K/V (under 1 us of bandwidth); and it never lets the next projection's GEMV start early.
+//
+// Work split: a CTA takes one (sequence, KV head, chunk of positions) and all G query heads that
+// share the KV head (grouped-query attention reads each K/V row once for its G heads). Its 4 warps
+// take 8 consecutive positions at a time (their K and V rows loaded together: one memory latency per
+// step), lane l holding elements [l E, l E + E) of every row (E = D / 32). Scores are reduced across
+// the warp with shuffles; each warp keeps an online softmax (running max, sum, weighted V sum) per
+// head; the warps merge through shared memory. With more than one chunk, each CTA leaves its
+// (max, sum, partial output) in fp32 and the last CTA of a (sequence, KV head) -- an atomic counter --
+// merges them in chunk order (deterministic) and writes the output, rounded once.
+// Masked positions (mask[b, p] false) are skipped without reading K/V; a sequence with no visible
+// position gets NaN, as torch's math attention gives. Scores use exp2 with log2(e) folded into the
+// scale.
+// PDL (flags bit 0): q, K, V, mask and the outputs belong to the stream order, so the kernel waits
+// at entry and triggers its dependents right after: the next kernel (the output projection's GEMV)
+// starts loading its weights while attention runs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+namespace lowbit {
+namespace attention {
+
+constexpr int kWarps = 4;  // per CTA
+constexpr int kStep = 8;   // positions per warp step (K and V rows in registers)
+
+// E consecutive elements of T as one 4/8/16-byte load, and their float values.
+template <int E> struct RawVec;
+template <> struct RawVec<2> { uint32_t r[1]; };
+template <> struct RawVec<4> { uint32_t r[2]; };
+template <> struct RawVec<8> { uint32_t r[4]; };
+
+template <int E, typename T>
+__device__ __forceinline__ RawVec<E> load_vec(const T* p) {
+    RawVec<E> v;
+    if constexpr (E == 2) v.r[0] = *reinterpret_cast<const uint32_t*>(p);
+    if constexpr (E == 4) { const uint2 u = *reinterpret_cast<const uint2*>(p); v.r[0] = u.x; v.r[1] = u.y; }
+    if constexpr (E == 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        v.r[0] = u.x; v.r[1] = u.y; v.r[2] = u.z; v.r[3] = u.w;
+    }
+    return v;
+}
+
+template <int E, typename T>
+__device__ __forceinline__ void to_floats(const RawVec<E>& v, float (&f)[E]) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+        const float2 p = to_float2<T>(v.r[i]);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+    return v;
+}
+
+// Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
+__device__ __forceinline__ float merge_weight(float m, float m_all) {
+    return m == -INFINITY ? 0.f : exp2f(m - m_all);
+}
+
+template <typename T, int D, int G, bool PDL>
+__global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
+    int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
+    float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, float scale_log2) {
+    constexpr int E = D / 32;
+    const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if constexpr (PDL) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    // this lane's elements of the G query heads, pre-scaled by scale * log2(e)
+    float qf[G][E];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float f[E];
+        to_floats<E, T>(load_vec<E>(q + (int64_t(b) * hkv * G + h * G + g) * D + lane * E), f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) qf[g][e] = f[e] * scale_log2;
+    }
+    float m[G], l[G], o[G][E];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[g][e] = 0.f;
+    }
+    const T* kb = k + b * k_sb + h * k_sh + lane * E;
+    const T* vb = v + b * v_sb + h * v_sh + lane * E;
+    const bool* mb = mask == nullptr ? nullptr : mask + b * mask_sb;
+    const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
+    for (int p0 = p_begin + warp * kStep; p0 < p_end; p0 += kWarps * kStep) {
+        RawVec<E> kr[kStep], vr[kStep];
+        bool ok[kStep];
+#pragma unroll
+        for (int j = 0; j < kStep; ++j) {  // every load of the step first: one latency
+            const int p = p0 + j;
+            ok[j] = p < p_end && (mb == nullptr || mb[p]);
+            if (ok[j]) {
+                kr[j] = load_vec<E>(kb + int64_t(p) * D);
+                vr[j] = load_vec<E>(vb + int64_t(p) * D);
+            } else {
+                kr[j] = {};
+                vr[j] = {};
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float s[kStep];
+            float step_max = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < kStep; ++j) {
+                float kf[E];
+                to_floats<E, T>(kr[j], kf);
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) d = fmaf(qf[g][e], kf[e], d);
+                d = warp_sum(d);  // uniform across the warp
+                s[j] = ok[j] ? d : -INFINITY;
+                step_max = fmaxf(step_max, s[j]);
+            }
+            if (step_max == -INFINITY) continue;  // nothing visible in this step (warp-uniform)
+            const float m_new = fmaxf(m[g], step_max);
+            const float corr = merge_weight(m[g], m_new);
+            l[g] *= corr;
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[g][e] *= corr;
+#pragma unroll
+            for (int j = 0; j < kStep; ++j) {
+                if (!ok[j]) continue;
+                const float p = exp2f(s[j] - m_new);
+                float vf[E];
+                to_floats<E, T>(vr[j], vf);
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[g][e] = fmaf(p, vf[e], o[g][e]);
+            }
+            m[g] = m_new;
+        }
+    }
+
+    // Merge the warps: [warp][g] (m, l) and [warp][g][D] o.
+    __shared__ float s_ml[kWarps][G][2];
+    __shared__ float s_o[kWarps][G][D];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) { s_ml[warp][g][0] = m[g]; s_ml[warp][g][1] = l[g]; }
+#pragma unroll
+        for (int e = 0; e < E; ++e) s_o[warp][g][lane * E + e] = o[g][e];
+    }
+    __syncthreads();
+    // thread t merges (g, d) = (i / D, i % D) for i = t, t + 128, ...; the CTA's state goes to
+    // registers (one chunk) or the workspace [b][h][c][g][D + 2] (m, l at D, D + 1)
+    float* cta_ws = ws + ((int64_t(b) * hkv + h) * chunks + c) * G * (D + 2);
+    for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
+        const int g = i / D, d = i % D;
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, s_ml[w][g][0]);
+        float l_all = 0.f, o_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float wt = merge_weight(s_ml[w][g][0], m_all);
+            l_all += wt * s_ml[w][g][1];
+            o_all += wt * s_o[w][g][d];
+        }
+        if (chunks == 1) {
+            out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / l_all);
+        } else {
+            cta_ws[g * (D + 2) + d] = o_all;
+            if (d == 0) { cta_ws[g * (D + 2) + D] = m_all; cta_ws[g * (D + 2) + D + 1] = l_all; }
+        }
+    }
+    if (chunks == 1) return;
+
+    // The last CTA of (b, h) merges the chunks in chunk order.
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[b * hkv + h], 1) == chunks - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const float* bh_ws = ws + (int64_t(b) * hkv + h) * chunks * G * (D + 2);
+    for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
+        const int g = i / D, d = i % D;
+        float m_all = -INFINITY;
+        for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, __ldcg(bh_ws + (cc * G + g) * (D + 2) + D));
+        float l_all = 0.f, o_all = 0.f;
+        for (int cc = 0; cc < chunks; ++cc) {
+            const float* st = bh_ws + (cc * G + g) * (D + 2);
+            const float wt = merge_weight(__ldcg(st + D), m_all);
+            l_all += wt * __ldcg(st + D + 1);
+            o_all += wt * __ldcg(st + d);
+        }
+        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / l_all);
+    }
+    if (threadIdx.x == 0) counters[b * hkv + h] = 0;  // ready for the next launch (graph replays too)
+}
+
+template <typename T, int D, int G>
+int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,
+           const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int L,
+           int chunk, float scale, int flags, void* stream) {
+    if (batch < 1 || hkv < 1 || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535) return static_cast<int>(cudaErrorInvalidValue);
+    const int chunks = (L + chunk - 1) / chunk;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(chunks, hkv, batch);
+    cfg.blockDim = dim3(kWarps * 32);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = (flags & 1) ? 1 : 0;
+    const float scale_log2 = scale * 1.4426950408889634f;
+    cudaError_t err;
+    if (flags & 1)
+        err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, true>, static_cast<const T*>(q),
+                                 static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
+                                 static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
+                                 scale_log2);
+    else
+        err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, false>, static_cast<const T*>(q),
+                                 static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
+                                 static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
+                                 scale_log2);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace attention
+}  // namespace lowbit
+
+// q [batch, hkv * G, D] and out (same shape) contiguous; k / v rows of D contiguous elements at
+// k + b * k_sb + h * k_sh + p * D (element strides); mask: bool [batch, L] rows at mask_sb, or null;
+// ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2]; counters: int [batch * hkv], zero.
+#define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
+    extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
+        const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
+        const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int L,        \
+        int chunk, float scale, int flags, void* stream) {                                                        \
+        return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
+                                                     counters, batch, hkv, L, chunk, scale, flags, stream);       \
+    }
+#define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 2) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 4) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 8) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 128, 1) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 128, 2) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 128, 4) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 128, 8) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 256, 1) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 256, 2) \
+    LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 256, 4)
+LOWBIT_DEFINE_DECODE_ATTENTION_D(fp16, __half)
+LOWBIT_DEFINE_DECODE_ATTENTION_D(bf16, __nv_bfloat16)

@@ -1,0 +1,69 @@
+"""CUDA implementation of ``lowbit::decode_attention`` (csrc/attention/decode.cu)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .. import ops
+from .library import library_or_none, ptr, register_signatures, stream_of
+from .tiled import _pdl_arg
+from .device import pdl_supported
+
+_P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+register_signatures({
+    # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, hkv, L, chunk, scale, flags, stream
+    "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _F, _I, _P],
+})
+
+_counters: dict[int, torch.Tensor] = {}
+
+
+def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed per-(sequence, KV head) counters; the kernel resets what it uses. Grown outside graph
+    capture only (the first eager step sizes it)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _counters.get(idx)
+    if buf is None or buf.numel() < n:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("lowbit: decode attention's counters must be allocated before CUDA-graph capture; "
+                               "run one step eagerly first")
+        buf = _counters[idx] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+def chunk_size(batch: int, kv_heads: int, length: int, sms: int) -> int:
+    """Positions per CTA: a multiple of 32 (4 warps x 8 positions per step), as few as fill about two
+    CTAs per SM, so a short cache still spreads over the GPU and a long one does not make thousands
+    of partial states."""
+    want_chunks = max(1, -(-2 * sms // (batch * kv_heads)))
+    chunk = -(-length // want_chunks)
+    return max(32, -(-chunk // 32) * 32)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the CUDA kernel takes these shapes and dtypes (else the op runs the reference)."""
+    g = q.shape[1] // k.shape[1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and (q.shape[-1], g) in ops.DECODE_ATTENTION_SHAPES
+            and all(t.data_ptr() % 16 == 0 for t in (q, k)))
+
+
+@ops.decode_attention.register_kernel("cuda")
+def _(q, k, v, mask, scale):
+    b, hq, hkv, length, d = ops.check_decode_attention_args(q, k, v, mask, scale)
+    lib = library_or_none(q.device)
+    if lib is None or not supported(q, k) or v.data_ptr() % 16:
+        return ops.decode_attention_reference(q, k, v, mask, scale)
+    q = q.contiguous()
+    g = hq // hkv
+    chunk = chunk_size(b, hkv, length, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    chunks = -(-length // chunk)
+    out = torch.empty_like(q)
+    ws = torch.empty((b, hkv, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
+    cnt = _counter_buffer(q.device, b * hkv)
+    lib.call("decode_attention", [
+        ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
+        0 if mask is None else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, hkv, length, chunk, scale,
+        _pdl_arg(pdl_supported(q.device)), stream_of(q.device)], dtype=q.dtype, d=d, g=g)
+    return out

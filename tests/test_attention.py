@@ -1,0 +1,84 @@
+"""lowbit's decode attention op (one query token against a KV cache): the reference against torch's
+math attention, its argument checks, and the transformers glue (mask conversion, which calls it takes)."""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit.hf import attention as hf_attention
+
+
+def _case(gen, b=2, hq=8, hkv=2, length=37, d=64, dtype=torch.float32):
+    q = torch.randn(b, hq, d, generator=gen).to(dtype)
+    k = torch.randn(b, hkv, length, d, generator=gen).to(dtype)
+    v = torch.randn(b, hkv, length, d, generator=gen).to(dtype)
+    mask = torch.rand(b, length, generator=gen) < 0.7
+    mask[:, 0] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 4), (6, 1)])
+def test_reference_is_grouped_query_attention(hq, hkv, gen):
+    """The op on CPU = torch SDPA (math) with K/V repeated per query-head group and the same mask."""
+    q, k, v, mask = _case(gen, hq=hq, hkv=hkv)
+    got = lowbit.ops.decode_attention(q, k, v, mask, 0.125)
+    rep = hq // hkv
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask[:, None, None, :],
+        scale=0.125)[:, :, 0]
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    full = lowbit.ops.decode_attention(q, k, v, None, 0.125)
+    assert torch.allclose(full, lowbit.ops.decode_attention(q, k, v, torch.ones_like(mask), 0.125))
+
+
+def test_fully_masked_sequence_is_nan_and_strided_cache(gen):
+    q, k, v, mask = _case(gen, b=3, length=50)
+    mask[1] = False
+    out = lowbit.ops.decode_attention(q, k, v, mask, 0.1)
+    assert out[1].isnan().all() and torch.isfinite(out[[0, 2]]).all()
+    big_k, big_v = torch.randn(3, 2, 80, 64, generator=gen), torch.randn(3, 2, 80, 64, generator=gen)
+    big_k[:, :, :50], big_v[:, :, :50] = k, v
+    strided = lowbit.ops.decode_attention(q, big_k[:, :, :50], big_v[:, :, :50], mask, 0.1)  # a cache's first 50 slots
+    assert torch.equal(strided[[0, 2]], out[[0, 2]])
+
+
+def test_decode_attention_errors(gen):
+    q, k, v, mask = _case(gen)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        lowbit.ops.decode_attention(q[:, :7].contiguous(), k, v, mask, 0.1)
+    with pytest.raises(ValueError, match="head_dim"):
+        lowbit.ops.decode_attention(q, k.transpose(2, 3), v, mask, 0.1)
+    with pytest.raises(ValueError, match="mask must be bool"):
+        lowbit.ops.decode_attention(q, k, v, mask[:, :5], 0.1)
+    with pytest.raises(TypeError, match="mask"):
+        lowbit.ops.decode_attention(q, k, v, mask.float(), 0.1)
+    with pytest.raises(TypeError, match="dtype"):
+        lowbit.ops.decode_attention(q, k.half(), v, mask, 0.1)
+    with pytest.raises(ValueError, match="scale"):
+        lowbit.ops.decode_attention(q, k, v, mask, float("nan"))
+    with pytest.raises(ValueError, match="alike"):
+        lowbit.ops.decode_attention(q, k, v[:, :, :5], mask, 0.1)
+
+
+def test_decode_mask_conversion():
+    m = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    assert hf_attention.decode_mask(None, 2, 9) is None
+    assert torch.equal(hf_attention.decode_mask(m, 2, 9), torch.ones(2, 9, dtype=torch.bool))
+    assert hf_attention.decode_mask(torch.ones(1, 1, 1, 9, dtype=torch.bool), 3, 9).shape == (3, 9)  # broadcast batch
+    assert hf_attention.decode_mask(m.float(), 2, 9) is False  # additive masks stay with SDPA
+    assert hf_attention.decode_mask(torch.ones(2, 1, 2, 9, dtype=torch.bool), 2, 9) is False
+    assert hf_attention.decode_mask(m[..., :8], 2, 9) is False
+
+
+def test_cpu_attention_still_sdpa(gen):
+    """On the CPU the transformers glue never takes the decode kernel's path."""
+    q = torch.randn(1, 4, 1, 32, generator=gen)
+    k = torch.randn(1, 2, 10, 32, generator=gen)
+
+    class M(torch.nn.Module):
+        num_key_value_groups = 2
+        is_causal = True
+
+    assert hf_attention.lowbit_decode_attention(q, k, k, None, None) is None
+    out, _ = hf_attention.sdpa_gqa_attention(M(), q, k, k, None)
+    assert out.shape == (1, 1, 4, 32)
