@@ -6,6 +6,7 @@ import torch
 
 import lowbit
 from lowbit.hf import attention as hf_attention
+from lowbit.kernels import attention as kattn
 
 
 def _case(gen, b=2, hq=8, hkv=2, length=37, d=64, dtype=torch.float32):
@@ -82,3 +83,12 @@ def test_cpu_attention_still_sdpa(gen):
     assert hf_attention.lowbit_decode_attention(q, k, k, None, None) is None
     out, _ = hf_attention.sdpa_gqa_attention(M(), q, k, k, None)
     assert out.shape == (1, 1, 4, 32)
+
+
+def test_chunk_size_rule():
+    assert kattn.chunk_size(1, 8, 590, 128, 132) == 64  # 10 chunks x 8 heads
+    assert kattn.chunk_size(1, 8, 1, 128, 132) == 64
+    assert kattn.chunk_size(64, 8, 512, 128, 132) == 512  # a large batch fills the GPU with one chunk each
+    for length, d in ((100000, 64), (5000, 64), (10**6, 256)):
+        c = kattn.chunk_size(1, 1, length, d, 132)
+        assert c % 32 == 0 and -(-length // c) <= 2 * d

@@ -1,4 +1,5 @@
-"""Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it.
+"""Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it,
+and lowbit's decode attention kernel (lowbit.ops.decode_attention).
 
     python3 benchmarks/tools/attn_decode_bench.py [--cache 590]
 
@@ -8,6 +9,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+
+import lowbit
 
 
 def main():
@@ -31,6 +34,8 @@ def main():
         "repeat_kv + sdpa(mask) [transformers today]": lambda i: F.scaled_dot_product_attention(q[i], rep(k[i]), rep(v[i]), attn_mask=mask),
         "sdpa(mask, enable_gqa=True)": lambda i: F.scaled_dot_product_attention(q[i], k[i], v[i], attn_mask=mask, enable_gqa=True),
         "sdpa(no mask, enable_gqa=True), cache sliced": lambda i: F.scaled_dot_product_attention(q[i], k[i][:, :, :L - 60], v[i][:, :, :L - 60], enable_gqa=True),
+        "lowbit decode_attention(mask)": lambda i: lowbit.ops.decode_attention(
+            q[i].view(b, hq, d), k[i], v[i], mask[:, 0, 0, :].expand(b, L), d ** -0.5).view(b, hq, 1, d),
     }
     ref = ways["repeat_kv + sdpa(mask) [transformers today]"](0)
     for name, fn in ways.items():

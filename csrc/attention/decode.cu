@@ -186,8 +186,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     }
     if (chunks == 1) return;
 
-    // The last CTA of (b, h) merges the chunks in chunk order.
+    // The last CTA of (b, h) merges the chunks: every chunk's (m, l) loaded at once into shared memory
+    // (s_o is free again), weights 2^(m_c - m) per head, then each output element's chunk sum with its
+    // loads in flight together -- a merge of L2 round trips, not one per chunk. Order fixed: deterministic.
     __shared__ int s_last;
+    __shared__ float s_den[G];
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s_last = atomicAdd(&counters[b * hkv + h], 1) == chunks - 1;
@@ -195,18 +198,32 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     if (!s_last) return;
     __threadfence();
     const float* bh_ws = ws + (int64_t(b) * hkv + h) * chunks * G * (D + 2);
+    float* s_w = &s_o[0][0][0];          // [chunk][g] max, then weight (chunks <= 2 D: host-checked)
+    float* s_l = s_w + chunks * G;       // [chunk][g] sum
+    for (int i = threadIdx.x; i < chunks * G; i += kWarps * 32) {
+        s_w[i] = __ldcg(bh_ws + int64_t(i) * (D + 2) + D);
+        s_l[i] = __ldcg(bh_ws + int64_t(i) * (D + 2) + D + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int g = threadIdx.x;
+        float m_all = -INFINITY;
+        for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, s_w[cc * G + g]);
+        float den = 0.f;
+        for (int cc = 0; cc < chunks; ++cc) {
+            const float wt = merge_weight(s_w[cc * G + g], m_all);
+            s_w[cc * G + g] = wt;
+            den += wt * s_l[cc * G + g];
+        }
+        s_den[g] = den;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
         const int g = i / D, d = i % D;
-        float m_all = -INFINITY;
-        for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, __ldcg(bh_ws + (cc * G + g) * (D + 2) + D));
-        float l_all = 0.f, o_all = 0.f;
-        for (int cc = 0; cc < chunks; ++cc) {
-            const float* st = bh_ws + (cc * G + g) * (D + 2);
-            const float wt = merge_weight(__ldcg(st + D), m_all);
-            l_all += wt * __ldcg(st + D + 1);
-            o_all += wt * __ldcg(st + d);
-        }
-        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / l_all);
+        float o_all = 0.f;
+#pragma unroll 8
+        for (int cc = 0; cc < chunks; ++cc) o_all += s_w[cc * G + g] * __ldcg(bh_ws + int64_t(cc * G + g) * (D + 2) + d);
+        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / s_den[g]);
     }
     if (threadIdx.x == 0) counters[b * hkv + h] = 0;  // ready for the next launch (graph replays too)
 }
@@ -217,6 +234,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
            int chunk, float scale, int flags, void* stream) {
     if (batch < 1 || hkv < 1 || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535) return static_cast<int>(cudaErrorInvalidValue);
     const int chunks = (L + chunk - 1) / chunk;
+    if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // the merge's shared memory
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(chunks, hkv, batch);
     cfg.blockDim = dim3(kWarps * 32);
@@ -247,7 +265,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 
 // q [batch, hkv * G, D] and out (same shape) contiguous; k / v rows of D contiguous elements at
 // k + b * k_sb + h * k_sh + p * D (element strides); mask: bool [batch, L] rows at mask_sb, or null;
-// ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2]; counters: int [batch * hkv], zero.
+// ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2]; counters: int [batch * hkv], zero; ceil(L / chunk) <= 2 D.
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \

@@ -33,31 +33,32 @@ def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def chunk_size(batch: int, kv_heads: int, length: int, sms: int) -> int:
-    """Positions per CTA: a multiple of 32 (4 warps x 8 positions per step), as few as fill about two
-    CTAs per SM, so a short cache still spreads over the GPU and a long one does not make thousands
-    of partial states."""
-    want_chunks = max(1, -(-2 * sms // (batch * kv_heads)))
-    chunk = -(-length // want_chunks)
-    return max(32, -(-chunk // 32) * 32)
+def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) -> int:
+    """Positions per CTA: a multiple of 64 (4 warps x 8 positions x 2 steps), as few as fill about two
+    CTAs per SM, at most 2 x head_dim chunks (the merge's shared memory): a short cache still spreads
+    over the GPU, a long one does not make thousands of partial states."""
+    want_chunks = min(max(1, -(-2 * sms // (batch * kv_heads))), 2 * head_dim)
+    chunk = max(64, -(-length // want_chunks))
+    chunk = -(-chunk // 32) * 32
+    while -(-length // chunk) > 2 * head_dim:
+        chunk += 32
+    return chunk
 
 
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the CUDA kernel takes these shapes and dtypes (else the op runs the reference)."""
+    """Whether the CUDA kernel is compiled for these shapes and dtypes (traceable: no data pointers)."""
     g = q.shape[1] // k.shape[1]
-    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and (q.shape[-1], g) in ops.DECODE_ATTENTION_SHAPES
-            and all(t.data_ptr() % 16 == 0 for t in (q, k)))
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and (q.shape[-1], g) in ops.DECODE_ATTENTION_SHAPES
 
 
 @ops.decode_attention.register_kernel("cuda")
 def _(q, k, v, mask, scale):
     b, hq, hkv, length, d = ops.check_decode_attention_args(q, k, v, mask, scale)
     lib = library_or_none(q.device)
-    if lib is None or not supported(q, k) or v.data_ptr() % 16:
+    if lib is None or not supported(q, k) or any(t.data_ptr() % 16 for t in (q, k, v)):  # 16-byte row loads
         return ops.decode_attention_reference(q, k, v, mask, scale)
-    q = q.contiguous()
     g = hq // hkv
-    chunk = chunk_size(b, hkv, length, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    chunk = chunk_size(b, hkv, length, d, torch.cuda.get_device_properties(q.device).multi_processor_count)
     chunks = -(-length // chunk)
     out = torch.empty_like(q)
     ws = torch.empty((b, hkv, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)

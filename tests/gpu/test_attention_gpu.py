@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import lowbit
-from lowbit.kernels import attention as kattn
 
 from .kbit_check import capture
 
@@ -91,13 +90,6 @@ def test_decode_attention_in_graph_with_pdl_chain(gen):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want)
-
-
-def test_chunk_size_rule():
-    assert kattn.chunk_size(1, 8, 590, 132) == 32  # 19 chunks x 8 heads: about two CTAs per SM
-    assert kattn.chunk_size(1, 8, 1, 132) == 32
-    assert kattn.chunk_size(64, 8, 512, 132) == 512  # a large batch fills the GPU with one chunk each
-    assert kattn.chunk_size(1, 1, 100000, 132) % 32 == 0
 
 
 def test_transformers_decode_step_uses_it(gen):
