@@ -91,6 +91,8 @@ def main():
     p.add_argument("--sdpa", default="", choices=("", "flash", "efficient", "cudnn", "math"),
                    help="torch SDPA backend (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--sdpa-attention", action="store_true",
+                   help="decode attention through torch's SDPA instead of lowbit's kernel (lowbit.hf.attention.DECODE_KERNEL)")
     p.add_argument("--no-pdl", action="store_true",
                    help="no programmatic dependent launch (default: on with compile, lowbit.hf.decode.decode_pdl)")
     p.add_argument("--profile", default="", help="comma-separated variants to profile")
@@ -104,7 +106,10 @@ def main():
         chosen = {"efficient": "mem_efficient"}.get(args.sdpa, args.sdpa)
         for b in ("flash", "mem_efficient", "cudnn", "math"):
             getattr(torch.backends.cuda, f"enable_{b}_sdp")(b == chosen)
+    from lowbit.hf import attention as hf_attention
     from lowbit.kernels import tiled
+
+    hf_attention.DECODE_KERNEL = not args.sdpa_attention
 
     tiled.DENSE_PATH = args.kbit_path
     rows = []
@@ -128,7 +133,8 @@ def main():
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "variant": variant, "pdl": not args.no_pdl and not args.no_compile, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+                   "kbit_path": args.kbit_path, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
+                   "attention": "sdpa" if args.sdpa_attention else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
                    "first_tokens": r.tokens[0, :8].tolist()}

@@ -91,4 +91,4 @@ def test_chunk_size_rule():
     assert kattn.chunk_size(64, 8, 512, 128, 132) == 512  # a large batch fills the GPU with one chunk each
     for length, d in ((100000, 64), (5000, 64), (10**6, 256)):
         c = kattn.chunk_size(1, 1, length, d, 132)
-        assert c % 32 == 0 and -(-length // c) <= 2 * d
+        assert c % 64 == 0 and -(-length // c) <= 2 * d

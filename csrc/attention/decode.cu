@@ -5,7 +5,7 @@
 // K/V (under 1 us of bandwidth); and it never lets the next projection's GEMV start early.
 //
 // Work split: a CTA takes one (sequence, KV head, chunk of positions) and all G query heads that
-// share the KV head (grouped-query attention reads each K/V row once for its G heads). Its 4 warps
+// share the KV head (grouped-query attention reads each K/V row once for its G heads). Its 8 warps
 // take 8 consecutive positions at a time (their K and V rows loaded together: one memory latency per
 // step), lane l holding elements [l E, l E + E) of every row (E = D / 32). Scores are reduced across
 // the warp with shuffles; each warp keeps an online softmax (running max, sum, weighted V sum) per
@@ -27,7 +27,7 @@
 namespace lowbit {
 namespace attention {
 
-constexpr int kWarps = 4;  // per CTA
+constexpr int kWarps = 8;  // per CTA: one 8-position step each for a 64-position chunk
 constexpr int kStep = 8;   // positions per warp step (K and V rows in registers)
 
 // E consecutive elements of T as one 4/8/16-byte load, and their float values.

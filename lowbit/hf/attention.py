@@ -21,6 +21,9 @@ import torch
 NAME = "lowbit_sdpa"
 
 
+#: take decode steps through lowbit's kernel (False: always torch's SDPA; benchmarks compare the two)
+DECODE_KERNEL = True
+
 #: attention arguments that change the softmax beyond a mask and a scale: such calls keep torch's SDPA
 _SDPA_ONLY = ("position_bias", "softcap", "s_aux", "sinks")
 
@@ -60,7 +63,7 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout: float
                        is_causal=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if (query.device.type == "cuda" and query.shape[2] == 1 and not (dropout and module.training)
+    if (DECODE_KERNEL and query.device.type == "cuda" and query.shape[2] == 1 and not (dropout and module.training)
             and not any(kwargs.get(k) is not None for k in _SDPA_ONLY) and not kwargs.get("output_attentions", False)):
         out = lowbit_decode_attention(query, key, value, attention_mask, scaling)
         if out is not None:

@@ -34,14 +34,13 @@ def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
 
 
 def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) -> int:
-    """Positions per CTA: a multiple of 64 (4 warps x 8 positions x 2 steps), as few as fill about two
+    """Positions per CTA: a multiple of 64 (8 warps x 8 positions per step), as few as fill about two
     CTAs per SM, at most 2 x head_dim chunks (the merge's shared memory): a short cache still spreads
     over the GPU, a long one does not make thousands of partial states."""
     want_chunks = min(max(1, -(-2 * sms // (batch * kv_heads))), 2 * head_dim)
-    chunk = max(64, -(-length // want_chunks))
-    chunk = -(-chunk // 32) * 32
+    chunk = -(-max(64, -(-length // want_chunks)) // 64) * 64
     while -(-length // chunk) > 2 * head_dim:
-        chunk += 32
+        chunk += 64
     return chunk
 
 

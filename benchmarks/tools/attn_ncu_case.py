@@ -1,0 +1,9 @@
+import torch, lowbit
+b, hq, hkv, d, L = 1, 32, 8, 128, 590
+q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(b, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+v = torch.randn(b, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+m = torch.ones(b, L, dtype=torch.bool, device="cuda"); m[:, 530:] = False
+for _ in range(3):
+    lowbit.ops.decode_attention(q, k, v, m, d ** -0.5)
+torch.cuda.synchronize()
