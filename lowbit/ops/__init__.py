@@ -14,7 +14,7 @@ import importlib as _importlib
 import pkgutil as _pkgutil
 import types as _types
 
-# Every module of this package is one format's ops (or what they share): importing it registers its
+# Every module of this package is one format's ops (or what they share, or the decode step's attention): importing it registers its
 # ops; its public names (ops, checks, references, limits) are re-exported here. A new format's
 # module is found by being here.
 for _info in _pkgutil.iter_modules(__path__):
