@@ -58,7 +58,9 @@ def kernel_category(name: str) -> str:
 
 def profile_steps(step, steps: int = 3, trace: str | None = None) -> dict:
     """CUDA kernel time per decode step by category (torch.profiler over eager calls of ``step``);
-    ``trace``: also write the profile as a Chrome trace (JSON) to that path."""
+    ``trace``: also write the profile as a Chrome trace (JSON) to that path. Under programmatic launch
+    a kernel that starts early counts its waiting time, so the categories overlap and can sum to more
+    than the step: read such steps' traces (``benchmarks/tools/step_trace.py``)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
