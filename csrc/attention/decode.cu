@@ -1,8 +1,9 @@
 // Decode attention: one query token per sequence against a KV cache (flash-decoding).
 //   out[b, h, :] = softmax(scale * q[b, h] . K[b, h / G]^T, masked) @ V[b, h / G]
 // Why lowbit has it: in a batch-1 decode step on the H100, torch's SDPA for a 512-token Llama-3-8B
-// cache costs ~9 us per layer in two cuDNN kernels plus two mask-conversion kernels, for ~2 MB of
-// K/V (under 1 us of bandwidth); and it never lets the next projection's GEMV start early.
+// cache costs ~9 us per layer in two cuDNN kernels for ~2 MB of K/V (under 1 us of bandwidth), and
+// it never lets the next projection's GEMV start early (this kernel: 10.0 us alone vs SDPA's 13.9,
+// benchmarks/journal/2026-11-25_decode_step_pdl_attention.md).
 //
 // Work split: a CTA takes one (sequence, KV head, chunk of positions) and all G query heads that
 // share the KV head (grouped-query attention reads each K/V row once for its G heads). Its 8 warps

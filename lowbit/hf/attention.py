@@ -2,9 +2,9 @@
 grouped K/V heads read in place.
 
 A decode step (one query token per sequence, a plain boolean mask, no dropout, softcapping or sinks)
-runs :func:`lowbit.ops.decode_attention` (csrc/attention/decode.cu): one kernel instead of torch's SDPA
-and its mask conversions, and one that lets the output projection's GEMV start early (programmatic
-launch). Everything else goes to SDPA:
+runs :func:`lowbit.ops.decode_attention` (csrc/attention/decode.cu): one kernel instead of cuDNN's two,
+and one that lets the output projection's GEMV start early (programmatic launch). Everything else goes
+to SDPA:
 
 transformers' SDPA path copies K and V to every query head (``repeat_kv``) whenever an attention
 mask is present -- always so with a static cache -- because older torch fell back to the math kernel
