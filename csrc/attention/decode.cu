@@ -14,8 +14,8 @@
 // (max, sum, partial output) in fp32 and the last CTA of a (sequence, KV head) -- an atomic counter --
 // merges them in chunk order (deterministic) and writes the output, rounded once.
 // Masked positions (mask[b, p] false) are skipped without reading K/V; a sequence with no visible
-// position gets NaN, as torch's math attention gives. Scores use exp2 with log2(e) folded into the
-// scale.
+// position gets NaN, as torch's math attention gives; so does a head with a NaN score or value.
+// Scores use exp2 with log2(e) folded into the scale.
 // PDL (flags bit 0): q, K, V, mask and the outputs belong to the stream order, so the kernel waits
 // at entry and triggers its dependents right after: the next kernel (the output projection's GEMV)
 // starts loading its weights while attention runs.
@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         for (int g = 0; g < G; ++g) {
             float s[kStep];
             float step_max = -INFINITY;
+            bool nan = false;
 #pragma unroll
             for (int j = 0; j < kStep; ++j) {
                 float kf[E];
@@ -131,8 +132,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
                 for (int e = 0; e < E; ++e) d = fmaf(qf[g][e], kf[e], d);
                 d = warp_sum(d);  // uniform across the warp
                 s[j] = ok[j] ? d : -INFINITY;
-                step_max = fmaxf(step_max, s[j]);
+                nan |= s[j] != s[j];
+                step_max = fmaxf(step_max, s[j]);  // fmaxf drops NaN: tracked apart
             }
+            if (nan) l[g] = __int_as_float(0x7fffffff);  // a NaN score poisons the head's output, never dropped
             if (step_max == -INFINITY) continue;  // nothing visible in this step (warp-uniform)
             const float m_new = fmaxf(m[g], step_max);
             const float corr = merge_weight(m[g], m_new);

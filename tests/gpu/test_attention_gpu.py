@@ -69,6 +69,20 @@ def test_masked_sequences_strided_cache_and_determinism(gen):
         assert torch.equal(lowbit.ops.decode_attention(q, k, v, mask, 0.09)[[0, 2]], out[[0, 2]])
 
 
+def test_nan_in_the_cache_is_never_dropped(gen):
+    """NaN in K rows filling a whole 8-position step of one warp (where a max over the step's scores would
+    drop them) or in one V row makes that KV head's query heads NaN, like the reference; the rest stays finite."""
+    q, k, v, mask = _case(gen, 2, 32, 8, 300, 128, torch.bfloat16, p_visible=1.0)
+    k[0, 3, 8:16] = float("nan")
+    v[1, 5, 100] = float("nan")
+    out = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+    bad = torch.zeros(2, 32, dtype=torch.bool)
+    bad[0, 12:16] = True
+    bad[1, 20:24] = True
+    assert out.isnan().any(-1).cpu().equal(bad) and out.cpu()[bad].isnan().all()
+    assert _ref(q, k, v, mask, 0.09).isnan().any(-1).equal(bad)
+
+
 def test_decode_attention_in_graph_with_pdl_chain(gen):
     """Captured in a CUDA graph with programmatic launch between it and a kbit GEMV reading its output
     (the o_proj pattern), replays bit-equal to the serialized calls; counters are reset for replays."""
