@@ -1,3 +1,7 @@
+"""One decode-attention call on Llama-3-8B heads (590-token cache) for Nsight Compute:
+
+    ncu --kernel-name regex:decode_attention --launch-skip 2 --launch-count 1 --set full python3 benchmarks/tools/attn_ncu_case.py
+"""
 import torch, lowbit
 b, hq, hkv, d, L = 1, 32, 8, 128, 590
 q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)

@@ -8,7 +8,7 @@ import torch
 
 from .. import ops
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import _pdl_arg
+from .tiled import _pdl_arg, counters
 from .device import pdl_supported
 
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -16,21 +16,6 @@ register_signatures({
     # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, hkv, L, chunk, scale, flags, stream
     "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _F, _I, _P],
 })
-
-_counters: dict[int, torch.Tensor] = {}
-
-
-def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed per-(sequence, KV head) counters; the kernel resets what it uses. Grown outside graph
-    capture only (the first eager step sizes it)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _counters.get(idx)
-    if buf is None or buf.numel() < n:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("lowbit: decode attention's counters must be allocated before CUDA-graph capture; "
-                               "run one step eagerly first")
-        buf = _counters[idx] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
 
 
 def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) -> int:
@@ -61,7 +46,9 @@ def _(q, k, v, mask, scale):
     chunks = -(-length // chunk)
     out = torch.empty_like(q)
     ws = torch.empty((b, hkv, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
-    cnt = _counter_buffer(q.device, b * hkv)
+    # the tiled GEMVs' counters: every user resets what it takes, and under PDL each touches them only after
+    # waiting for its predecessor, so a GEMV and this kernel never hold them at once
+    cnt = counters(q.device, b * hkv)
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
         0 if mask is None else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, hkv, length, chunk, scale,
