@@ -121,9 +121,9 @@ def dequantize_nvfp4(w: NvFp4Weight, dtype: torch.dtype = torch.float16) -> torc
 
 def nvfp4_linear(x: torch.Tensor, w: NvFp4Weight) -> torch.Tensor:
     """``x[..., K] @ W^T`` -> ``[..., N]`` in x's dtype. CUDA fp16/bf16: the path the dispatcher picks
-    (``lowbit.dispatch.nvfp4_path``: the checkpoint-layout GEMV for M <= 8, the tensor-core GEMM on the
-    tiled layout -- built on first use and kept on ``w`` -- up to the crossover, dequantize + cuBLAS
-    beyond); CPU: fp32 products rounded once to x's dtype (the reference)."""
+    (``lowbit.dispatch.nvfp4_path``: for M <= 8 a decode GEMV -- on the checkpoint layout or on the tiled
+    one, ``lowbit.dispatch.nvfp4_plain_wins`` -- then the tensor-core GEMM on the tiled layout up to the
+    crossover, dequantize + cuBLAS beyond; the tiled layout is built on first use and kept on ``w``); CPU: fp32 products rounded once to x's dtype (the reference)."""
     _check_nvfp4(w)
     n, k = w.shape
     check_x(x, k, w.device, what="K")

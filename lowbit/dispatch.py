@@ -16,9 +16,9 @@ Paths today:
   batches) from there; CPU and fp32 -> the reference, expert by expert.
 
 NVFP4 (:func:`nvfp4_linear_op`, weights in the checkpoint layout): ``"gemv"`` -- M <= GEMV_MAX_M: the
-checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) for M <= :data:`NVFP4_PLAIN_MAX_M`, the kbit
-GEMV's NVFP4 instance on the tiled layout above (measured: the checkpoint-layout kernel is the faster
-one at M = 1 only, benchmarks/journal/2026-11-23_nvfp4_kernels_w4a16_on_the_checkpoint.md); ``"gemm"``
+checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) at M = 1 on the shapes :func:`nvfp4_plain_wins`
+gives it, the kbit GEMV's NVFP4 instance on the tiled layout otherwise (measured: the checkpoint-layout
+kernel is the faster one at M = 1 only, and there only for mid-size K); ``"gemm"``
 -- the kbit GEMM's NVFP4 instance up to kbit K=4's crossover (the same kernel); ``"dequant_matmul"`` --
 the NVFP4 dequantize kernel + cuBLAS; the reference on CPU, for fp32 and for K % 32 != 0. The tiled
 layout is built on first use and kept on the weight (a second copy of it). An sm_100 (tcgen05 block-
@@ -54,6 +54,9 @@ from .ops.common import GEMV_MAX_M  # largest batch of the decode GEMV kernels
 
 #: NVFP4: largest M for the checkpoint-layout GEMV (the tiled-layout GEMV above it, to GEMV_MAX_M).
 NVFP4_PLAIN_MAX_M = 1
+#: ... and the K range and smallest weight it takes (:func:`nvfp4_plain_wins`).
+NVFP4_PLAIN_K = (2048, 8192)
+NVFP4_PLAIN_MIN_WEIGHTS = 1 << 22
 #: largest batch lowbit's tuned fp16/bf16 GEMV (``dense_linear``) takes; cuBLAS above.
 DENSE_GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
@@ -233,11 +236,24 @@ def nvfp4_path(x2: torch.Tensor, n: int, k: int) -> str:
     return choose_path(True, x2.dtype, m, gemm_max, _forced)
 
 
+def nvfp4_plain_wins(m: int, n: int, k: int) -> bool:
+    """Whether the checkpoint-layout GEMV takes an M-row NVFP4 call (else the tiled one).
+
+    That kernel gives each warp of a CTA 1,024-value steps of K (at M = 1): K of 2,048..8,192 fills 2..8
+    warps evenly; longer K leaves a partial last round and shorter K idle warps, and below ~4M weights
+    its fixed cost loses to the tiled split kernel. Measured on H100, cold, M = 1
+    (``benchmarks/tools/nvfp4_m1_paths.py``, 29 shapes): inside this rule plain/tiled 0.86-1.12 (a
+    1.12 on 2048x4096, 1.10 on 8192x28672), outside it tiled is faster by up to 28% (14336x4096) or
+    within 1% of plain."""
+    lo, hi = NVFP4_PLAIN_K
+    return m <= NVFP4_PLAIN_MAX_M and lo <= k <= hi and n * k >= NVFP4_PLAIN_MIN_WEIGHTS
+
+
 def nvfp4_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     """``x2 [M, K] @ W^T`` for an :class:`~lowbit.formats.nvfp4.NvFp4Weight`, through the custom ops."""
     n, k = w.shape
     path = nvfp4_path(x2, n, k)
-    if path == "gemv" and x2.shape[0] <= NVFP4_PLAIN_MAX_M:
+    if path == "gemv" and nvfp4_plain_wins(x2.shape[0], n, k):
         return ops.nvfp4_plain_gemv(x2, w.packed, w.scales, w.scale_2)
     if path == "gemv":
         qw, qs = w.tiled()

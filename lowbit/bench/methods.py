@@ -134,6 +134,45 @@ def _kbit(bits: int, grouped: bool = True, pdl: bool = False, path: str | None =
     )
 
 
+NVFP4_PATHS = {"gemv": "the decode GEMV (M <= 8)", "gemm": "the tensor-core GEMM (the kbit GEMM's NVFP4 instance)",
+               "dequant": "the NVFP4 dequantize kernel + cuBLAS"}
+
+
+def _nvfp4(path: str | None = None) -> Method:
+    from lowbit.formats import nvfp4
+
+    forced = {"dequant": "dequant_matmul"}.get(path, path)
+
+    def prepare(w):
+        q = lowbit.quantize_nvfp4(w)
+        q.tiled()  # the tiled copy the GEMV (M > 1) and GEMM read, built before timing
+        return q
+
+    def run(x, q):
+        with lowbit.dispatch.forced_path(forced):
+            return lowbit.nvfp4_linear(x, q)
+
+    def prepare_input(x, counts):
+        return x, torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=x.device, dtype=torch.int64)
+
+    grouped = path is None  # MoE blocks: the grouped GEMV (one launch per projection)
+    return Method(
+        name="lowbit-nvfp4" + (f"-{path}" if path else ""),
+        description="lowbit NVFP4 (E2M1 + E4M3 scale per 16 + fp32 tensor scale, 4.5 bits/weight), lowbit.nvfp4_linear"
+        + (f" pinned to {NVFP4_PATHS[path]} (where it can run)" if path else " / nvfp4_grouped_linear for MoE experts"),
+        act_dtype=torch.float16,
+        prepare=prepare,
+        run=run,
+        weight_bytes=lambda q: q.nbytes(),  # one layout's bytes: a call reads the checkpoint or the tiled copy
+        reference=lambda x, q: nvfp4.linear_reference(x, q),
+        tolerance=2e-3,
+        prepare_experts=(lambda ws: lowbit.quantize_nvfp4_experts(torch.stack(ws))) if grouped else None,
+        prepare_input=prepare_input if grouped else None,
+        run_grouped=(lambda inp, ex: lowbit.nvfp4_grouped_linear(inp[0], inp[1], ex)) if grouped else None,
+        by_default=path is None,
+    )
+
+
 def _cublas_bmm() -> Method:
     def prepare_input(x, counts):
         """Tokens sorted by expert -> [experts, max tokens, K_in], zero-padded (done before timing)."""
@@ -321,6 +360,7 @@ def all_methods() -> dict[str, Method]:
     methods += [_lowbit_dense(torch.float16, pdl=True), _lowbit_dense(torch.bfloat16, pdl=True)]
     methods += [_kbit(b) for b in kbit.SUPPORTED_BITS] + [_kbit(4, pdl=True)]
     methods += [_kbit(b, path=p) for b in kbit.SUPPORTED_BITS for p in KBIT_PATHS]
+    methods += [_nvfp4()] + [_nvfp4(p) for p in NVFP4_PATHS]
     methods += [_sbvr(ns, p) for ns in (2, 3, 4) for p in (None, "popcount", "lookup", "dequant_matmul")]
     methods += [_torch_int4(), _bnb_nf4(), _gemlite_a16w4()]
     methods += [_kbit(b, grouped=False) for b in kbit.SUPPORTED_BITS] + [_cublas_bmm()]

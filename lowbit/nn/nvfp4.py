@@ -5,8 +5,8 @@ a ModelOpt or compressed-tensors checkpoint).
 The module keeps the checkpoint layout itself (ModelOpt's names: ``weight`` packed uint8 [N, K/2],
 ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32), so ``state_dict`` / ``load_state_dict``
 speak that convention. Its forward is :func:`lowbit.dispatch.nvfp4_linear_op` (the checkpoint-layout
-GEMV at M = 1, the tiled kernels above it -- their layout is built on first use and kept -- and the
-reference on CPU). Inference only.
+GEMV at M = 1 on mid-size K, the tiled kernels elsewhere -- their layout is built on first use and kept --
+and the reference on CPU). Inference only.
 """
 
 from __future__ import annotations
