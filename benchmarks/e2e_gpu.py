@@ -4,7 +4,7 @@
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
 Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS, except in ``kbit<K>+lm_head<B>`` variants: the lm_head at B bits; ``+fuse``: projections of one
+cuBLAS, except in ``kbit<K>+lm_head<B>`` variants; ``nvfp4[+fuse]``: NVFP4 linears: the lm_head at B bits; ``+fuse``: projections of one
 input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the modules named <name>
 unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
@@ -77,6 +77,9 @@ def convert(model, variant):
         skip = lowbit.model.quantize.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
         lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
         return
+    if variant in ("nvfp4", "nvfp4+fuse"):  # quantize_model's own choice of fusing (None) for +fuse
+        lowbit.quantize_model(model, format="nvfp4", fuse=None if "+fuse" in variant else False, progress=False)
+        return
     raise ValueError(variant)
 
 
@@ -86,6 +89,8 @@ def main():
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--variants", default="bf16,kbit4")
+    p.add_argument("--torch-router", action="store_true",
+                   help="MoE routers as transformers runs them (default: lowbit's router kernel, lowbit.hf.router)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--context", type=int, default=512, help="prompt tokens before decoding starts")
     p.add_argument("--sdpa", default="", choices=("", "flash", "efficient", "cudnn", "math"),
@@ -128,13 +133,14 @@ def main():
             ids = torch.randint(0, model.config.vocab_size, (args.batch, args.context), generator=torch.Generator().manual_seed(1))
             r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
                                      profile=variant in args.profile.split(","), profile_graph=args.profile_graph,
-                                     pdl=False if args.no_pdl else None,
+                                     pdl=False if args.no_pdl else None, lowbit_router=not args.torch_router,
                                      profile_trace=f"{args.trace_dir}/{variant.replace('+', '_')}.trace.json" if args.trace_dir else None)
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
-                   "attention": "sdpa" if args.sdpa_attention else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+                   "attention": "sdpa" if args.sdpa_attention else "lowbit",
+                   "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
                    "first_tokens": r.tokens[0, :8].tolist()}

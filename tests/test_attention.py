@@ -85,6 +85,14 @@ def test_cpu_attention_still_sdpa(gen):
     assert out.shape == (1, 1, 4, 32)
 
 
+def test_head_split_rule():
+    assert kattn.head_splits(1, 8, 4, 10, 128, 132) == 2  # Llama-3-8B, batch 1: 80 -> 160 CTAs
+    assert kattn.head_splits(1, 4, 8, 10, 128, 132) == 4  # Qwen3-30B-A3B: 40 -> 160
+    assert kattn.head_splits(4, 8, 4, 10, 128, 132) == 1  # 320 CTAs already
+    assert kattn.head_splits(1, 8, 1, 10, 128, 132) == 1  # one query head per KV head: nothing to split
+    assert kattn.head_splits(1, 2, 6, 2, 128, 132) == 1  # 6 = 2 x 3: groups of 3 are not compiled
+
+
 def test_chunk_size_rule():
     assert kattn.chunk_size(1, 8, 590, 128, 132) == 64  # 10 chunks x 8 heads
     assert kattn.chunk_size(1, 8, 1, 128, 132) == 64

@@ -1,7 +1,7 @@
 """Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it,
 and lowbit's decode attention kernel (lowbit.ops.decode_attention).
 
-    python3 benchmarks/tools/attn_decode_bench.py [--cache 590]
+    python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--kv-heads 8] [--splits 1,2,4]
 
 CUDA-graph timed (100 replays of 32 calls, one per Llama-3-8B layer), H100 numbers in BENCHMARKS.md (issue 12).
 """
@@ -17,9 +17,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cache", type=int, default=590)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (32 query heads); Qwen3-30B-A3B: 4")
+    p.add_argument("--splits", default="", help="also time lowbit's kernel with these head splits, e.g. 1,2,4")
     a = p.parse_args()
     dev, dt = "cuda", torch.bfloat16
-    b, hq, hkv, d, L = a.batch, 32, 8, 128, a.cache
+    b, hq, hkv, d, L = a.batch, 32, a.kv_heads, 128, a.cache
     layers = 32
     q = [torch.randn(b, hq, 1, d, device=dev, dtype=dt) for _ in range(layers)]
     k = [torch.randn(b, hkv, L, d, device=dev, dtype=dt) for _ in range(layers)]
@@ -37,6 +39,16 @@ def main():
         "lowbit decode_attention(mask)": lambda i: lowbit.ops.decode_attention(
             q[i].view(b, hq, d), k[i], v[i], mask[:, 0, 0, :].expand(b, L), d ** -0.5).view(b, hq, 1, d),
     }
+    from lowbit.kernels import attention as kattn
+
+    for n in filter(None, a.splits.split(",")):
+        def split_fn(i, n=int(n)):
+            kattn.HEAD_SPLITS = n
+            try:
+                return ways["lowbit decode_attention(mask)"](i)
+            finally:
+                kattn.HEAD_SPLITS = None
+        ways[f"lowbit decode_attention(mask), {n} head splits"] = split_fn
     ref = ways["repeat_kv + sdpa(mask) [transformers today]"](0)
     for name, fn in ways.items():
         try:

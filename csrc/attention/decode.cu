@@ -74,7 +74,7 @@ template <typename T, int D, int G, bool PDL>
 __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
-    float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, float scale_log2) {
+    float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 #pragma unroll
         for (int e = 0; e < E; ++e) o[g][e] = 0.f;
     }
-    const T* kb = k + b * k_sb + h * k_sh + lane * E;
-    const T* vb = v + b * v_sb + h * v_sh + lane * E;
+    const T* kb = k + b * k_sb + (h / kv_div) * k_sh + lane * E;
+    const T* vb = v + b * v_sb + (h / kv_div) * v_sh + lane * E;
     const bool* mb = mask == nullptr ? nullptr : mask + b * mask_sb;
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
     for (int p0 = p_begin + warp * kStep; p0 < p_end; p0 += kWarps * kStep) {
@@ -234,9 +234,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 
 template <typename T, int D, int G>
 int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,
-           const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int L,
-           int chunk, float scale, int flags, void* stream) {
-    if (batch < 1 || hkv < 1 || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535) return static_cast<int>(cudaErrorInvalidValue);
+           const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,
+           int L, int chunk, float scale, int flags, void* stream) {
+    if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535)
+        return static_cast<int>(cudaErrorInvalidValue);
     const int chunks = (L + chunk - 1) / chunk;
     if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // the merge's shared memory
     cudaLaunchConfig_t cfg = {};
@@ -254,12 +255,12 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
         err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, true>, static_cast<const T*>(q),
                                  static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
                                  static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
-                                 scale_log2);
+                                 kv_div, scale_log2);
     else
         err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, false>, static_cast<const T*>(q),
                                  static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
                                  static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
-                                 scale_log2);
+                                 kv_div, scale_log2);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -267,16 +268,19 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 }  // namespace attention
 }  // namespace lowbit
 
-// q [batch, hkv * G, D] and out (same shape) contiguous; k / v rows of D contiguous elements at
-// k + b * k_sb + h * k_sh + p * D (element strides); mask: bool [batch, L] rows at mask_sb, or null;
-// ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2]; counters: int [batch * hkv], zero; ceil(L / chunk) <= 2 D.
+// q [batch, hkv * G, D] and out (same shape) contiguous; hkv head groups of G query heads, group h reading
+// the K/V rows of KV head h / kv_div (kv_div > 1: a KV head's query heads split over kv_div CTAs, each
+// re-reading its K/V, mostly from L2) at k + b * k_sb + (h / kv_div) * k_sh + p * D (element strides);
+// mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
+// counters: int [batch * hkv], zero; ceil(L / chunk) <= 2 D.
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
-        const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int L,        \
-        int chunk, float scale, int flags, void* stream) {                                                        \
+        const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,   \
+        int L, int chunk, float scale, int flags, void* stream) {                                                 \
         return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
-                                                     counters, batch, hkv, L, chunk, scale, flags, stream);       \
+                                                     counters, batch, hkv, kv_div, L, chunk, scale, flags,       \
+                                                     stream);                                                     \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
     LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \

@@ -108,7 +108,8 @@ def decode_pdl(enabled: bool = True):
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
                   profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
-                  profile_trace: str | None = None, pdl: bool | None = None) -> DecodeResult:
+                  profile_trace: str | None = None, pdl: bool | None = None,
+                  lowbit_router: bool = True) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
@@ -121,6 +122,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     ``gqa_sdpa``: on CUDA, switch a model that runs transformers' "sdpa" attention to
     :func:`lowbit.hf.attention.sdpa_gqa_attention` (K/V heads read in place, not repeated; the
     model keeps that setting).
+    ``lowbit_router``: on CUDA, route the model's MoE softmax routers through lowbit's router kernel
+    (:func:`lowbit.hf.router.use_lowbit_router`; the model keeps that too).
     """
     from transformers import StaticCache
 
@@ -136,6 +139,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
         from .attention import use_gqa_sdpa
 
         use_gqa_sdpa(model)
+    if lowbit_router and device.type == "cuda":
+        from .router import use_lowbit_router
+
+        use_lowbit_router(model)
     batch, prompt = input_ids.shape
     input_ids = input_ids.to(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)

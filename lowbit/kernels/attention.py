@@ -13,8 +13,9 @@ from .device import pdl_supported
 
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 register_signatures({
-    # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, hkv, L, chunk, scale, flags, stream
-    "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _F, _I, _P],
+    # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, head groups, kv_div, L, chunk,
+    # scale, flags, stream
+    "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _P],
 })
 
 
@@ -27,6 +28,26 @@ def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) 
     while -(-length // chunk) > 2 * head_dim:
         chunk += 64
     return chunk
+
+
+#: query heads of a KV head split over this many CTAs (None: :func:`head_splits` decides; benchmarks set it)
+HEAD_SPLITS: int | None = None
+
+
+def head_splits(batch: int, kv_heads: int, group: int, chunks: int, head_dim: int, sms: int) -> int:
+    """CTAs sharing one KV head's query heads: each takes ``group / splits`` of them and reads the K/V rows
+    itself (the second reader mostly from L2). A CTA's time is its heads' arithmetic (the kernel is bound by
+    instruction latency, not bytes), so when a (sequence, KV head, chunk) grid leaves SMs idle -- few KV
+    heads, batch 1 -- the heads are split until the grid fills the GPU once; a power of two that divides
+    the group and leaves a compiled group size."""
+    splits = HEAD_SPLITS
+    if splits is None:
+        splits = 1
+        while batch * kv_heads * chunks * splits < sms and group % (2 * splits) == 0:
+            splits *= 2
+    if group % splits or (head_dim, group // splits) not in ops.DECODE_ATTENTION_SHAPES:
+        return 1
+    return splits
 
 
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -42,15 +63,18 @@ def _(q, k, v, mask, scale):
     if lib is None or not supported(q, k) or any(t.data_ptr() % 16 for t in (q, k, v)):  # 16-byte row loads
         return ops.decode_attention_reference(q, k, v, mask, scale)
     g = hq // hkv
-    chunk = chunk_size(b, hkv, length, d, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    chunk = chunk_size(b, hkv, length, d, sms)
     chunks = -(-length // chunk)
+    splits = head_splits(b, hkv, g, chunks, d, sms)
+    groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
     out = torch.empty_like(q)
-    ws = torch.empty((b, hkv, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
+    ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
     # the tiled GEMVs' counters: every user resets what it takes, and under PDL each touches them only after
     # waiting for its predecessor, so a GEMV and this kernel never hold them at once
-    cnt = counters(q.device, b * hkv)
+    cnt = counters(q.device, b * groups)
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
-        0 if mask is None else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, hkv, length, chunk, scale,
+        0 if mask is None else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,
         _pdl_arg(pdl_supported(q.device)), stream_of(q.device)], dtype=q.dtype, d=d, g=g)
     return out

@@ -78,7 +78,7 @@ def tiled_format(fmt) -> TiledFormat:
 
 # The GEMV launchers' `flags` (csrc/tiled/gemv.cuh): bit 0 PDL, bit 1 the block-32 rotation.
 FLAG_ROT32 = 2
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(4))
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(8))  # bits 1-2: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:

@@ -48,6 +48,22 @@ def test_decode_attention_matches_reference(d, g, dtype, gen):
             assert err <= BOUND[dtype], f"B={b} Hkv={hkv} L={length}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+def test_query_heads_split_over_ctas(splits, gen):
+    """Each head split (a KV head's query heads over 1-8 CTAs, each reading the K/V rows) gives the reference's
+    result; a split the compiled group sizes do not allow falls back to none."""
+    from lowbit.kernels import attention as kattn
+
+    q, k, v, mask = _case(gen, 2, 32, 4, 700, 128, torch.bfloat16)
+    want = _ref(q, k, v, mask, 0.09)
+    try:
+        kattn.HEAD_SPLITS = splits
+        out = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+    finally:
+        kattn.HEAD_SPLITS = None
+    assert _rel(out, want) <= BOUND[torch.bfloat16]
+
+
 def test_masked_sequences_strided_cache_and_determinism(gen):
     """A sequence with no visible position is NaN, its neighbours are not; a cache view (the first slots
     of a longer cache) reads only its slots; repeated calls are bit-equal (chunk merge in fixed order)."""
