@@ -56,7 +56,7 @@ from .ops.common import GEMV_MAX_M  # largest batch of the decode GEMV kernels
 NVFP4_PLAIN_MAX_M = 1
 #: ... and the K range and smallest weight it takes (:func:`nvfp4_plain_wins`).
 NVFP4_PLAIN_K = (2048, 8192)
-NVFP4_PLAIN_MIN_WEIGHTS = 1 << 22
+NVFP4_PLAIN_MIN_WEIGHTS = 10 << 20
 #: largest batch lowbit's tuned fp16/bf16 GEMV (``dense_linear``) takes; cuBLAS above.
 DENSE_GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
@@ -240,11 +240,11 @@ def nvfp4_plain_wins(m: int, n: int, k: int) -> bool:
     """Whether the checkpoint-layout GEMV takes an M-row NVFP4 call (else the tiled one).
 
     That kernel gives each warp of a CTA 1,024-value steps of K (at M = 1): K of 2,048..8,192 fills 2..8
-    warps evenly; longer K leaves a partial last round and shorter K idle warps, and below ~4M weights
-    its fixed cost loses to the tiled split kernel. Measured on H100, cold, M = 1
-    (``benchmarks/tools/nvfp4_m1_paths.py``, 29 shapes): inside this rule plain/tiled 0.86-1.12 (a
-    1.12 on 2048x4096, 1.10 on 8192x28672), outside it tiled is faster by up to 28% (14336x4096) or
-    within 1% of plain."""
+    warps evenly; longer K leaves a partial last round and shorter K idle warps, and below ~10M weights
+    its fixed cost does not pay against the tiled split kernel. Measured on H100, cold, M = 1
+    (``benchmarks/tools/nvfp4_m1_paths.py``, 29 shapes): inside this rule plain/tiled 0.86-1.00 but for
+    8192x28672 (1.10, where plain still matches kbit4's time); outside it tiled is faster by up to 28%
+    (14336x4096), or slower by at most 1 us (8192x1024, 4096x1024: 0.86)."""
     lo, hi = NVFP4_PLAIN_K
     return m <= NVFP4_PLAIN_MAX_M and lo <= k <= hi and n * k >= NVFP4_PLAIN_MIN_WEIGHTS
 

@@ -253,7 +253,7 @@ def test_grouped_crossover_from_measurements(tmp_path):
 
 def test_nvfp4_plain_gemv_only_where_it_measured_faster():
     wins = dispatch.nvfp4_plain_wins
-    assert wins(1, 14336, 4096) and wins(1, 1024, 4096) and wins(1, 5120, 2048)  # K 2048..8192, >= 4M weights
+    assert wins(1, 14336, 4096) and wins(1, 5120, 2048) and wins(1, 2048, 5120)  # K 2048..8192, >= 10M weights
     assert not wins(2, 14336, 4096)  # M > 1: the tiled GEMV
     assert not wins(1, 4096, 14336) and not wins(1, 2048, 10240)  # long K: a partial last round of K steps
-    assert not wins(1, 8960, 512) and not wins(1, 1536, 2048)  # short K, or a small weight
+    assert not wins(1, 8960, 512) and not wins(1, 4096, 2048) and not wins(1, 1024, 4096)  # short K, or small
