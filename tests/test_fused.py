@@ -153,3 +153,48 @@ def test_round_semantics_any_call_sequence(calls, seed):
             x.mul_(0.5).add_(0.25)  # in place: the same object, new values
         want = fused(x.clone())[:, fused.offsets[part]:fused.offsets[part] + fused.out_sizes[part]]
         assert torch.equal(getattr(parent, f"p{part}")(x), want)
+
+
+# ------------------------------------------------------------------ NVFP4 (fusing is opt-in there)
+def test_nvfp4_fuses_only_when_asked(gen):
+    from lowbit.nn import FusedNvFp4Linear, LinearPart, NvFp4Linear
+
+    seed = _seed(gen)
+    plain = build("llama", seed)
+    lowbit.quantize_model(plain, format="nvfp4", progress=False)
+    assert not any(isinstance(m, FusedNvFp4Linear) for m in plain.modules())
+    model = build("llama", seed)
+    report = lowbit.quantize_model(model, format="nvfp4", fuse=True, progress=False)
+    att = model.model.layers[0].self_attn
+    fused = att.lowbit_fused_q_proj_k_proj_v_proj
+    assert isinstance(fused, FusedNvFp4Linear) and isinstance(att.q_proj, LinearPart) and fused.out_sizes == (128, 64, 64)
+    assert isinstance(att.o_proj, NvFp4Linear) and any(x.kind == "fused" for x in report.layers)
+    # the fused weight is NVFP4 of the concatenated weights (one tensor scale): the reference model
+    dense = build("llama", seed)
+    w = torch.cat([dense.model.layers[0].self_attn.get_submodule(p).weight for p in ("q_proj", "k_proj", "v_proj")])
+    assert torch.equal(fused.dequantize(), lowbit.quantize_nvfp4(w.detach()).dequantize())
+    ids = torch.randint(0, 320, (2, 7), generator=gen)
+    with torch.no_grad():
+        got, alone, ref = model(ids).logits, plain(ids).logits, dense(ids).logits
+    # fused and separately scaled NVFP4 are the same format: as far from each other as from the dense model
+    assert rel_err(got, ref) < 0.5 and rel_err(got, alone) < 2 * rel_err(alone, ref)
+
+
+def test_nvfp4_fused_save_load_and_gptq(tmp_path, gen):
+    from lowbit.nn import FusedNvFp4Linear
+
+    seed = _seed(gen)
+    model = build("llama", seed, dtype=torch.bfloat16)
+    lowbit.quantize_model(model, format="nvfp4", fuse=True, progress=False)
+    lowbit.save_quantized(model, tmp_path)
+    skeleton = lowbit.load_quantized(build("llama", seed + 1, dtype=torch.bfloat16), tmp_path)
+    assert any(isinstance(m, FusedNvFp4Linear) for m in skeleton.modules())
+    ids = torch.randint(0, 320, (1, 6), generator=gen)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, skeleton(ids).logits)
+    calibrated = build("llama", seed)
+    lowbit.quantize_model(calibrated, format="nvfp4", fuse=True, method="gptq", progress=False,
+                          calibration=torch.randint(0, 320, (2, 16), generator=gen))
+    assert any(isinstance(m, FusedNvFp4Linear) for m in calibrated.modules())
+    with pytest.raises(ValueError, match="bits"):
+        FusedNvFp4Linear.from_linears([nn.Linear(32, 8), nn.Linear(32, 8)], bits=3)

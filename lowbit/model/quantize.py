@@ -143,8 +143,8 @@ def quantize_model(
 
     ``format="kbit"`` (default): every ``nn.Linear`` -> :class:`KbitLinear` (K = ``bits``), every fused MoE
     expert block (transformers 5.x) -> :class:`KbitMoeExperts`. ``format="nvfp4"``: every ``nn.Linear`` ->
-    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook``, ``bits_for`` and ``fuse`` are kbit's; MoE expert
-    blocks stay as they are and are listed in the report).
+    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook`` and ``bits_for`` are kbit's; MoE expert blocks stay as
+    they are and are listed in the report).
 
     * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
       embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass
@@ -154,9 +154,10 @@ def quantize_model(
     * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
       (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
       ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
-    * ``fuse`` (kbit): quantize sibling linears that read the same input as one weight (one kernel launch;
-      :mod:`lowbit.nn.fused`). ``True`` (kbit's default) fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3,
-      ...), ``False`` quantizes every linear alone, or pass the groups of child names. Measured on the
+    * ``fuse`` (kbit, NVFP4): quantize sibling linears that read the same input as one weight (one kernel launch;
+      :mod:`lowbit.nn.fused`). ``True`` fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3, ...), ``False``
+      quantizes every linear alone, or pass the groups of child names; None: the format's default
+      (``fuse_by_default``: kbit fuses, NVFP4 not yet: its fused decode has no GPU measurement). Measured on the
       H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
       where all its members are quantized linears of one parent with the same input size, bias presence,
       dtype, device and bits; else each stays alone.
@@ -176,7 +177,7 @@ def quantize_model(
     fused_cls, experts_cls = linear_cls.fused_class, linear_cls.experts_class
     if fuse and fused_cls is None:
         raise ValueError(f"fuse: format={format!r} has no fused module; pass fuse=False (or None)")
-    fuse = fused_cls is not None if fuse is None else fuse
+    fuse = fused_cls is not None and linear_cls.fuse_by_default if fuse is None else fuse
     linear_cls.check_options(bits=bits, codebook=codebook)
     if isinstance(rotation, bool) or rotation not in linear_cls.rotations:
         raise ValueError(f"rotation must be one of {linear_cls.rotations} for format={format!r}, got {rotation!r}")

@@ -34,6 +34,8 @@ class QuantizedModule(nn.Module):
     #: weight (None: the format has none; quantize_model leaves such blocks / fuses nothing)
     experts_class: type | None = None
     fused_class: type | None = None
+    #: whether ``quantize_model(fuse=None)`` fuses sibling linears (where ``fused_class`` exists)
+    fuse_by_default: bool = True
     #: an expert-block class: whether GPTQ calibrates it (else ``method="gptq"`` rounds it to nearest)
     calibrated: bool = True
     #: the input size of a layer must be a multiple of this (the format's block)
