@@ -13,7 +13,7 @@ CASES = [
     ("generate --batch 0", "argument --batch: must be >= 1"),
     ("generate --load {empty}", "no lowbit_model.json there"),
     ("generate --format nvfp4 --lm-head-bits 3", "--format nvfp4: format='nvfp4' is 4-bit E2M1 with E4M3 block scales; bits are kbit options"),
-    ("generate --format nvfp4 --fuse", "--fuse: --format nvfp4 has no fused module"),
+    ("generate --format sbvr --fuse", "--fuse: --format sbvr has no fused module"),
     ("generate --layers 2", "--layers takes a count >= 1 and applies to random:<name> models only"),
     ("generate --device tpu", "is not a device"),
     ("eval --bits 7", "--bits takes comma-separated numbers from 2..5, got '7'"),
