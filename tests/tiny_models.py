@@ -69,7 +69,8 @@ def reference_copy(quantized, original):
             f, lin = mod.fused, original.get_submodule(name)
             w = f.dequantize(torch.float32)[f.offsets[mod.index]:f.offsets[mod.index] + mod.out_features]
             lin.weight.data = w.to(lin.weight.device, lin.weight.dtype)
-        elif isinstance(mod, lowbit.nn.KbitLinear) and not isinstance(mod, lowbit.nn.FusedKbitLinear):
+        elif (isinstance(mod, (lowbit.nn.KbitLinear, lowbit.nn.NvFp4Linear))
+              and not isinstance(mod, lowbit.nn.FusedParts)):
             lin = original.get_submodule(name)
             lin.weight.data = mod.dequantize(torch.float32).to(lin.weight.device, lin.weight.dtype)
         elif isinstance(mod, lowbit.nn.KbitMoeExperts):

@@ -112,3 +112,24 @@ def test_nvfp4_gemv_matches_reference(dtype, m, path, gen, monkeypatch):
         err = _rel(y, _ref(x, q))
         assert err <= BOUND[dtype], f"{path} N={n} K={k} M={m}: rel err {err:.2e}"
         assert torch.equal(y, lowbit.ops.nvfp4_gemv(x, qw, qs, q.scale_2, n, k))  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_fused_nvfp4_model_matches_its_cpu_reference(dtype, gen):
+    """quantize_model(format="nvfp4", fuse=True) on CUDA: one weight per q|k|v and gate|up group, the decode GEMVs
+    (M = 1, 3) and the GEMM path (M = 11) on it, against the same fused model's fp32 CPU reference."""
+    from lowbit.nn import FusedNvFp4Linear
+
+    from ..tiny_models import build, reference_copy, rel_err
+
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+    model = build("llama", seed, dtype=dtype, device="cuda")
+    lowbit.quantize_model(model, format="nvfp4", fuse=True, progress=False)
+    assert sum(isinstance(m, FusedNvFp4Linear) for m in model.modules()) == 2 * len(model.model.layers)
+    ref = reference_copy(model, build("llama", seed))  # fp32 CPU, the quantized weights dequantized
+    for batch, seq in [(1, 1), (3, 1), (1, 11)]:
+        ids_ = torch.randint(0, 320, (batch, seq), generator=gen)
+        with torch.no_grad():
+            got = model(ids_.cuda()).logits.float().cpu()
+            want = ref(ids_).logits
+        assert not got.isnan().any() and rel_err(got, want) < {torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
