@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..nn import QuantizedModule, fused_experts_layout, linear_class
-from ..nn.fused import DEFAULT_FUSE_GROUPS, KbitLinearPart, fused_name, install
+from ..nn.fused import DEFAULT_FUSE_GROUPS, LinearPart, fused_name, install
 from .calibrate import CalibrationInfo, GptqOptions, calibrate
 from .calibration_data import calibration_ids
 
@@ -220,7 +220,7 @@ def quantize_model(
     block = linear_cls.k_multiple
     todo: list[tuple[str, nn.Module, str]] = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (QuantizedModule, KbitLinearPart)):
+        if isinstance(mod, (QuantizedModule, LinearPart)):
             report.skipped.append((name, "already quantized"))
             continue
         moe = experts and experts_cls is not None and fused_experts_layout(mod)
