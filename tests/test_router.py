@@ -58,6 +58,8 @@ def test_swapped_router_computes_what_transformers_does(name, norm, dtype, gen):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert torch.equal(g, w)
+    strided = torch.randn(3, 2, 128, generator=gen).to(dtype)[..., ::2]  # a non-contiguous input, as F.linear takes
+    assert all(torch.equal(a, b) for a, b in zip(router(strided), cls.forward(router, strided)))
 
 
 def test_reference_ranks_and_renormalizes(gen):

@@ -36,8 +36,8 @@ def _forward(self, hidden_states):
     normalize, cast = ROUTERS[self._lowbit_router_of]
     if isinstance(normalize, str):
         normalize = bool(getattr(self, normalize))
-    x = hidden_states.reshape(-1, self.hidden_dim)
-    return ops.moe_router(x, self.weight, self.top_k, normalize, not cast)
+    x = hidden_states.reshape(-1, self.hidden_dim).contiguous()  # the op takes contiguous rows (F.linear any)
+    return ops.moe_router(x, self.weight.contiguous(), self.top_k, normalize, not cast)
 
 
 def _fast_class(cls: type) -> type:
