@@ -2,9 +2,10 @@
 # One device call (library built here and carried in .lowbit_cache): a part of the GPU suite, then
 # optionally the end-to-end run of the README's headline command.
 #
-#   SUITE=a|b|c|d the whole `pytest -m gpu` takes four calls of up to 10 minutes (-n 4): a = kbit GEMV
+#   SUITE=a|b|c|d|e the whole `pytest -m gpu` takes five calls of up to 10 minutes (-n 4): a = kbit GEMV
 #                 (+ `pytest -m timing` alone); d = dense GEMV, dequantize, bench harness; b = kbit GEMM, NVFP4 tiled;
-#                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, GPTQ, input checks
+#                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, GPTQ, input checks; e = SBVR, decode
+#                 attention, MoE router
 #   TESTS=...     instead of SUITE: these test paths
 #   E2E=1         also `lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4`
 set -uo pipefail
@@ -17,6 +18,7 @@ case "${SUITE:-}" in
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
   c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py tests/gpu/test_gptq_gpu.py
             tests/test_input_checks.py" ;;
+  e) FILES="tests/gpu/test_sbvr_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_router_gpu.py" ;;
   *) FILES="${TESTS:-tests/gpu/test_decode_formats_gpu.py tests/test_input_checks.py}" ;;
 esac
 {

@@ -65,3 +65,12 @@ def test_headline_table_is_generated_from_the_kept_numbers():
     assert block is not None
     assert block.group(1) == headline.table(kept), "run: python3 benchmarks/headline.py --from " \
                                                    "benchmarks/results/headline.json --write-readme"
+
+
+def test_device_check_covers_every_gpu_test_file():
+    """`SUITE=a..e bash benchmarks/device_check.sh` is how the whole GPU suite runs in 10-minute device calls:
+    a new GPU test file must be in one of its parts."""
+    script = (ROOT / "benchmarks" / "device_check.sh").read_text()
+    listed = set(re.findall(r"tests/gpu/(test_\w+\.py)", script))
+    files = {p.name for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
+    assert files <= listed, f"not in any SUITE of benchmarks/device_check.sh: {sorted(files - listed)}"
