@@ -62,6 +62,13 @@ def test_swapped_router_computes_what_transformers_does(name, norm, dtype, gen):
     assert all(torch.equal(a, b) for a, b in zip(router(strided), cls.forward(router, strided)))
 
 
+def test_a_namesake_outside_transformers_is_left_alone():
+    Qwen3MoeTopKRouter = type("Qwen3MoeTopKRouter", (torch.nn.Module,), {})  # a user's own class of that name
+    mod = Qwen3MoeTopKRouter()
+    mod.weight = torch.nn.Parameter(torch.zeros(4, 8))
+    assert hf_router.use_lowbit_router(torch.nn.Sequential(mod)) == 0 and type(mod) is Qwen3MoeTopKRouter
+
+
 def test_reference_ranks_and_renormalizes(gen):
     x = torch.randn(4, 32, generator=gen)
     w = torch.randn(10, 32, generator=gen)

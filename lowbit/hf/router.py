@@ -52,7 +52,8 @@ def use_lowbit_router(model: nn.Module) -> int:
     n = 0
     for mod in model.modules():
         cls = type(mod)
-        if cls.__name__ in ROUTERS and cls not in _classes.values() and isinstance(getattr(mod, "weight", None), torch.Tensor):
+        if (cls.__name__ in ROUTERS and cls.__module__.startswith("transformers.")  # that class, not a namesake
+                and cls not in _classes.values() and isinstance(getattr(mod, "weight", None), torch.Tensor)):
             mod.__class__ = _fast_class(cls)
             n += 1
     return n
