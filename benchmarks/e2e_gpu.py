@@ -103,8 +103,10 @@ def main():
     p.add_argument("--profile", default="", help="comma-separated variants to profile")
     p.add_argument("--profile-graph", action="store_true", help="profile graph replays instead of eager steps")
     p.add_argument("--trace-dir", default="", help="write each profiled variant's Chrome trace here")
-    p.add_argument("--kbit-path", default="auto", choices=("auto", "split", "streamk"),
+    p.add_argument("--kbit-path", default="auto", choices=("auto", "split", "streamk", "local"),
                    help="dense kbit GEMV schedule for every shape (default: the per-shape choice)")
+    p.add_argument("--local", action=argparse.BooleanOptionalAction, default=None,
+                   help="let auto pick the stream-K GEMV's CTA-local mode (default: lowbit.kernels.tiled.USE_LOCAL)")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
     if args.sdpa:
@@ -117,6 +119,8 @@ def main():
     hf_attention.DECODE_KERNEL = not args.sdpa_attention
 
     tiled.DENSE_PATH = args.kbit_path
+    if args.local is not None:
+        tiled.USE_LOCAL = args.local
     rows = []
     base = None
     for variant in args.variants.split(","):
@@ -138,7 +142,7 @@ def main():
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
+                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,

@@ -1,5 +1,5 @@
-"""Tuning aid: cold-L2 time of the kbit GEMV kernels: the split-K-in-CTA kernel, and the
-stream-K kernel at several warp counts.
+"""Tuning aid: cold-L2 time of the kbit GEMV kernels: the split-K-in-CTA kernel, the stream-K
+kernel at several warp counts, and the stream-K kernel's CTA-local mode (one CTA per SM).
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
                                     [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers]
@@ -9,7 +9,7 @@ lookup table fewer times); ``--pdl``: every call with programmatic dependent lau
 calls of the same GEMV, as in the graph, overlap).
 
 Prints one line per (shape, bits, kernel) with us and % of measured read bandwidth, and which
-kernel the dispatch rule (lowbit.kernels.tiled.use_split) picks.
+kernel the dispatch rule (lowbit.kernels.tiled.dense_path) picks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import counters, gemv_warps, split_max_ctas, use_split
+from lowbit.kernels.tiled import FLAG_LOCAL, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--warps", default="", help="comma-separated stream-K warp counts to time (instead of the list)")
     ap.add_argument("--split-ctas", default="", help="comma-separated grid caps for the split kernel")
     ap.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
+    ap.add_argument("--local-ctas", default="", help="comma-separated grids for the CTA-local mode (default: one wave)")
+    ap.add_argument("--no-streamk", action="store_true", help="skip the global stream-K lines")
     ap.add_argument("--peers", action="store_true",
                     help="also time torch int4 (tinygemm, bf16) per shape and, once, a 1-element fill kernel "
                          "(the graph's per-launch floor)")
@@ -69,6 +71,7 @@ def main() -> None:
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
             pdl = int(args.pdl)
+            picked = dense_path(lib, dev, bits, torch.float16, n, k_in)
 
             def split_call(c, ctas):
                 a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
@@ -78,9 +81,9 @@ def main() -> None:
             for ctas in [max_ctas] + [int(v) for v in args.split_ctas.split(",") if v]:
                 t = graph_time([lambda c=c, k=ctas: split_call(c, k) for c in copies], replays=10)
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-                tag = " <- auto" if ctas == max_ctas and use_split(lib, dev, bits, torch.float16, n, k_in) else ""
+                tag = " <- auto" if ctas == max_ctas and picked == "split" else ""
                 print(f"{k_in}x{n} K={bits} split-in-CTA ctas<={ctas:5d} {t.median_us:8.2f} us {pct:5.1f}%{tag}")
-            for warps in cands:
+            for warps in [] if args.no_streamk else cands:
                 ws = torch.empty(warps, 2, 128, device=dev)
 
                 def call(c):
@@ -90,8 +93,19 @@ def main() -> None:
 
                 t = graph_time([lambda c=c: call(c) for c in copies], replays=10)
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-                tag = " <- auto" if warps == full and not use_split(lib, dev, bits, torch.float16, n, k_in) else ""
+                tag = " <- auto" if warps == full and picked == "streamk" else ""
                 print(f"{k_in}x{n} K={bits} stream-K warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+            one_wave = local_ctas(lib, dev, bits, torch.float16, args.m, n)
+            for ctas in [one_wave] + [min(tiles, int(v)) for v in args.local_ctas.split(",") if v]:
+                def local_call(c, k=ctas):
+                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(None),
+                         ptr(None), args.m, n, k_in, STREAM_CTA_WARPS * k, pdl | FLAG_LOCAL, stream_of(dev)]
+                    lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
+
+                t = graph_time([lambda c=c: local_call(c) for c in copies], replays=10)
+                pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+                tag = " <- auto" if ctas == one_wave and picked == "local" else ""
+                print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d}        {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             if args.peers and bits == 4 and k_in % 128 == 0:
                 from lowbit.bench.methods import INT4_GROUP, _int4_prepare
 

@@ -12,9 +12,7 @@
     }                                                                                                         \
     /* resident warps per SM (one-wave grid of the stream-K kernel) */                                       \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
-        return lowbit::gemv::kWarps *                                                                         \
-               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<BITS, TYPE, M, false>,                  \
-                                       lowbit::gemv::stream_smem<BITS>(), lowbit::gemv::kWarps);             \
+        return lowbit::gemv::gemv_occupancy<BITS, TYPE, M>();                                                 \
     }
 #define LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)                                                                  \
     extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \

@@ -12,9 +12,7 @@
                                                            workspace, counters, m, n, k_in, n_warps, flags, stream);\
     }                                                                                                        \
     extern "C" int lowbit_nvfp4_gemv_occupancy_##NAME##_m##M(void) {                                         \
-        return lowbit::gemv::kWarps *                                                                        \
-               lowbit::gemv::occupancy(lowbit::gemv::kbit_gemv_kernel<4, TYPE, M, false, true>,              \
-                                       lowbit::gemv::stream_smem<4>(), lowbit::gemv::kWarps);                \
+        return lowbit::gemv::gemv_occupancy<4, TYPE, M, true>();                                             \
     }
 #define LOWBIT_DEFINE_NVFP4_DTYPE(NAME, TYPE)                                                                \
     LOWBIT_DEFINE_NVFP4_GEMV(NAME, TYPE, 1)                                                                  \

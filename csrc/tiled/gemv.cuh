@@ -20,11 +20,11 @@
 // This header holds the templates; each format's exported instances live in its own folder
 // (kbit/gemv.cu, nvfp4/tiled_gemv.cu).
 //
-// Two kernels share the decode: stream-K (large shapes; warps that share a tile write fp32
-// partials to global memory and the last one to finish it, found by an atomic counter, sums
-// them in warp order) and split-in-CTA (grouped MoE and small/mid dense shapes; the warps of a
-// tile reduce through shared memory in slice order). Both are deterministic: the summation
-// order never depends on which warp arrives first.
+// Two kernels share the decode: stream-K (dense; warps that share a tile sum their fp32 partials
+// in warp order, through global memory and an atomic counter, or -- "CTA-local" -- through shared
+// memory when every CTA owns whole tiles) and split-in-CTA (grouped MoE and small dense shapes;
+// the warps of a tile reduce through shared memory in slice order). All are deterministic: the
+// summation order never depends on which warp arrives first.
 #include <type_traits>
 #include <utility>
 
@@ -35,7 +35,8 @@
 namespace lowbit {
 namespace gemv {
 
-constexpr int kWarps = 8;  // warps per CTA
+constexpr int kWarps = 8;         // warps per CTA (split kernel)
+constexpr int kStreamWarps = 16;  // warps per CTA (stream-K kernel: one CTA per SM, see below)
 
 // Per-lane constants of the unit loop.
 template <typename T>
@@ -264,13 +265,25 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 // one table): the kernel is not short of bytes in flight (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md, ..._round_4_the_large_shape_ceiling.md).
 __host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 3 ? 3 : 2; }
 template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
-template <int BITS> __host__ __device__ constexpr size_t stream_smem() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
+// Shared memory: the table, then (CTA-local mode) fp32 partial tiles [warp][slot][acc register][lane].
+template <int BITS> __host__ __device__ constexpr size_t stream_table_bytes() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
+template <int BITS> __host__ __device__ constexpr size_t stream_smem() {
+    return stream_table_bytes<BITS>() + size_t(kStreamWarps) * 2 * 128 * sizeof(float);
+}
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
 // into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w
 // gets q + (w < r) units (q, r = units / n_warps, units % n_warps). A warp's range covers whole
 // tiles (written directly) and at most a partial head and tail tile, whose fp32 partials go to
-// workspace slot 0 (the warp's first tile) or 1 (its last). 32-bit math: units < 2^31.
+// slot 0 (the warp's first tile) or 1 (its last). 32-bit math: units < 2^31.
+//
+// Global mode: one range per warp over all units; partial tiles are summed through `workspace`
+// by the last warp to finish them (atomic counter, __threadfence: a chain of L2 round trips).
+// CTA-local mode (kFlagLocal; mid-size shapes): CTA c owns whole tiles (tiles are cut into
+// gridDim.x contiguous ranges, `tiles` below), its 16 warps cut the CTA's units into 16 ranges, and
+// partial tiles are summed from shared memory after one barrier. The grid is one CTA per SM, so the
+// whole GEMV is one wave (every CTA, not just the first wave, loads weights before the PDL wait),
+// balanced to a tile per CTA and a unit per warp, with no global atomics.
 struct StreamK {
     int q, r;
     __device__ __forceinline__ int begin(int w) const { return w * q + (w < r ? w : r); }
@@ -284,16 +297,28 @@ struct StreamK {
 // table (constants) are read before griddepcontrol.wait; x, y, workspace and counters
 // (stream-ordered data) only after it, and the next kernel is triggered right after it (common.cuh).
 template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false>
-__global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
+__global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
-    int n_warps, StreamK sk) {
+    int n_warps, StreamK sk, bool local, StreamK tiles) {
     constexpr bool QUAD = kStreamQuad<BITS>();
-    const int w = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int u_begin = sk.begin(w), u_end = sk.begin(w + 1);
+    // Global mode: warp w of all n_warps, ranges over all units. Local: warp `warp` of this CTA's
+    // units, which start at unit_base (its first tile's first unit); sk then describes the CTA.
+    int w = blockIdx.x * kStreamWarps + warp, unit_base = 0, cta_tiles = 0;
+    if (local) {
+        const int t0 = tiles.begin(blockIdx.x);
+        cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+        const int units = cta_tiles * n_groups;
+        sk = StreamK{units / kStreamWarps, units % kStreamWarps};
+        unit_base = t0 * n_groups;
+        w = warp;
+        n_warps = kStreamWarps;
+    }
+    const int u_begin = unit_base + sk.begin(w), u_end = unit_base + sk.begin(w + 1);
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
     // Start the first groups' loads before building the table: their latency hides the build.
@@ -301,24 +326,34 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
-    Lut<BITS, QUAD>::template build<kWarps * 32, T>(codebook);
+    Lut<BITS, QUAD>::template build<kStreamWarps * 32, T>(codebook);
     m = m < MAXM ? m : MAXM;
     __syncthreads();
-    if (w >= n_warps) return;
+    if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
     if constexpr (PDL) {
         pdl_wait();  // x, y, workspace and counters belong to the stream order
         pdl_launch_dependents();
     }
     const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
-    auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
+    float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
+    auto store = [&](const float (&v)[4], int tile) {
         const int row0 = tile * 16 + g;
-        if (g0 == 0 && g1 == n_groups) {  // whole tile: write the output
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-                if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(acc[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
+        }
+    };
+    auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
+        if (g0 == 0 && g1 == n_groups) {  // whole tile: write the output
+            store(acc, tile);
+            return;
+        }
+        if (local) {  // partial tile: summed from shared memory after the loop
+            float* p = red + (warp * 2 + (tile == first_tile ? 0 : 1)) * 128 + lane;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[32 * i] = acc[i];
             return;
         }
         // partial tile: [warp][slot][16 rows][8 tokens] fp32; the last contributor reduces
@@ -340,15 +375,25 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_gemv_kernel(
 #pragma unroll
             for (int i = 0; i < 4; ++i) sum[i] += __ldcg(p + (g + (i >> 1) * 8) * 8 + 2 * t + (i & 1));
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(sum[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
-        }
+        store(sum, tile);
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
     run_units<BITS, QUAD, T, S, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                           u_begin - first_tile * n_groups, n_groups, flush);
+    if (!local) return;
+    // CTA-local: each tile shared by warps w_first..w_last is summed in warp order by one warp.
+    __syncthreads();
+    for (int j = warp; j < cta_tiles; j += kStreamWarps) {
+        const int w_first = sk.warp_of(j * n_groups), w_last = sk.warp_of((j + 1) * n_groups - 1);
+        if (w_first == w_last) continue;  // one warp's whole tile: already written
+        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int v = w_first; v <= w_last; ++v) {
+            const float* p = red + (v * 2 + (j == sk.begin(v) / n_groups ? 0 : 1)) * 128 + lane;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sum[i] += p[32 * i];
+        }
+        store(sum, unit_base / n_groups + j);
+    }
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
@@ -531,8 +576,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     }
 }
 
-// The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2;
+// The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
+// bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4;
 
 // Pick the <PDL, ROT> instance of a kernel template (ROT only where the format has it).
 template <bool FP4, typename Pick>
@@ -573,16 +619,25 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     });
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
-    if (n_warps < 1 || units >= (int64_t(1) << 31) || n_warps > units) return static_cast<int>(cudaErrorInvalidValue);
+    const bool local = flags & kFlagLocal;
+    if (n_warps < 1 || units >= (int64_t(1) << 31) || (!local && n_warps > units)) return static_cast<int>(cudaErrorInvalidValue);
+    if (local && (n_warps % kStreamWarps || n_warps / kStreamWarps > n_tiles)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
-    const int grid = (n_warps + kWarps - 1) / kWarps;
-    Launch l(grid, kWarps, smem, stream, pdl);
+    const int grid = (n_warps + kStreamWarps - 1) / kStreamWarps;
+    const StreamK tiles{n_tiles / grid, n_tiles % grid};  // local: CTA c's tiles
+    Launch l(grid, kStreamWarps, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
         codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
-        n_groups, n_warps, sk);
+        n_groups, n_warps, sk, local, tiles);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
+}
+
+// Resident warps per SM of the stream-K kernel (one-wave grids; CTA-local mode: / kStreamWarps CTAs).
+template <int BITS, typename T, int MAXM, bool FP4 = false>
+int gemv_occupancy() {
+    return kStreamWarps * occupancy(kbit_gemv_kernel<BITS, T, MAXM, false, FP4>, stream_smem<BITS>(), kStreamWarps);
 }
 
 // Warps that share a tile in the split kernel: min(n_groups, kWarps), so that no warp decodes more

@@ -78,6 +78,8 @@ def tiled_format(fmt) -> TiledFormat:
 
 # The GEMV launchers' `flags` (csrc/tiled/gemv.cuh): bit 0 PDL, bit 1 the block-32 rotation.
 FLAG_ROT32 = 2
+#: The stream-K GEMV's CTA-local mode (csrc/tiled/gemv.cuh): each CTA owns whole tiles.
+FLAG_LOCAL = 4
 _FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(8))  # bits 1-2: a kernel family's own flags
 
 
@@ -126,18 +128,32 @@ def gemv_instance(m: int) -> int:
     return m if m <= 4 else GEMV_MAX_M
 
 
-def gemv_warps(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
-    """Warps for the stream-K GEMV: at most one full wave of resident warps (stream_k_warps)."""
+#: Warps per CTA of the stream-K kernel (kStreamWarps in csrc/tiled/gemv.cuh).
+STREAM_CTA_WARPS = 16
+
+
+def _stream_resident_warps(lib, device: torch.device, fmt, dtype: torch.dtype, m: int) -> int:
+    """Resident warps of the stream-K kernel on the whole GPU (one wave)."""
     m = gemv_instance(m)
     fmt = tiled_format(fmt)
     key = (device.index, fmt, dtype, m)
     if key not in _occupancy:
         op, sym = fmt.symbol("gemv_occupancy")
         fn = lib.symbol(op, **sym, dtype=dtype, m=m)
-        _occupancy[key] = max(1, fn())  # resident warps per SM
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+        _occupancy[key] = max(STREAM_CTA_WARPS, fn())  # resident warps per SM
+    return _occupancy[key] * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gemv_warps(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int, k_in: int) -> int:
+    """Warps for the stream-K GEMV: at most one full wave of resident warps (stream_k_warps)."""
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
-    return stream_k_warps(tiles, groups, _occupancy[key] * sms)
+    return stream_k_warps(tiles, groups, _stream_resident_warps(lib, device, fmt, dtype, m))
+
+
+def local_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int) -> int:
+    """CTAs of the stream-K kernel's CTA-local mode: one wave, at most one per tile."""
+    tiles = -(-n // 16)
+    return min(tiles, _stream_resident_warps(lib, device, fmt, dtype, m) // STREAM_CTA_WARPS)
 
 
 #: A tile-aligned warp count is used when it keeps at least this share of the resident warps busy.
@@ -167,7 +183,7 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
     return aligned if aligned >= ALIGNED_MIN_FILL * resident else resident
 
 
-#: Dense GEMV kernel choice: "auto" (below), "streamk" or "split" (tuning / benchmarks).
+#: Dense GEMV kernel choice: "auto" (dense_path), "streamk", "local" or "split" (tuning / benchmarks).
 DENSE_PATH = "auto"
 
 
@@ -214,6 +230,31 @@ def use_split(lib, device, fmt, dtype, n, k_in) -> bool:
     tiles, groups = kbit_tiled.tiled_shape(n, k_in)
     warps = gemv_warps(lib, device, fmt, dtype, 1, n, k_in)  # what stream-K would run on
     return not prefer_stream_k(tiles, groups, warps)
+
+
+#: Whether "auto" may pick stream-K's CTA-local mode. Off until its GPU tests have run to the end
+#: (benchmarks/journal/2026-11-25_cta_local_stream_k.md); ``DENSE_PATH = "local"`` runs it anywhere.
+USE_LOCAL = False
+
+
+def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
+    """The dense GEMV kernel for a shape: "split", "streamk" or "local" (stream-K, CTA-local).
+
+    The split kernel where it would run in one wave of CTAs (its lowest fixed cost); with
+    USE_LOCAL, the CTA-local stream-K where every CTA of a one-per-SM grid gets whole tiles;
+    otherwise (few tiles, long rows) the choice between split and global stream-K (use_split). H100, M = 1, K = 4, cold L2
+    (benchmarks/gemv_sweep.py): one-wave split beats local on 4096x4096 (7.5 vs 7.6-8.5 us) and
+    14336x4096 (14.6 vs 15.1-15.9); local beats split past one wave (4096x6144: 9.0-9.7 vs 10.1-10.3;
+    8192x10240: 19.6-20.3 vs 22.3) and global stream-K on large shapes (28672x8192: 48.7-48.9 vs
+    50.7; 8192x29568 K=2: 35.7 vs 38.2)."""
+    if DENSE_PATH != "auto":
+        return DENSE_PATH
+    split = use_split(lib, device, fmt, dtype, n, k_in)
+    if split and split_items(n, k_in) <= split_max_ctas(lib, device, fmt, dtype, 1):
+        return "split"
+    if USE_LOCAL and local_ctas(lib, device, fmt, dtype, 1, n) * STREAM_CTA_WARPS == _stream_resident_warps(lib, device, fmt, dtype, 1):
+        return "local"
+    return "split" if split else "streamk"
 
 
 def prefer_stream_k(tiles: int, groups: int, warps: int) -> bool:
@@ -274,18 +315,24 @@ class GemvLauncher(_Launcher):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
-        if use_split(lib, self.device, fmt, dtype, n, k_in):
+        path = dense_path(lib, self.device, fmt, dtype, n, k_in)
+        if path == "split":
             op, sym = fmt.symbol("split_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
             max_ctas = split_max_ctas(lib, self.device, fmt, dtype, 1)
             fixed = (c_int(m), qw, qa, cb, sc, c_int(1), c_int(n), c_int(k_in), c_int(max_ctas))
-            plan = ("split", fn, fixed)
+            plan = ("split", fn, fixed, self.flags)
         else:
             op, sym = fmt.symbol("gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
-            warps = gemv_warps(lib, self.device, fmt, dtype, m, n, k_in)
-            cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
-            plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), warps)
+            if path == "local":  # no workspace, no counters
+                warps = STREAM_CTA_WARPS * local_ctas(lib, self.device, fmt, dtype, m, n)
+                cnt, ws_warps, flags = ctypes.c_void_p(None), 0, self.flags | FLAG_LOCAL
+            else:
+                warps = gemv_warps(lib, self.device, fmt, dtype, m, n, k_in)
+                cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
+                ws_warps, flags = warps, self.flags
+            plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), ws_warps, flags)
         self._plans[(dtype, m)] = plan
         return plan
 
@@ -301,13 +348,14 @@ class GemvLauncher(_Launcher):
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
-                          _pdl_arg(self.pdl_ok, self.flags), stream)
+                          _pdl_arg(self.pdl_ok, plan[3]), stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
-            ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device)
-            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(ws.data_ptr()), cnt, m_, n, k,
-                          warps, _pdl_arg(self.pdl_ok, self.flags), stream)
+            # workspace (global mode): alive until the launch is queued, like y
+            ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device) if plan[4] else None
+            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(None if ws is None else ws.data_ptr()), cnt, m_, n, k,
+                          warps, _pdl_arg(self.pdl_ok, plan[5]), stream)
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y

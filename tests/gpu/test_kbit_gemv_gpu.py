@@ -31,9 +31,9 @@ def _shapes(gen):
     yield 2048, 2048 + 96  # K_in not a multiple of 256 (padded group)
 
 
-@pytest.fixture(params=["streamk", "split"])
+@pytest.fixture(params=["streamk", "local", "split"])
 def dense_path(request, monkeypatch):
-    """Run a dense test through each GEMV kernel (auto picks split-K-in-CTA for small shapes)."""
+    """Run a dense test through each GEMV kernel (auto picks one per shape: tiled.dense_path)."""
     monkeypatch.setattr(tiled, "DENSE_PATH", request.param)
     return request.param
 
@@ -99,6 +99,53 @@ def test_streamk_every_warp_count(bits, gen):
             err = _rel(buf[: m * n].view(m, n), ref)
             assert err <= 1e-3, f"warps={warps} m={m}: rel err {err:.2e}"
             assert buf[m * n :].isnan().all()
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_local_gemv_every_grid(bits, pdl, gen):
+    """Stream-K's CTA-local mode (each CTA owns whole tiles, its 16 warps share them, partial tiles
+    summed in shared memory): grids from one CTA to one per tile, so CTAs own 1..all tiles, warps
+    own less than a unit's share (empty ranges), parts of one tile, or several tiles; NaN-filled
+    output with a guard tail, K_in % 256 != 0, and bit-equal results on a repeat."""
+    lib = get_library()
+    for n, k_in in ((16 * 37 - 5, 256 * 5 - 96), (16 * 3, 256 * 40), (16 * 300 + 3, 256 * 4 + 32)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        qw, qa = q.tiled()
+        tiles = -(-n // 16)
+        for m in (1, 8):
+            x = torch.randn(m, k_in, generator=gen).half().cuda()
+            ref = _ref(x, q)
+            one_wave = tiled.local_ctas(lib, x.device, bits, torch.float16, m, n)
+            for ctas in sorted({min(tiles, c) for c in (1, 7, tiles, one_wave)}):
+                outs = []
+                for _ in range(2):
+                    buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+                    args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(None),
+                            ptr(None), m, n, k_in, tiled.STREAM_CTA_WARPS * ctas, pdl | tiled.FLAG_LOCAL,
+                            stream_of(x.device)]
+                    lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
+                    torch.cuda.synchronize()
+                    assert buf[m * n :].isnan().all()
+                    outs.append(buf[: m * n].view(m, n))
+                err = _rel(outs[0], ref)
+                assert err <= 1e-3, f"N={n} K_in={k_in} m={m} ctas={ctas}: rel err {err:.2e}"
+                assert torch.equal(outs[0], outs[1])
+
+
+def test_local_gemv_rejects_bad_grids(gen):
+    """CTA-local mode: warp counts that are not whole 16-warp CTAs, or more CTAs than tiles, are refused."""
+    lib = get_library()
+    n, k_in = 64, 512
+    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=4).to("cuda")
+    qw, qa = q.tiled()
+    x = torch.randn(1, k_in, generator=gen).half().cuda()
+    y = torch.empty(1, n, dtype=torch.float16, device="cuda")
+    for warps in (15, 24, 16 * 5):
+        args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(None), ptr(None),
+                1, n, k_in, warps, tiled.FLAG_LOCAL, stream_of(x.device)]
+        with pytest.raises(RuntimeError):
+            lib.call("kbit_gemv", args, bits=4, dtype=torch.float16, m=1)
 
 
 @pytest.mark.parametrize("pdl", [0, 1])
@@ -268,7 +315,7 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
         assert torch.equal(y, lowbit.kbit_grouped_linear(x, off, ex))
 
 
-@pytest.mark.parametrize("dense_path", ["split", "streamk"])
+@pytest.mark.parametrize("dense_path", ["split", "streamk", "local"])
 def test_pdl_chain_in_graph_equals_serialized_chain(dense_path, gen, monkeypatch):
     """Programmatic dependent launch: y2 = W2 (W1 x) (kbit GEMVs back to back, the second reading the
     first's output) and a grouped GEMV whose expert offsets come from the kernel before it, captured

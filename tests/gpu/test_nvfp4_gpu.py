@@ -99,7 +99,7 @@ def test_nvfp4_e4m3_scale_extremes(gen):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
-@pytest.mark.parametrize("path", ["streamk", "split"])
+@pytest.mark.parametrize("path", ["streamk", "local", "split"])
 def test_nvfp4_gemv_matches_reference(dtype, m, path, gen, monkeypatch):
     """The decode GEMV (both kernels) on NVFP4 weights: full-range scales, odd N, K % 256 != 0."""
     monkeypatch.setattr(tiled, "DENSE_PATH", path)
