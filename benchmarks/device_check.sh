@@ -25,7 +25,11 @@ esac
   nvidia-smi --query-gpu=name,driver_version --format=csv
   echo "== gpu tests ${SUITE:-}"
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -m gpu -q -p no:cacheprovider -n "${WORKERS:-4}" -rf $FILES 2>&1 | tail -25
+  # -v into a log: a run stopped by the timeout still says which tests passed
+  timeout "${TEST_TIMEOUT:-500}" python3 -m pytest -m gpu -v -p no:cacheprovider -n "${WORKERS:-4}" -rf --durations=10 $FILES \
+      > "$OUT/pytest_${SUITE:-custom}.log" 2>&1
+  echo "exit $?; $(grep -c ' PASSED' "$OUT/pytest_${SUITE:-custom}.log") passed, $(grep -c ' FAILED' "$OUT/pytest_${SUITE:-custom}.log") failed lines"
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest_${SUITE:-custom}.log" | grep -v " PASSED" | tail -25
   if [ "${SUITE:-}" = a ]; then
     echo "== timing tests (the GPU alone)"; timeout 120 python3 -m pytest -m timing -q -p no:cacheprovider tests 2>&1 | tail -3
   fi

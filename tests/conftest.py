@@ -7,6 +7,11 @@ from hypothesis import settings
 settings.register_profile("default", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Under pytest-xdist each worker would run torch's CPU ops (quantizing test inputs, references)
+    # on every core: N workers x all cores oversubscribe the machine. Share the cores instead.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
