@@ -4,7 +4,7 @@ its integrity checks, and install other tools' NVFP4 checkpoints (:mod:`.checkpo
 
 from .checkpoint import LoadError, load_nvfp4_checkpoint, load_quantized, save_quantized
 from .calibrate import CalibrationInfo, GptqOptions, gptq_recipe
-from .quantize import QuantizeReport, model_bytes, quantize_model
+from .quantize import QuantizePlan, QuantizeReport, model_bytes, plan_quantization, quantize_model
 
 __all__ = ["CalibrationInfo", "GptqOptions", "gptq_recipe", "LoadError", "QuantizeReport", "load_nvfp4_checkpoint", "load_quantized",
-           "model_bytes", "quantize_model", "save_quantized"]
+           "model_bytes", "plan_quantization", "QuantizePlan", "quantize_model", "save_quantized"]

@@ -58,7 +58,8 @@ def _safetensors():
     return safe_open, save_file
 
 
-def _crc32(t: torch.Tensor) -> int:
+def crc32(t: torch.Tensor) -> int:
+    """CRC-32 of a CPU tensor's bytes (the checkpoints' per-tensor checksum)."""
     return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().data)
 
 
@@ -66,7 +67,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _module_config(mod: QuantizedModule) -> dict:
+def module_config(mod: QuantizedModule) -> dict:
+    """A quantized module's checkpoint entry: its type and what rebuilds its empty skeleton."""
     return {"type": type(mod).__name__, **mod.checkpoint_config()}
 
 
@@ -86,7 +88,7 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     quantized = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedModule)}
-    modules = {name: _module_config(m) for name, m in quantized.items()}
+    modules = {name: module_config(m) for name, m in quantized.items()}
 
     state = model.state_dict()
     format_keys = {f"{name}.{k}" for name, m in quantized.items() for k in m.state_dict()
@@ -122,7 +124,7 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(directory / fname), metadata=meta)
         for key, t in shard.items():
-            entries[key] = {"file": fname, "dtype": _dtype_name(t.dtype), "shape": list(t.shape), "crc32": _crc32(t)}
+            entries[key] = {"file": fname, "dtype": _dtype_name(t.dtype), "shape": list(t.shape), "crc32": crc32(t)}
     index = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "lowbit_version": __version__,
              "modules": modules, "tensors": entries, "aliases": aliases,
              # how the weights were chosen (quantize_model's method, calibration data and options)
@@ -155,7 +157,7 @@ def _read_index(directory: Path) -> dict:
     return index
 
 
-def _skeleton_module(model: nn.Module, name: str, cfg: dict) -> QuantizedModule:
+def skeleton_module(model: nn.Module, name: str, cfg: dict) -> QuantizedModule:
     """The empty quantized module (on meta) that replaces ``name`` in the skeleton."""
     cls = REGISTRY.get(cfg.get("type")) if isinstance(cfg, dict) else None
     if cls is None:
@@ -220,7 +222,7 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
         device = real[0] if real else torch.device("cpu")
     device = torch.device(device)
 
-    replaced = {name: _skeleton_module(model, name, cfg) for name, cfg in index["modules"].items()}
+    replaced = {name: skeleton_module(model, name, cfg) for name, cfg in index["modules"].items()}
     expected = _expected_state(model, replaced)
     entries, aliases = index["tensors"], index["aliases"]
     quantized_keys = {f"{n}.{k}" for n, m in replaced.items() for k in m.state_dict() if k != "bias"}
@@ -270,7 +272,7 @@ def load_quantized(model: nn.Module, directory: str | os.PathLike, *, device: st
                     if list(t.shape) != list(e["shape"]) or _dtype_name(t.dtype) != e["dtype"]:
                         raise LoadError(f"tensor {key!r} in {fname} is {_dtype_name(t.dtype)}{list(t.shape)}, "
                                         f"the index says {e['dtype']}{e['shape']}")
-                    if _crc32(t) != e["crc32"]:
+                    if crc32(t) != e["crc32"]:
                         raise LoadError(f"tensor {key!r} in {fname} fails its checksum: the file is corrupted or was modified")
                     staged[key] = t
         except LoadError:

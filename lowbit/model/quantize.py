@@ -122,7 +122,68 @@ def _skip_reason(name: str, mod: nn.Module, patterns: tuple[str, ...], skip_fn, 
     return None
 
 
-def quantize_model(
+@dataclass
+class QuantizePlan:
+    """The layers :func:`quantize_model` takes and how each is built (:func:`plan_quantization` makes one).
+    ``items``: ``(name, module, kind)`` in model order; kind ``"linear"``, ``"experts"``, or ``"fused"``,
+    whose module is ``(parent, child names, linears, bits or None)``."""
+
+    linear_cls: type
+    items: list
+    report: QuantizeReport
+    parents: dict
+    bits: int
+    codebook: torch.Tensor | str | None
+    rotation: int
+    layer_bits: Callable[[str], int | None]
+
+    def bits_of(self, item) -> int:
+        """The bits ``item`` is quantized to."""
+        return (item[1][3] if item[2] == "fused" else self.layer_bits(item[0])) or self.bits
+
+    @staticmethod
+    def tensors(item) -> list[tuple[nn.Module, str]]:
+        """(module, tensor name) of every tensor ``item``'s build reads."""
+        _, mod, kind = item
+        mods = mod[2] if kind == "fused" else [mod]
+        return [(m, t) for m in mods for t, _ in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]]
+
+    def build(self, item, quantized=None) -> nn.Module:
+        """Install ``item``'s quantized module (from a calibration result, or rounded to nearest); returns it."""
+        name, mod, kind = item
+        given = {} if quantized is None else {"quantized": quantized}  # formats without GPTQ need not take it
+        rotated = {"rotation": self.rotation} if self.rotation and kind != "experts" else {}
+        if kind == "fused":
+            parent, g, mods, b = mod
+            b = b or self.bits
+            new = self.linear_cls.fused_class.from_linears(mods, b, self.codebook, **given, **rotated)
+            new.train(mods[0].training)
+            install(parent, g, new)
+            before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
+            self.report.layers.append(LayerReport(name, kind, (new.out_features, new.in_features), before,
+                                                  _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b,
+                                                  linears=len(mods)))
+            return new
+        b = self.layer_bits(name) or self.bits
+        if kind == "linear":
+            new = self.linear_cls.from_linear(mod, bits=b, codebook=self.codebook, **given, **rotated)
+            before = _tensor_bytes(mod.weight, mod.bias)
+            after = _tensor_bytes(*new.buffers(), new.bias)
+            shape = (mod.out_features, mod.in_features)
+        else:
+            new = self.linear_cls.experts_class.from_experts(mod, b, self.codebook, **given)
+            before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
+            after = _tensor_bytes(*new.buffers(recurse=False))
+            shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
+        new.train(mod.training)
+        for parent, cname in self.parents.get(id(mod), []):
+            setattr(parent, cname, new)
+        self.report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b,
+                                              linears=int(kind == "linear")))
+        return new
+
+
+def plan_quantization(
     model: nn.Module,
     bits: int = 4,
     codebook: torch.Tensor | None = None,
@@ -132,47 +193,12 @@ def quantize_model(
     experts: bool = True,
     bits_for: dict[str, int] | None = None,
     fuse: bool | Iterable[Iterable[str]] | None = None,
-    progress: bool = True,
-    method: str = "rtn",
-    calibration: torch.Tensor | list[str] | str | None = None,
-    tokenizer=None,
-    gptq: GptqOptions | None = None,
     rotation: int = 0,
-) -> QuantizeReport:
-    """Quantize ``model`` in place; returns a :class:`QuantizeReport`.
-
-    ``format="kbit"`` (default): every ``nn.Linear`` -> :class:`KbitLinear` (K = ``bits``), every fused MoE
-    expert block (transformers 5.x) -> :class:`KbitMoeExperts`. ``format="nvfp4"``: every ``nn.Linear`` ->
-    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook`` and ``bits_for`` are kbit's; MoE expert blocks stay as
-    they are and are listed in the report).
-
-    * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
-      embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass
-      ``()`` to quantize everything. Embeddings are never ``nn.Linear`` and stay as they are.
-    * A layer whose input size is not a multiple of 32 stays unquantized, with a warning; the
-      report lists it and why.
-    * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
-      (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
-      ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
-    * ``fuse`` (kbit, NVFP4): quantize sibling linears that read the same input as one weight (one kernel launch;
-      :mod:`lowbit.nn.fused`). ``True`` fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3, ...), ``False``
-      quantizes every linear alone, or pass the groups of child names; None: the format's default
-      (``fuse_by_default``: kbit fuses, NVFP4 not yet: its fused decode has no GPU measurement). Measured on the
-      H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
-      where all its members are quantized linears of one parent with the same input size, bias presence,
-      dtype, device and bits; else each stays alone.
-    * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
-    * ``method``: ``"rtn"`` (default) rounds each weight to nearest; ``"gptq"`` calibrates
-      (:mod:`lowbit.model.calibrate`): GPTQ block by block over the model's decoder blocks, every format
-      that names a column quantizer (kbit, NVFP4). ``calibration``: token ids ``[samples, seq_len]``, a
-      list of strings, or None for the default text (the Python language reference, ``pydoc_data``; not
-      the text ``lowbit eval`` scores on); text needs ``tokenizer``. ``gptq``: :class:`GptqOptions`
-      (damping, act-order, samples x seq_len, ...). The report's ``calibration`` says what was done,
-      and ``model.lowbit_quantization`` keeps it for :func:`save_quantized`.
-    * ``rotation=32`` (kbit and SBVR linears): store each weight rotated by a block-32 Walsh-Hadamard transform and
-      rotate its inputs the same way (:mod:`lowbit.formats.kbit.rotation`); with GPTQ it lowers the error
-      at 2-3 bits. MoE expert blocks stay unrotated.
-    """
+) -> QuantizePlan:
+    """What :func:`quantize_model` (same arguments) would do to ``model``, without doing it: the layers it
+    takes, in model order, each built by :meth:`QuantizePlan.build`. The weights may still be on the meta
+    device: transformers' loader (:mod:`lowbit.hf.quantizer`) plans on the empty model and builds each layer
+    as its tensors arrive."""
     linear_cls = linear_class(format)  # ValueError naming the formats for an unknown one
     fused_cls, experts_cls = linear_cls.fused_class, linear_cls.experts_class
     if fuse and fused_cls is None:
@@ -181,17 +207,6 @@ def quantize_model(
     linear_cls.check_options(bits=bits, codebook=codebook)
     if isinstance(rotation, bool) or rotation not in linear_cls.rotations:
         raise ValueError(f"rotation must be one of {linear_cls.rotations} for format={format!r}, got {rotation!r}")
-    if method not in ("rtn", "gptq"):
-        raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
-    if method == "rtn" and (calibration is not None or tokenizer is not None or gptq is not None):
-        raise ValueError("calibration, tokenizer and gptq are options of method='gptq'")
-    if method == "gptq":
-        if linear_cls.column_quantizer is None:
-            raise ValueError(f"format={format!r} has no column quantizer: method='gptq' is not available for it")
-        gptq = gptq if gptq is not None else GptqOptions()
-        if not isinstance(gptq, GptqOptions):
-            raise TypeError(f"gptq must be a lowbit.GptqOptions, got {type(gptq).__name__}")
-        gptq.check()
     bits_for = dict(bits_for or {})
     for pat, b in bits_for.items():
         if not isinstance(pat, str):
@@ -271,44 +286,81 @@ def quantize_model(
         items.append((position[id(mods[0])], (label, (parent, g, mods, layer_bits(f"{pname}.{g[0]}" if pname else g[0])), "fused")))
     items = [t for _, t in sorted(items, key=lambda it: it[0])]
 
+    return QuantizePlan(linear_cls=linear_cls, items=items, report=report, parents=parents, bits=bits,
+                        codebook=codebook, rotation=rotation, layer_bits=layer_bits)
+
+
+def quantize_model(
+    model: nn.Module,
+    bits: int = 4,
+    codebook: torch.Tensor | None = None,
+    skip: Iterable[str] | Callable[[str, nn.Module], bool] | None = DEFAULT_SKIP,
+    *,
+    format: str = "kbit",
+    experts: bool = True,
+    bits_for: dict[str, int] | None = None,
+    fuse: bool | Iterable[Iterable[str]] | None = None,
+    progress: bool = True,
+    method: str = "rtn",
+    calibration: torch.Tensor | list[str] | str | None = None,
+    tokenizer=None,
+    gptq: GptqOptions | None = None,
+    rotation: int = 0,
+) -> QuantizeReport:
+    """Quantize ``model`` in place; returns a :class:`QuantizeReport`.
+
+    ``format="kbit"`` (default): every ``nn.Linear`` -> :class:`KbitLinear` (K = ``bits``), every fused MoE
+    expert block (transformers 5.x) -> :class:`KbitMoeExperts`. ``format="nvfp4"``: every ``nn.Linear`` ->
+    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook`` and ``bits_for`` are kbit's; MoE expert blocks stay as
+    they are and are listed in the report).
+
+    * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
+      embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass
+      ``()`` to quantize everything. Embeddings are never ``nn.Linear`` and stay as they are.
+    * A layer whose input size is not a multiple of 32 stays unquantized, with a warning; the
+      report lists it and why.
+    * ``bits_for``: ``{fnmatch pattern: bits}`` for the modules that take other bits than ``bits``
+      (first match wins); a module it names is quantized even where ``skip`` would leave it, e.g.
+      ``bits_for={"lm_head": 5}`` adds the output projection at 5 bits.
+    * ``fuse`` (kbit, NVFP4): quantize sibling linears that read the same input as one weight (one kernel launch;
+      :mod:`lowbit.nn.fused`). ``True`` fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3, ...), ``False``
+      quantizes every linear alone, or pass the groups of child names; None: the format's default
+      (``fuse_by_default``: kbit fuses, NVFP4 not yet: its fused decode has no GPU measurement). Measured on the
+      H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
+      where all its members are quantized linears of one parent with the same input size, bias presence,
+      dtype, device and bits; else each stays alone.
+    * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).
+    * ``method``: ``"rtn"`` (default) rounds each weight to nearest; ``"gptq"`` calibrates
+      (:mod:`lowbit.model.calibrate`): GPTQ block by block over the model's decoder blocks, every format
+      that names a column quantizer (kbit, NVFP4). ``calibration``: token ids ``[samples, seq_len]``, a
+      list of strings, or None for the default text (the Python language reference, ``pydoc_data``; not
+      the text ``lowbit eval`` scores on); text needs ``tokenizer``. ``gptq``: :class:`GptqOptions`
+      (damping, act-order, samples x seq_len, ...). The report's ``calibration`` says what was done,
+      and ``model.lowbit_quantization`` keeps it for :func:`save_quantized`.
+    * ``rotation=32`` (kbit and SBVR linears): store each weight rotated by a block-32 Walsh-Hadamard transform and
+      rotate its inputs the same way (:mod:`lowbit.formats.kbit.rotation`); with GPTQ it lowers the error
+      at 2-3 bits. MoE expert blocks stay unrotated.
+    """
+    linear_cls = linear_class(format)  # ValueError naming the formats for an unknown one
+    if method not in ("rtn", "gptq"):
+        raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
+    if method == "rtn" and (calibration is not None or tokenizer is not None or gptq is not None):
+        raise ValueError("calibration, tokenizer and gptq are options of method='gptq'")
+    if method == "gptq":
+        if linear_cls.column_quantizer is None:
+            raise ValueError(f"format={format!r} has no column quantizer: method='gptq' is not available for it")
+        gptq = gptq if gptq is not None else GptqOptions()
+        if not isinstance(gptq, GptqOptions):
+            raise TypeError(f"gptq must be a lowbit.GptqOptions, got {type(gptq).__name__}")
+        gptq.check()
+    plan = plan_quantization(model, bits, codebook, skip, format=format, experts=experts, bits_for=bits_for, fuse=fuse,
+                             rotation=rotation)
+    report, items, build, experts_cls = plan.report, plan.items, plan.build, linear_cls.experts_class
+    plan.items = []  # `items` holds the only references: each original layer is freed once replaced
     devices = {str(m.weight.device if k == "linear" else m.gate_up_proj.device) for _, m, k in items if k != "fused"}
-    devices |= {str(mods[0].weight.device) for _, _, _, mods in fusions}
+    devices |= {str(m[2][0].weight.device) for _, m, k in items if k == "fused"}
     report.device = ",".join(sorted(devices)) or "-"
     sync = any(d.startswith("cuda") for d in devices)
-    del fusions, todo  # `items` holds the only references: each original layer is freed once replaced
-
-    def build(item, quantized=None) -> None:
-        """Install ``item``'s quantized module (from a calibration result, or rounded to nearest)."""
-        name, mod, kind = item
-        given = {} if quantized is None else {"quantized": quantized}  # formats without GPTQ need not take it
-        rotated = {"rotation": rotation} if rotation and kind != "experts" else {}
-        if kind == "fused":
-            parent, g, mods, b = mod
-            b = b or bits
-            new = fused_cls.from_linears(mods, b, codebook, **given, **rotated)
-            new.train(mods[0].training)
-            install(parent, g, new)
-            before = sum(_tensor_bytes(m.weight, m.bias) for m in mods)
-            report.layers.append(LayerReport(name, kind, (new.out_features, new.in_features), before,
-                                             _tensor_bytes(*new.buffers(), new.bias), new.format_bytes(), b,
-                                             linears=len(mods)))
-            return
-        b = layer_bits(name) or bits
-        if kind == "linear":
-            new = linear_cls.from_linear(mod, bits=b, codebook=codebook, **given, **rotated)
-            before = _tensor_bytes(mod.weight, mod.bias)
-            after = _tensor_bytes(*new.buffers(), new.bias)
-            shape = (mod.out_features, mod.in_features)
-        else:
-            new = experts_cls.from_experts(mod, b, codebook, **given)
-            before = _tensor_bytes(mod.gate_up_proj, mod.down_proj)
-            after = _tensor_bytes(*new.buffers(recurse=False))
-            shape = (new.num_experts, new.hidden_dim, new.intermediate_dim)
-        new.train(mod.training)
-        for parent, cname in parents.get(id(mod), []):
-            setattr(parent, cname, new)
-        report.layers.append(LayerReport(name, kind, shape, before, after, new.format_bytes(), b,
-                                         linears=int(kind == "linear")))
 
     start = time.perf_counter()
     if method == "gptq" and experts_cls is not None and not experts_cls.calibrated:
@@ -324,7 +376,7 @@ def quantize_model(
         report.method = "gptq"
         report.calibration = calibrate(
             model, items, build, linear_cls.column_quantizer, ids=ids, data=data, options=gptq,
-            bits_of=lambda it: (it[1][3] if it[2] == "fused" else layer_bits(it[0])) or bits, rotation=rotation,
+            bits_of=plan.bits_of, rotation=rotation,
             codebook=codebook, progress=progress)
         del items
     else:
