@@ -74,6 +74,11 @@ class LowbitConfig(QuantizationConfigMixin):
         # each of their tensors, so that from_pretrained(directory) rebuilds the modules and checks their bytes.
         self.modules = modules
         self.checksums = checksums
+        if kwargs.get("method", "rtn") != "rtn":
+            raise ValueError(f"method={kwargs['method']!r}: calibrated quantization runs the whole model on calibration "
+                             "text, which from_pretrained cannot; load the model, then call lowbit.quantize_model(model, "
+                             "method='gptq')")
+        kwargs.pop("method", None)
         unknown = set(kwargs) - {"quant_method"}
         if unknown:
             raise TypeError(f"LowbitConfig got unknown options {sorted(unknown)}")
