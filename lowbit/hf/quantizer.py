@@ -42,6 +42,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ..model.checkpoint import LoadError, crc32, module_config, skeleton_module
 from ..model.quantize import DEFAULT_SKIP, QuantizePlan, model_bytes, plan_quantization
 from ..nn import QuantizedModule, linear_class
+from ..nn.fused import FusedParts, fused_name
+from . import tp
 
 #: transformers' name of the method (``config.json``'s ``quantization_config.quant_method``).
 METHOD = "lowbit"
@@ -119,6 +121,7 @@ class LowbitHfQuantizer(HfQuantizer):
         self._built: set[int] = set()
         self._derived: list[tuple[nn.Module, str, torch.Tensor]] = []  # built modules' non-persistent buffers
         self._loaded: dict[str, QuantizedModule] = {}  # a saved model's modules, by name
+        self._model = None  # the model being loaded
         self._started = 0.0
 
     def validate_environment(self, *args, **kwargs):
@@ -128,12 +131,24 @@ class LowbitHfQuantizer(HfQuantizer):
                             "(config.json was not written by save_pretrained of a lowbit model)")
 
     def _process_model_before_weight_loading(self, model, **kwargs):
+        self._model = model
         if self.pre_quantized:  # a saved lowbit model: its modules' empty skeletons take the saved tensors
             self._loaded = {name: skeleton_module(model, name, cfg) for name, cfg in self.quantization_config.modules.items()}
             for name, mod in self._loaded.items():
                 mod.install(model, name)
+                for m in self._called(model, name, mod):
+                    m._lowbit_tp_managed = mod.k_multiple  # a TP plan's split is lowbit's (lowbit.hf.tp)
             return model
         self.plan = plan_quantization(model, **self.quantization_config.plan_kwargs())
+        dist_cfg = getattr(model.config, "distributed_config", None)
+        experts = [name for name, _, kind in self.plan.items if kind == "experts"]
+        if experts and getattr(dist_cfg, "tp_size", 1) > 1:
+            raise NotImplementedError(
+                f"lowbit: MoE expert blocks ({experts[0]}, ...) are not split for tensor parallelism by lowbit yet; "
+                "LowbitConfig(experts=False) leaves them to transformers (unquantized)")
+        for _, mod, kind in self.plan.items:
+            for m in mod[2] if kind == "fused" else [mod]:
+                m._lowbit_tp_managed = self.plan.linear_cls.k_multiple
         names = {id(m): n for n, m in model.named_modules()}
         self._item_of.clear()
         self._pending.clear()
@@ -166,10 +181,29 @@ class LowbitHfQuantizer(HfQuantizer):
         if not pending and i not in self._built:
             self._build(i)
 
+    @staticmethod
+    def _called(model, name: str, mod: QuantizedModule) -> list[nn.Module]:
+        """The modules the model calls for ``mod`` installed as ``name`` (a fused module: its parts)."""
+        if isinstance(mod, FusedParts):
+            parent = model.get_submodule(name.rpartition(".")[0])
+            return [getattr(parent, n) for n in mod.part_names]
+        return [mod]
+
     def _build(self, i: int) -> None:
         item = self.plan.items[i]
+        name, mod, kind = item
+        distributed = getattr(self._model, "_device_mesh", None) is not None
+        if kind == "experts" and distributed:
+            raise NotImplementedError(
+                f"lowbit: {name}: MoE expert blocks are not split for tensor parallelism by lowbit yet; "
+                "LowbitConfig(experts=False) leaves them to transformers (unquantized)")
+        members = mod[2] if kind == "fused" else [mod]
+        style = tp.recorded(members, name)
+        slots = [(mod[0], fused_name(mod[1]))] if kind == "fused" else self.plan.parents.get(id(mod), [])
         with torch.no_grad():
             new = self.plan.build(item)
+            if style is not None:
+                new = tp.place(new, slots, *style)
         # transformers re-allocates every non-persistent buffer after loading (empty, for _init_weights to fill):
         # keep ours (e.g. an expert block's expert_range) to put back
         self._derived += [(new, b, new._buffers[b]) for b in new._non_persistent_buffers_set]
@@ -177,8 +211,10 @@ class LowbitHfQuantizer(HfQuantizer):
         self.plan.items[i] = None  # its dense tensors are freed with the replaced modules
 
     def _process_model_after_weight_loading(self, model, **kwargs):
+        model.config.base_model_tp_plan = tp.original_styles(getattr(model.config, "base_model_tp_plan", None))
         if self.pre_quantized:
             self._check_loaded(model)
+            self._model = None
             return model
         # Items whose tensors the checkpoint lacked: transformers initialized them (and reports them missing).
         for i in sorted(set(self._pending) - self._built):
@@ -198,7 +234,7 @@ class LowbitHfQuantizer(HfQuantizer):
         model.lowbit_quantization = {"format": report.label, "method": "rtn",
                                      "rotation": self.quantization_config.rotation}
         model.lowbit_report = report
-        self.plan = None
+        self.plan = self._model = None
         return model
 
     def _check_loaded(self, model) -> None:
@@ -217,8 +253,13 @@ class LowbitHfQuantizer(HfQuantizer):
             except ValueError as e:
                 raise LoadError(str(e)) from None
             device = next(t.device for t in state.values())
+            style = tp.recorded(self._called(model, name, mod), name)
             mod.install(model, name, device)  # re-derives non-persistent buffers (transformers re-allocated them)
             mod.tensors_changed()
+            if style is not None:
+                parent_name, _, child = name.rpartition(".")
+                with torch.no_grad():
+                    tp.place(mod, [(model.get_submodule(parent_name), child)], *style)
         self._loaded = {}
 
     def get_state_dict_and_metadata(self, model):
@@ -232,6 +273,9 @@ class LowbitHfQuantizer(HfQuantizer):
         return None, {}
 
     def update_tp_plan(self, config):
+        """Under a TP plan, lowbit splits the linears it quantizes itself (lowbit.hf.tp)."""
+        tp.register_styles()
+        config.base_model_tp_plan = tp.plan_styles(getattr(config, "base_model_tp_plan", None))
         return config
 
     @property

@@ -118,6 +118,42 @@ class QuantizedModule(nn.Module):
     def tensors_changed(self) -> None:
         """Forget what was derived from the tensors (launchers, decoded copies) after a load replaced them."""
 
+    # -- tensor parallelism -------------------------------------------------------------------
+    def tp_shard(self, style: str, rank: int, world: int) -> "QuantizedModule":
+        """Rank ``rank`` of ``world``'s part of this module for tensor parallelism, as a new module.
+
+        ``style="colwise"``: output rows split in ``world`` equal parts (a fused module splits each of its
+        projections, so every rank keeps its part of each); ``"rowwise"``: input columns split, each part a
+        whole number of the format's blocks (``k_multiple``), the bias kept whole (the rowwise layer adds it
+        once, after summing the partial outputs). Codebooks and tensor scales are shared, so the parts are
+        exactly slices of this module's weight."""
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
+        sizes = list(getattr(self, "out_sizes", None) or [self.out_features])
+        if style == "colwise":
+            bad = [n for n in sizes if n % world]
+            if bad:
+                raise ValueError(f"{type(self).__name__}: output size {bad[0]} does not split into {world} equal "
+                                 "tensor-parallel parts")
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            rows = torch.cat([torch.arange(o + rank * (n // world), o + (rank + 1) * (n // world))
+                              for o, n in zip(offsets, sizes)])
+            return self._tp_part(rows, None, [n // world for n in sizes])
+        if style == "rowwise":
+            k = self.in_features
+            part = k // world
+            if k % world or part % self.k_multiple:
+                raise ValueError(
+                    f"{type(self).__name__}: input size {k} does not split into {world} tensor-parallel parts of whole "
+                    f"{self.k_multiple}-element blocks (each part would be {k / world:g} columns); use a tensor-parallel "
+                    f"size that divides {k} into multiples of {self.k_multiple}")
+            return self._tp_part(None, (rank * part, (rank + 1) * part), sizes)
+        raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+
+    def _tp_part(self, rows: torch.Tensor | None, cols: tuple[int, int] | None, out_sizes: list[int]):
+        """The module of output rows ``rows`` (None: all) and input columns ``cols`` (None: all)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be split for tensor parallelism")
+
 
 def linear_class(format_name: str) -> type[QuantizedModule]:
     """The module that quantizes ``nn.Linear`` layers to ``format_name`` (ValueError naming the known ones)."""

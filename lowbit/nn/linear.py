@@ -213,6 +213,26 @@ class KbitLinear(QuantizedModule):
     def tensors_changed(self) -> None:
         self._launcher = self._cpu_weight = None
 
+    def _tp_part(self, rows, cols, out_sizes):
+        planes, absmax = self.to_compact(self.qweight, self.qabsmax, self.out_features, self.in_features)
+        if rows is not None:
+            rows = rows.to(planes.device)
+            planes, absmax = planes[rows], absmax[rows]
+        b0, b1 = (cols[0] // kbit.BLOCK, cols[1] // kbit.BLOCK) if cols else (0, planes.shape[1])
+        planes, absmax = planes[:, b0:b1].contiguous(), absmax[:, b0:b1].contiguous()
+        k, bias = (b1 - b0) * kbit.BLOCK, self.bias is not None
+        if len(out_sizes) > 1:  # a fused module: the same parts, each split
+            new = type(self)(k, out_sizes, bias=bias, bits=self.bits, device="meta", rotation=self.rotation)
+            new.part_names = self.part_names
+        else:
+            new = KbitLinear(k, out_sizes[0], bias=bias, bits=self.bits, device="meta", rotation=self.rotation)
+        new.set_quantized(*self.from_compact(planes, absmax), self.codebook, self.scale)
+        if bias:
+            b = self.bias.detach()
+            new.bias = nn.Parameter((b[rows.to(b.device)] if rows is not None else b).clone(), requires_grad=False)
+        new.train(self.training)
+        return new
+
     # -- bookkeeping -------------------------------------------------------------------------
     def format_bytes(self) -> int:
         """Nominal bytes of the kbit format: (bits + 8/32) per weight."""

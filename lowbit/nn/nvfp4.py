@@ -138,6 +138,29 @@ class NvFp4Linear(QuantizedModule):
     def tensors_changed(self) -> None:
         self._w = self._w_src = None
 
+    def _tp_part(self, rows, cols, out_sizes):
+        b = self._buffers
+        codes, scales = b["weight"], b["weight_scale"]
+        if rows is not None:
+            rows = rows.to(codes.device)
+            codes, scales = codes[rows], scales[rows]
+        c0, c1 = cols if cols else (0, self.in_features)
+        codes = codes[:, c0 // 2:c1 // 2].contiguous()
+        scales = scales[:, c0 // nvfp4.BLOCK:c1 // nvfp4.BLOCK].contiguous()
+        bias = self.bias is not None
+        if len(out_sizes) > 1:
+            new = FusedNvFp4Linear(c1 - c0, out_sizes, bias=bias, device="meta")
+            new.part_names = self.part_names
+        else:
+            new = NvFp4Linear(c1 - c0, out_sizes[0], bias=bias, device="meta")
+        new._buffers.update(weight=codes, weight_scale=scales, weight_scale_2=b["weight_scale_2"])
+        new.tensors_changed()
+        if bias:
+            bb = self.bias.detach()
+            new.bias = nn.Parameter((bb[rows.to(bb.device)] if rows is not None else bb).clone(), requires_grad=False)
+        new.train(self.training)
+        return new
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, format=nvfp4"
 

@@ -1,0 +1,118 @@
+"""Tensor parallelism of lowbit modules inside transformers' own (``from_pretrained(...,
+distributed_config=DistributedConfig(tp_plan="auto", tp_size=N))`` under ``torchrun``).
+
+transformers shards a model while it loads: each ``colwise`` / ``rowwise`` entry of the model's TP plan
+makes its linear's parameters DTensor placeholders, so that every rank reads only its slice, and wraps the
+linear's forward (input and output layouts, the all-reduce after a row split). A lowbit weight cannot be
+quantized slice by slice: its tensor scale (and, fused, its q|k|v rows) come from the whole weight. So the
+quantizer rewrites those two styles to ``lowbit_colwise`` / ``lowbit_rowwise`` (:func:`plan_styles`),
+which act exactly like transformers' for every module lowbit does not take, and for the ones it takes only
+record the style: the weight arrives whole, is quantized, and the quantized module is split
+(:meth:`lowbit.nn.QuantizedModule.tp_shard`: rows for colwise, whole blocks of columns for rowwise; a
+fused module splits each projection; codebook and scales shared). Each rank then keeps its part and
+transformers' own style wraps it (:func:`place`), in its local-tensor path: the forward is lowbit's kernel
+on the local part, and a row split's partial outputs are summed by the style's all-reduce.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ParallelInterface, TensorParallelLayer
+
+from ..nn import QuantizedModule
+from ..nn.fused import FusedParts, install
+
+#: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make
+SPLITS = {"colwise": "colwise", "rowwise": "rowwise"}
+PREFIX = "lowbit_"
+
+
+class LowbitStyle(TensorParallelLayer):
+    """transformers' style ``base`` for modules lowbit does not take; for the ones it does (marked
+    ``_lowbit_tp_managed`` = the format's block size before the model is distributed), it checks that the
+    split fits the format's blocks and records ``(base, mesh)`` in ``_lowbit_tp``."""
+
+    def __init__(self, base: str):
+        self.base_name = base
+
+    @property
+    def base(self) -> TensorParallelLayer:
+        return ALL_PARALLEL_STYLES[self.base_name]
+
+    @staticmethod
+    def _ours(module: nn.Module) -> bool:
+        return getattr(module, "_lowbit_tp_managed", False)
+
+    def validate_param(self, module, param, mesh, parameter_name=None):
+        if not self._ours(module):
+            self.base.validate_param(module, param, mesh, parameter_name)
+
+    def shard_param(self, module, param, mesh):
+        if not self._ours(module):  # ours load whole: quantized first, split after
+            self.base.shard_param(module, param, mesh)
+
+    def install_forward(self, module, mesh):
+        if self._ours(module):
+            check_split(module, SPLITS[self.base_name], mesh.size(), module._lowbit_tp_managed)
+            module._lowbit_tp = (self.base_name, mesh)
+            return module
+        return self.base.install_forward(module, mesh)
+
+
+def check_split(module: nn.Module, split: str, world: int, k_multiple: int) -> None:
+    """Refuse, before anything loads, a split that a module's quantized weight cannot take."""
+    n, k = module.out_features, module.in_features
+    if split == "colwise" and n % world:
+        raise ValueError(f"lowbit: output size {n} of a colwise layer does not split into {world} equal tensor-parallel parts")
+    if split == "rowwise" and (k % world or (k // world) % k_multiple):
+        raise ValueError(f"lowbit: input size {k} of a rowwise layer does not split into {world} tensor-parallel parts "
+                         f"of whole {k_multiple}-element blocks (each part would be {k / world:g} columns); use a "
+                         f"tensor-parallel size that divides {k} into multiples of {k_multiple}")
+
+
+def register_styles() -> None:
+    for base in SPLITS:
+        if PREFIX + base not in ParallelInterface._global_mapping:
+            ParallelInterface.register(PREFIX + base, LowbitStyle(base))
+
+
+def plan_styles(plan: dict | None) -> dict | None:
+    """A TP plan with lowbit's styles in place of the ones it takes over."""
+    if not plan:
+        return plan
+    return {k: PREFIX + v if v in SPLITS else v for k, v in plan.items()}
+
+
+def original_styles(plan: dict | None) -> dict | None:
+    if not plan:
+        return plan
+    return {k: v.removeprefix(PREFIX) if v.removeprefix(PREFIX) in SPLITS else v for k, v in plan.items()}
+
+
+def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
+    """The one ``(style, mesh)`` the TP plan gave ``modules`` (a fused group's members), or None."""
+    infos = {getattr(m, "_lowbit_tp", None) for m in modules}
+    if len(infos) > 1:
+        raise ValueError(f"lowbit: the tensor-parallel plan splits the members of {what} differently "
+                         f"({sorted(str(i[0]) if i else 'none' for i in infos)}); quantize them apart: LowbitConfig(fuse=False)")
+    return infos.pop()
+
+
+def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, mesh) -> QuantizedModule:
+    """Split ``new`` (installed in ``slots``: (parent, child name); a fused module: (parent, fused name)) for this
+    rank, put the part in its place, and wrap what the model calls (the module, or each projection of a fused
+    one) with transformers' style, in its local path."""
+    part = new.tp_shard(SPLITS[style], mesh.get_local_rank(), mesh.size())
+    base = ALL_PARALLEL_STYLES[style]
+    if isinstance(new, FusedParts):
+        (parent, _), = slots
+        install(parent, new.part_names, part)
+        called = [getattr(parent, n) for n in new.part_names]
+    else:
+        for parent, cname in slots:
+            setattr(parent, cname, part)
+        called = [part]
+    for m in called:
+        m._hf_quantized_needs_local_tp = True
+        base.install_forward(m, mesh)
+    return part

@@ -1,0 +1,109 @@
+"""Tensor parallelism through the transformers quantizer (lowbit.hf.tp), on the CPU: 2 processes on the gloo
+backend, the way torchrun starts them. The sharded model (quantized while loading, or a saved lowbit model)
+must give the unsharded logits up to the all-reduce's summation order: fp32, relative error <= 1e-5 (the
+two ranks' partial sums are added in another order than one rank's dot products; measured ~4e-7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+
+from .tiny_models import build
+
+transformers = pytest.importorskip("transformers")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+import torch.multiprocessing as mp  # noqa: E402
+
+BOUND = 1e-5
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from transformers.distributed import DistributedConfig
+
+        import lowbit
+        from lowbit.hf import LowbitConfig
+
+        tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
+        result = {}
+        if case in ("kbit", "nvfp4"):
+            m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], quantization_config=LowbitConfig(format=case), **tp)
+            ref = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], dtype=torch.float32)
+            lowbit.quantize_model(ref, format=case, progress=False)
+        elif case == "saved":
+            m = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], **tp)
+            ref = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], dtype=torch.float32)
+        else:  # refusals
+            for what, path, cfg in (("off_block", paths["odd"], LowbitConfig()),
+                                    ("experts", paths["moe"], LowbitConfig(experts=True))):
+                try:
+                    transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **tp)
+                    result[what] = "no error"
+                except (ValueError, NotImplementedError) as e:
+                    result[what] = f"{type(e).__name__}: {e}"
+            m = None
+        if m is not None:
+            ids = torch.tensor([[3, 17, 99, 250, 7, 64, 1, 120, 45, 8]])
+            with torch.no_grad():
+                y, r = m(ids).logits, ref(ids).logits
+            layer = m.model.layers[0]
+            result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
+                      "down_in": layer.mlp.down_proj.in_features,
+                      "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tp")
+    build("llama", 5, inter=256).save_pretrained(d / "dense")
+    build("llama", 5, inter=224).save_pretrained(d / "odd")  # down_proj: K = 224 -> 2 x 112, not whole blocks
+    build("qwen3_moe", 5).save_pretrained(d / "moe")
+    from lowbit.hf import LowbitConfig
+
+    q = transformers.AutoModelForCausalLM.from_pretrained(d / "dense", dtype=torch.float32, quantization_config=LowbitConfig())
+    q.save_pretrained(d / "saved")
+    return {k: str(d / k) for k in ("dense", "odd", "moe", "saved")}
+
+
+def _run(case, paths, tmp_path) -> list[dict]:
+    out = str(tmp_path / "result")
+    mp.spawn(_worker, args=(_port(), case, paths, out), nprocs=WORLD)
+    return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved"])
+def test_sharded_forward_equals_unsharded(case, paths, tmp_path):
+    """Quantized while loading under TP (kbit, NVFP4), or a saved lowbit model loaded under TP: each rank
+    holds half of q|k|v's rows (fused: half of each projection) and half of down's columns, and the
+    logits are the unsharded model's."""
+    for res in _run(case, paths, tmp_path):
+        assert res["finite"] and res["err"] <= BOUND, res
+        assert res["down_in"] == 256 // WORLD
+        assert res["qkv"] == [128 // WORLD, 64 // WORLD]
+
+
+def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
+    for res in _run("refusals", paths, tmp_path):
+        assert res["off_block"].startswith("ValueError") and "whole 32-element blocks" in res["off_block"], res
+        assert res["experts"].startswith("NotImplementedError") and "experts=False" in res["experts"], res
