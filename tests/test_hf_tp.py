@@ -107,3 +107,33 @@ def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
     for res in _run("refusals", paths, tmp_path):
         assert res["off_block"].startswith("ValueError") and "whole 32-element blocks" in res["off_block"], res
         assert res["experts"].startswith("NotImplementedError") and "experts=False" in res["experts"], res
+
+
+def test_generate_under_torchrun(tmp_path):
+    """`torchrun --nproc-per-node 2 -m lowbit generate` as a user types it: every rank quantizes, keeps its part
+    of each split module, and rank 0 alone prints."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
+           "-m", "lowbit", "generate", "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.count("tensor parallel over 2 ranks: 8 quantized modules split") == 1, r.stdout
+    assert "kbit4 TP=2" in r.stdout
+
+
+def test_generate_under_torchrun_refuses_what_it_cannot_split(monkeypatch):
+    import argparse
+
+    from lowbit.errors import UsageError
+    from lowbit.hf import generate as gen_mod
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    p = argparse.ArgumentParser()
+    gen_mod.add_parser(p.add_subparsers())
+    for extra in (["--format", "kbit,nvfp4"], ["--save", "somewhere"], ["--method", "gptq"]):
+        args = p.parse_args(["generate", "--model", "random:tiny-llama", *extra])
+        with pytest.raises(UsageError, match="torchrun"):
+            gen_mod.check_args(args)

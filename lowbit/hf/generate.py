@@ -105,7 +105,7 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
 
     import lowbit
 
-    from . import decode, quality, sources
+    from . import decode, quality, sources, tp
 
     if batch < 1 or max_new_tokens < 1:
         raise ValueError(f"batch and max_new_tokens must be >= 1, got {batch}, {max_new_tokens}")
@@ -113,6 +113,12 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     if len(fmts) > 1 and (load or save):
         raise ValueError("load / save take one format")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    world, mesh = tp.launched_world(), None
+    if world > 1:  # under torchrun: every rank loads and quantizes, then keeps its part (lowbit.hf.tp)
+        if len(fmts) > 1 or load or save or method != "rtn":
+            raise ValueError("under torchrun (tensor parallel), generate takes one format, no load / save, method rtn")
+        device, mesh = tp.setup(device.type)
+        quiet = quiet or mesh.get_local_rank() != 0  # rank 0 speaks for all
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     say = (lambda *a: None) if quiet else print
     t0 = time.perf_counter()
@@ -160,6 +166,12 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             label = variant_label(report.label.lower(), codebook_f, method, rotation_f, options_f) + \
                 (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
             say(str(report))
+            if mesh is not None:
+                split = tp.shard_model(m, mesh)
+                label += f" TP={world}"
+                result["tensor_parallel"] = {"world": world, "split_modules": split}
+                say(f"tensor parallel over {world} ranks: {split} quantized modules split by the model's TP plan "
+                    "(the rest replicated)")
             result.setdefault("calibration", report.calibration and {
                 "data": report.calibration.data, "seconds": report.calibration.seconds,
                 "peak_memory": report.calibration.peak_memory})
@@ -195,6 +207,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     _table(rows, result, quiet)
+    if mesh is not None:
+        tp.teardown()
     return result
 
 
@@ -414,6 +428,10 @@ def check_args(args) -> None:
                                              lowbit.gptq_recipe(fmts[0], args.bits).get("codebook") == "fit")
         if not fitted:
             raise UsageError("--codebook-rounds refits a fitted codebook: add --codebook fit")
+    from .tp import launched_world
+
+    if launched_world() > 1 and (len(fmts) > 1 or args.load or args.save or args.method != "rtn"):
+        raise UsageError("under torchrun (tensor parallel) generate takes one --format, no --load / --save, --method rtn")
     if args.method == "gptq" and args.load:
         raise UsageError("--load reads weights already quantized: --method applies when quantizing")
     if args.calibration is not None and not Path(args.calibration).is_file():

@@ -12,10 +12,17 @@ record the style: the weight arrives whole, is quantized, and the quantized modu
 fused module splits each projection; codebook and scales shared). Each rank then keeps its part and
 transformers' own style wraps it (:func:`place`), in its local-tensor path: the forward is lowbit's kernel
 on the local part, and a row split's partial outputs are summed by the style's all-reduce.
+
+A model quantized in one process (``lowbit generate`` under ``torchrun``) is split after the fact by
+:func:`shard_model`, with the same plan and the same :func:`place`.
 """
 
 from __future__ import annotations
 
+import os
+import re
+
+import torch
 from torch import nn
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ParallelInterface, TensorParallelLayer
 
@@ -116,3 +123,64 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
         m._hf_quantized_needs_local_tp = True
         base.install_forward(m, mesh)
     return part
+
+
+def _style_of(name: str, plan: dict) -> str | None:
+    """The TP plan's style for module ``name`` (layer numbers match ``*``, as transformers matches them)."""
+    return plan.get(re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name))
+
+
+def shard_model(model: nn.Module, mesh) -> int:
+    """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
+    splits colwise or rowwise (:func:`place`); everything else stays whole on every rank (replicated: correct,
+    not smaller). Returns how many modules were split."""
+    plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
+    todo = []
+    for name, mod in model.named_modules():
+        parent_name, _, child = name.rpartition(".")
+        if isinstance(mod, FusedParts):
+            styles = {_style_of(f"{parent_name}.{p}" if parent_name else p, plan) for p in mod.part_names}
+            if styles & set(SPLITS) and len(styles) > 1:
+                raise ValueError(f"lowbit: the tensor-parallel plan splits the parts of {name} differently ({styles}); "
+                                 "quantize them apart (fuse=False)")
+            style = styles.pop()
+        elif isinstance(mod, QuantizedModule):
+            style = _style_of(name, plan)
+        else:
+            continue
+        if style in SPLITS:
+            parent = model.get_submodule(parent_name) if parent_name else model
+            todo.append((mod, parent, child, style))
+    with torch.no_grad():
+        for mod, parent, child, style in todo:
+            place(mod, [(parent, child)], style, mesh)
+    return len(todo)
+
+
+def launched_world() -> int:
+    """Processes started by torchrun (WORLD_SIZE), 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup(device_type: str):
+    """This process's device and a 1-D mesh over all ranks (NCCL on GPUs, gloo on CPUs), initializing the
+    process group from torchrun's environment if nobody did."""
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return device, dist.init_device_mesh(device.type, (dist.get_world_size(),))
+
+
+def teardown() -> None:
+    """End the process group (generate's, under torchrun)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

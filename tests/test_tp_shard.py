@@ -1,0 +1,82 @@
+"""QuantizedModule.tp_shard: a rank's part of a quantized module for tensor parallelism is exactly a slice of
+the module's weight (codebook and tensor scales shared), so the ranks' outputs put together (concatenated
+for colwise, summed for rowwise) are the module's output up to summation order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lowbit.nn import FusedKbitLinear, KbitLinear, NvFp4Linear
+from lowbit.nn.nvfp4 import FusedNvFp4Linear
+
+
+def _linears(gen, k, outs, bias):
+    mods = []
+    for n in outs:
+        lin = nn.Linear(k, n, bias=bias)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(n, k, generator=gen) * 0.05)
+            if bias:
+                lin.bias.copy_(torch.randn(n, generator=gen))
+        mods.append(lin)
+    return mods
+
+
+def _modules(gen, bias):
+    k = 256
+    (one,) = _linears(gen, k, [96], bias)
+    parts = _linears(gen, k, [64, 32, 32], bias)
+    yield KbitLinear.from_linear(one, bits=3)
+    yield KbitLinear.from_linear(one, bits=4, rotation=32)
+    yield FusedKbitLinear.from_linears(parts, bits=4)
+    yield NvFp4Linear.from_linear(one)
+    yield FusedNvFp4Linear.from_linears(parts)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("bias", [False, True])
+def test_parts_are_slices_of_the_weight(world, bias, gen):
+    x = torch.randn(3, 256, generator=gen)
+    for mod in _modules(gen, bias):
+        full_w = mod.dequantize(torch.float32)
+        sizes = list(getattr(mod, "out_sizes", None) or [mod.out_features])
+        # colwise: each rank's rows of every projection, in order
+        cols = [mod.tp_shard("colwise", r, world) for r in range(world)]
+        for r, part in enumerate(cols):
+            assert type(part) is type(mod)
+            assert list(getattr(part, "out_sizes", None) or [part.out_features]) == [n // world for n in sizes]
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            rows = torch.cat([torch.arange(o + r * n // world, o + (r + 1) * n // world) for o, n in zip(offsets, sizes)])
+            assert torch.equal(part.dequantize(torch.float32), full_w[rows]), type(mod).__name__
+            if bias:
+                assert torch.equal(part.bias, mod.bias[rows])
+        # rowwise: column blocks; partial outputs (without bias) sum to the output
+        rows_parts = [mod.tp_shard("rowwise", r, world) for r in range(world)]
+        k = 256 // world
+        for r, part in enumerate(rows_parts):
+            assert part.in_features == k
+            assert torch.equal(part.dequantize(torch.float32), full_w[:, r * k:(r + 1) * k]), type(mod).__name__
+        with torch.no_grad():
+            y = mod(x)
+            b = mod.bias if bias else 0
+            total = sum(p(x[:, r * k:(r + 1) * k]) - b for r, p in enumerate(rows_parts)) + b
+        assert torch.isfinite(total).all()
+        assert (total - y).norm() <= 1e-5 * y.norm(), type(mod).__name__
+
+
+def test_splits_off_the_format_blocks_are_refused(gen):
+    (lin,) = _linears(gen, 96, [30], False)
+    kb, nv = KbitLinear.from_linear(lin, bits=4), NvFp4Linear.from_linear(lin)
+    with pytest.raises(ValueError, match="whole 32-element blocks"):
+        kb.tp_shard("rowwise", 0, 2)  # 96 / 2 = 48 columns
+    nv.tp_shard("rowwise", 1, 2)  # 48 = 3 NVFP4 blocks of 16: fine
+    with pytest.raises(ValueError, match="whole 16-element blocks"):
+        nv.tp_shard("rowwise", 0, 4)  # 24 columns
+    with pytest.raises(ValueError, match="does not split into 4 equal"):
+        kb.tp_shard("colwise", 0, 4)  # 30 rows
+    with pytest.raises(ValueError, match="rank must be"):
+        kb.tp_shard("colwise", 2, 2)
+    with pytest.raises(ValueError, match="style must be"):
+        kb.tp_shard("packed_colwise", 0, 2)
