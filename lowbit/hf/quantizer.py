@@ -22,7 +22,7 @@ stays with :func:`lowbit.quantize_model`.
 ``save_pretrained(directory)`` writes the quantized modules' tensors as they hold them (kbit: the tiled
 layout its kernels read), and in ``config.json`` each quantized module's entry and the CRC-32 of each of
 its tensors; ``from_pretrained(directory)`` rebuilds those modules empty, lets transformers load into
-them, and checks every checksum and the values the kernels trust (:class:`lowbit.LoadError` otherwise).
+them, and checks every checksum and the values the kernels trust (:class:`lowbit.model.LoadError` otherwise).
 :func:`lowbit.save_quantized` / :func:`lowbit.load_quantized` remain lowbit's own, compact format.
 """
 
