@@ -107,6 +107,11 @@ def test_layers_are_quantized_as_they_load(saved, monkeypatch):
     assert not [n for n, m in q.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
 
 
+def test_disk_offload_is_refused(saved):
+    with pytest.raises(ValueError, match="offloads to disk"):
+        _load(saved("llama"), quantization_config=LowbitConfig(), device_map={"model": "cpu", "lm_head": "disk"})
+
+
 def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="format must be one of"):
         LowbitConfig(format="int3")

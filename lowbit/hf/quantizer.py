@@ -124,7 +124,10 @@ class LowbitHfQuantizer(HfQuantizer):
         self._model = None  # the model being loaded
         self._started = 0.0
 
-    def validate_environment(self, *args, **kwargs):
+    def validate_environment(self, *args, device_map=None, **kwargs):
+        if isinstance(device_map, dict) and "disk" in device_map.values():
+            raise ValueError("lowbit: a device_map that offloads to disk is not supported: lowbit modules live on a "
+                             "device (a GPU, or the CPU for checking)")
         cfg = self.quantization_config
         if self.pre_quantized and (not isinstance(cfg.modules, dict) or not isinstance(cfg.checksums, dict)):
             raise LoadError("lowbit: this checkpoint's quantization_config lists no saved modules and checksums "
