@@ -143,3 +143,25 @@ def test_generate_nvfp4_saves_and_loads(tmp_path):
     again = generate("random:tiny-llama", max_new_tokens=4, device="cpu", quiet=True, load=str(tmp_path / "q"))
     assert list(again["variants"]) == [f"loaded from {tmp_path / 'q'}"]
     assert again["quantized"]["text"] == r["quantized"]["text"]
+
+
+def test_random_model_built_layer_by_layer():
+    """A random model is built on the meta device and its decoder layers get weights one at a time, each
+    handed to the callback (lowbit generate quantizes it there) before the next: no layer is ever dense
+    beside the others, and the result runs."""
+    seen = []
+
+    def each(block):
+        assert not any(p.is_meta for p in block.parameters())
+        seen.append(block)
+        lowbit.quantize_model(block, progress=False)
+
+    model, _, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu", each_layer=each)
+    assert seen == list(model.model.layers)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert isinstance(model.model.layers[1].mlp.down_proj, lowbit.nn.KbitLinear)
+    rot = model.model.rotary_emb.inv_freq
+    assert torch.isfinite(rot).all() and rot[0] == 1.0  # transformers' init recomputed the rotary buffer
+    with torch.no_grad():
+        y = model(torch.tensor([[1, 2, 3]])).logits
+    assert torch.isfinite(y).all()

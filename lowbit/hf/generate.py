@@ -122,7 +122,18 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     say = (lambda *a: None) if quiet else print
     t0 = time.perf_counter()
-    net, tok, desc = sources.load(model, dtype=dtype, device=device, layers=layers)
+    # A random model that only the quantized copy needs (no --compare, one format, rounded to nearest) is built
+    # layer by layer, each layer quantized before the next gets its weights: 70B shapes fit one GPU.
+    layerwise = (model or "").startswith("random:") and not compare and len(fmts) == 1 and method == "rtn" and not load
+    per_layer = []
+    if layerwise:
+        codebook_l, rotation_l, _ = resolve_recipe(fmts[0], bits, method, codebook, rotation, gptq_options)
+
+        def each_layer(block):
+            per_layer.append(lowbit.quantize_model(block, format=fmts[0], bits=bits, codebook=codebook_l, fuse=fuse,
+                                                   progress=False, **({"rotation": rotation_l} if rotation_l else {})))
+    net, tok, desc = sources.load(model, dtype=dtype, device=device, layers=layers,
+                                  each_layer=each_layer if layerwise else None)
     load_s = time.perf_counter() - t0
     say(f"model: {desc} on {device} ({str(dtype).removeprefix('torch.')}), loaded in {load_s:.1f} s")
     ids = _input_ids(tok, prompt, batch, net.config.vocab_size, chat)
@@ -162,6 +173,12 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
                 kw["rotation"] = rotation_f
             report = lowbit.quantize_model(m, format=f, bits=bits, codebook=codebook_f, progress=not quiet, fuse=fuse,
                                            bits_for={"lm_head": lm_head_bits} if lm_head_bits else None, **kw)
+            if per_layer:  # the decoder layers were quantized while the model was built: one report for all
+                report.layers[:0] = [x for r in per_layer for x in r.layers]
+                report.skipped = [s_ for s_ in report.skipped if s_[1] != "already quantized"]
+                report.seconds += sum(r.seconds for r in per_layer)
+                report.model_bytes_before += sum(r.model_bytes_before - r.model_bytes_after for r in per_layer)
+                report.device = ",".join(sorted({r.device for r in per_layer} | ({report.device} - {"-"})))
             quantize_s = report.seconds
             label = variant_label(report.label.lower(), codebook_f, method, rotation_f, options_f) + \
                 (f"+lm_head{lm_head_bits}" if lm_head_bits else "")

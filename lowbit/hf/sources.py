@@ -19,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..errors import UsageError
 
@@ -54,6 +56,10 @@ RANDOM_CONFIGS = {
                                                  linear_num_key_heads=16, linear_num_value_heads=32,
                                                  linear_key_head_dim=128, linear_value_head_dim=128,
                                                  max_position_embeddings=8192)),
+    # the shapes of issue-scale multi-GPU runs: 140 GB in bf16, so `lowbit generate` builds it layer by layer
+    "llama-3-70b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                        max_position_embeddings=8192, rope_theta=500000.0)),
     "tiny-llama": ("LlamaConfig", dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
 }
@@ -163,12 +169,42 @@ def check_spec(spec: str | None, layers: int | None = None) -> str:
     return spec
 
 
-def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, layers: int | None = None):
+def _fill_layer_by_layer(model, device: torch.device, each_layer) -> None:
+    """Give a meta-device model random weights on ``device`` (transformers' own initialization): everything
+    outside the decoder layers first, then one layer at a time, each handed to ``each_layer`` before the next."""
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no list of decoder layers to build one by one")
+    lname, blocks = max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+
+    def fill(mod: nn.Module, recurse: bool) -> None:
+        mod.to_empty(device=device, recurse=recurse)
+        with torch.no_grad():
+            for sub in mod.modules() if recurse else [mod]:
+                model._init_weights(sub)
+
+    for name, mod in model.named_modules():
+        if name == lname or name.startswith(lname + "."):
+            continue
+        if next(mod.parameters(recurse=False), None) is not None or next(mod.buffers(recurse=False), None) is not None:
+            fill(mod, recurse=False)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    for block in blocks:
+        fill(block, recurse=True)
+        each_layer(block)
+
+
+def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, layers: int | None = None,
+         each_layer: Callable[[nn.Module], None] | None = None):
     """(model, tokenizer or None, description) for a model spec:
 
     ``None``/``"smollm2"``: the embedded SmolLM2-135M-Instruct; ``path/to/file.gguf``; a local
     directory or hub name (``from_pretrained``); ``random:<name>`` (``RANDOM_CONFIGS``: random
     weights, no tokenizer; ``layers`` overrides the layer count).
+    ``each_layer`` (random models): the model is built on the meta device and its decoder layers are given
+    weights one at a time, each passed to ``each_layer`` (e.g. to quantize it) before the next: a model
+    larger than the device in its dtype fits once quantized.
     """
     import transformers
 
@@ -185,10 +221,12 @@ def load(spec: str | None, *, dtype: torch.dtype, device: str | torch.device, la
         prev = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            with torch.device(device):
+            with torch.device("meta" if each_layer else device):
                 model = transformers.AutoModelForCausalLM.from_config(cfg)
         finally:
             torch.set_default_dtype(prev)
+        if each_layer:
+            _fill_layer_by_layer(model, torch.device(device), each_layer)
         return model.eval(), None, f"{name} (random init, {cfg.num_hidden_layers} layers)"
     if spec == DEFAULT_MODEL or spec.endswith(".gguf"):
         path = smollm2_gguf() if spec == DEFAULT_MODEL else Path(spec)
