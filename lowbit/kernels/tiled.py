@@ -242,8 +242,8 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
 
     The split kernel where it would run in one wave of CTAs (its lowest fixed cost); with
     USE_LOCAL, the CTA-local stream-K where every CTA of a one-per-SM grid gets whole tiles;
-    otherwise (few tiles, long rows) the choice between split and global stream-K (use_split). H100, M = 1, K = 4, cold L2
-    (benchmarks/gemv_sweep.py): one-wave split beats local on 4096x4096 (7.5 vs 7.6-8.5 us) and
+    otherwise (few tiles, long rows) the choice between split and global stream-K (use_split).
+    H100, M = 1, K = 4, cold L2 (benchmarks/gemv_sweep.py): one-wave split beats local on 4096x4096 (7.5 vs 7.6-8.5 us) and
     14336x4096 (14.6 vs 15.1-15.9); local beats split past one wave (4096x6144: 9.0-9.7 vs 10.1-10.3;
     8192x10240: 19.6-20.3 vs 22.3) and global stream-K on large shapes (28672x8192: 48.7-48.9 vs
     50.7; 8192x29568 K=2: 35.7 vs 38.2)."""
@@ -252,7 +252,8 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
     split = use_split(lib, device, fmt, dtype, n, k_in)
     if split and split_items(n, k_in) <= split_max_ctas(lib, device, fmt, dtype, 1):
         return "split"
-    if USE_LOCAL and local_ctas(lib, device, fmt, dtype, 1, n) * STREAM_CTA_WARPS == _stream_resident_warps(lib, device, fmt, dtype, 1):
+    resident = _stream_resident_warps(lib, device, fmt, dtype, 1)
+    if USE_LOCAL and local_ctas(lib, device, fmt, dtype, 1, n) * STREAM_CTA_WARPS == resident:  # a CTA on every SM
         return "local"
     return "split" if split else "streamk"
 
