@@ -47,14 +47,14 @@ def test_dtype_casts_keep_the_format(gen):
 
 def test_quantize_model_nvfp4(gen):
     model = _mlp(gen)
-    x = torch.randn(4, 64, generator=gen)
+    x = torch.randn(256, 64, generator=gen)  # 256 rows: the error estimate itself is stable (4 rows: 0.05-0.21)
     ref = model(x)
     report = quantize_model(model, format="nvfp4", skip=("3",), progress=False)
     assert [x.name for x in report.layers] == ["0", "2"] and type(model[3]) is nn.Linear
     assert report.skipped == [("3", "matches skip pattern '3'")] and report.summary().startswith("quantized 2 linear layers to NVFP4")
     assert isinstance(model[0], NvFp4Linear)
     y = model(x)
-    assert (y - ref).norm() / ref.norm() < 0.2  # 4-bit weights
+    assert (y - ref).norm() / ref.norm() < 0.2  # 4-bit weights: 0.12 on average, at most 0.145 over 300 seeds
 
 
 def test_load_checkpoint_both_conventions(gen):
