@@ -43,18 +43,23 @@ def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
 
         tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
         result = {}
-        if case in ("kbit", "nvfp4"):
-            m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], quantization_config=LowbitConfig(format=case), **tp)
+        if case in ("kbit", "nvfp4", "head"):
+            opts = {"bits_for": {"lm_head": 4}} if case == "head" else {"format": case}
+            m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], quantization_config=LowbitConfig(**opts), **tp)
             ref = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], dtype=torch.float32)
-            lowbit.quantize_model(ref, format=case, progress=False)
+            lowbit.quantize_model(ref, progress=False, **opts)
         elif case == "saved":
             m = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], **tp)
             ref = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], dtype=torch.float32)
         else:  # refusals
-            for what, path, cfg in (("off_block", paths["odd"], LowbitConfig()),
-                                    ("experts", paths["moe"], LowbitConfig(experts=True))):
+            plan = {f"model.{k}": v for k, v in transformers.LlamaConfig().base_model_tp_plan.items()}
+            plan["model.layers.*.mlp.down_proj"] = "rowwise_rep"  # a split lowbit does not make
+            custom = {"distributed_config": DistributedConfig(tp_size=WORLD, tp_plan=plan), "dtype": torch.float32}
+            for what, path, cfg, kw in (("off_block", paths["odd"], LowbitConfig(), tp),
+                                        ("experts", paths["moe"], LowbitConfig(experts=True), tp),
+                                        ("style", paths["dense"], LowbitConfig(), custom)):
                 try:
-                    transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **tp)
+                    transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **kw)
                     result[what] = "no error"
                 except (ValueError, NotImplementedError) as e:
                     result[what] = f"{type(e).__name__}: {e}"
@@ -65,6 +70,7 @@ def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
                 y, r = m(ids).logits, ref(ids).logits
             layer = m.model.layers[0]
             result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
+                      "head": [type(m.lm_head).__name__, m.lm_head.out_features, list(y.shape)],
                       "down_in": layer.mlp.down_proj.in_features,
                       "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
         with open(f"{out}.{rank}", "w") as f:
@@ -92,21 +98,24 @@ def _run(case, paths, tmp_path) -> list[dict]:
     return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved"])
+@pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved", "head"])
 def test_sharded_forward_equals_unsharded(case, paths, tmp_path):
-    """Quantized while loading under TP (kbit, NVFP4), or a saved lowbit model loaded under TP: each rank
-    holds half of q|k|v's rows (fused: half of each projection) and half of down's columns, and the
-    logits are the unsharded model's."""
+    """Quantized while loading under TP (kbit, NVFP4; with the LM head in kbit4, split by vocabulary rows and
+    its output gathered), or a saved lowbit model loaded under TP: each rank holds half of q|k|v's rows
+    (fused: half of each projection) and half of down's columns, and the logits are the unsharded model's."""
     for res in _run(case, paths, tmp_path):
         assert res["finite"] and res["err"] <= BOUND, res
         assert res["down_in"] == 256 // WORLD
         assert res["qkv"] == [128 // WORLD, 64 // WORLD]
+        if case == "head":
+            assert res["head"] == ["KbitLinear", 320 // WORLD, [1, 10, 320]], res
 
 
 def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
     for res in _run("refusals", paths, tmp_path):
         assert res["off_block"].startswith("ValueError") and "whole 32-element blocks" in res["off_block"], res
         assert res["experts"].startswith("NotImplementedError") and "experts=False" in res["experts"], res
+        assert res["style"].startswith("NotImplementedError") and "'rowwise_rep'" in res["style"], res
 
 
 def test_generate_under_torchrun(tmp_path):

@@ -137,10 +137,13 @@ class LowbitHfQuantizer(HfQuantizer):
         self._model = model
         if self.pre_quantized:  # a saved lowbit model: its modules' empty skeletons take the saved tensors
             self._loaded = {name: skeleton_module(model, name, cfg) for name, cfg in self.quantization_config.modules.items()}
+            called = []
             for name, mod in self._loaded.items():
                 mod.install(model, name)
                 for m in self._called(model, name, mod):
                     m._lowbit_tp_managed = mod.k_multiple  # a TP plan's split is lowbit's (lowbit.hf.tp)
+                    called.append(m)
+            tp.take_over(model, [n for n, m in model.named_modules() if m in called])
             return model
         self.plan = plan_quantization(model, **self.quantization_config.plan_kwargs())
         dist_cfg = getattr(model.config, "distributed_config", None)
@@ -149,10 +152,12 @@ class LowbitHfQuantizer(HfQuantizer):
             raise NotImplementedError(
                 f"lowbit: MoE expert blocks ({experts[0]}, ...) are not split for tensor parallelism by lowbit yet; "
                 "LowbitConfig(experts=False) leaves them to transformers (unquantized)")
+        names = {id(m): n for n, m in model.named_modules()}
         for _, mod, kind in self.plan.items:
             for m in mod[2] if kind == "fused" else [mod]:
                 m._lowbit_tp_managed = self.plan.linear_cls.k_multiple
-        names = {id(m): n for n, m in model.named_modules()}
+        tp.take_over(model, [names[id(m)] for _, mod, kind in self.plan.items if kind != "experts"
+                             for m in (mod[2] if kind == "fused" else [mod])])
         self._item_of.clear()
         self._pending.clear()
         self._built.clear()
@@ -214,7 +219,6 @@ class LowbitHfQuantizer(HfQuantizer):
         self.plan.items[i] = None  # its dense tensors are freed with the replaced modules
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        model.config.base_model_tp_plan = tp.original_styles(getattr(model.config, "base_model_tp_plan", None))
         if self.pre_quantized:
             self._check_loaded(model)
             self._model = None
@@ -276,9 +280,7 @@ class LowbitHfQuantizer(HfQuantizer):
         return None, {}
 
     def update_tp_plan(self, config):
-        """Under a TP plan, lowbit splits the linears it quantizes itself (lowbit.hf.tp)."""
-        tp.register_styles()
-        config.base_model_tp_plan = tp.plan_styles(getattr(config, "base_model_tp_plan", None))
+        tp.register_styles()  # the plan itself is taken over on the model (tp.take_over), not in its config
         return config
 
     @property

@@ -5,7 +5,7 @@ transformers shards a model while it loads: each ``colwise`` / ``rowwise`` entry
 makes its linear's parameters DTensor placeholders, so that every rank reads only its slice, and wraps the
 linear's forward (input and output layouts, the all-reduce after a row split). A lowbit weight cannot be
 quantized slice by slice: its tensor scale (and, fused, its q|k|v rows) come from the whole weight. So the
-quantizer rewrites those two styles to ``lowbit_colwise`` / ``lowbit_rowwise`` (:func:`plan_styles`),
+quantizer rewrites those styles (and the LM head's gathering colwise) to ``lowbit_<style>`` (:func:`plan_styles`),
 which act exactly like transformers' for every module lowbit does not take, and for the ones it takes only
 record the style: the weight arrives whole, is quantized, and the quantized module is split
 (:meth:`lowbit.nn.QuantizedModule.tp_shard`: rows for colwise, whole blocks of columns for rowwise; a
@@ -29,8 +29,9 @@ from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, Parall
 from ..nn import QuantizedModule
 from ..nn.fused import FusedParts, install
 
-#: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make
-SPLITS = {"colwise": "colwise", "rowwise": "rowwise"}
+#: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make (the
+#: gathering ones keep transformers' output all-gather: the LM head's)
+SPLITS = {"colwise": "colwise", "colwise_gather_output": "colwise", "colwise_rep": "colwise", "rowwise": "rowwise"}
 PREFIX = "lowbit_"
 
 
@@ -94,6 +95,26 @@ def original_styles(plan: dict | None) -> dict | None:
     if not plan:
         return plan
     return {k: v.removeprefix(PREFIX) if v.removeprefix(PREFIX) in SPLITS else v for k, v in plan.items()}
+
+
+def take_over(model: nn.Module, names: list[str]) -> None:
+    """Before transformers distributes ``model``: its TP plan (and a plan the user passed in its
+    DistributedConfig, which replaces it) gets lowbit's styles; a module lowbit quantizes (``names``) whose
+    style lowbit cannot split is refused now, not after loading."""
+    dist_cfg = getattr(model.config, "distributed_config", None)
+    if getattr(dist_cfg, "tp_size", 1) <= 1:
+        return
+    user_plan = getattr(dist_cfg, "tp_plan", None)
+    plan = original_styles(user_plan if isinstance(user_plan, dict) else dict(getattr(model, "_tp_plan", None) or {}))
+    for name in names:
+        style = _style_of(name, plan)
+        if style is not None and style not in SPLITS:
+            raise NotImplementedError(f"lowbit: {name} is split as {style!r} by the tensor-parallel plan, which lowbit "
+                                      f"does not split yet ({', '.join(SPLITS)}); leave it unquantized: "
+                                      f"LowbitConfig(skip=[...])")
+    if isinstance(user_plan, dict):
+        dist_cfg.tp_plan = plan_styles(user_plan)
+    model._tp_plan = plan_styles(getattr(model, "_tp_plan", None) or {})  # transformers' instance plan
 
 
 def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
