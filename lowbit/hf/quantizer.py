@@ -199,12 +199,7 @@ class LowbitHfQuantizer(HfQuantizer):
 
     def _build(self, i: int) -> None:
         item = self.plan.items[i]
-        name, mod, kind = item
-        distributed = getattr(self._model, "_device_mesh", None) is not None
-        if kind == "experts" and distributed:
-            raise NotImplementedError(
-                f"lowbit: {name}: MoE expert blocks are not split for tensor parallelism by lowbit yet; "
-                "LowbitConfig(experts=False) leaves them to transformers (unquantized)")
+        name, mod, kind = item  # (MoE experts under TP were refused before loading)
         members = mod[2] if kind == "fused" else [mod]
         style = tp.recorded(members, name)
         slots = [(mod[0], fused_name(mod[1]))] if kind == "fused" else self.plan.parents.get(id(mod), [])

@@ -27,6 +27,7 @@ from torch import nn
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ParallelInterface, TensorParallelLayer
 
 from ..nn import QuantizedModule
+from ..nn.base import tp_split_problem
 from ..nn.fused import FusedParts, install
 
 #: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make (the
@@ -68,14 +69,11 @@ class LowbitStyle(TensorParallelLayer):
 
 
 def check_split(module: nn.Module, split: str, world: int, k_multiple: int) -> None:
-    """Refuse, before anything loads, a split that a module's quantized weight cannot take."""
-    n, k = module.out_features, module.in_features
-    if split == "colwise" and n % world:
-        raise ValueError(f"lowbit: output size {n} of a colwise layer does not split into {world} equal tensor-parallel parts")
-    if split == "rowwise" and (k % world or (k // world) % k_multiple):
-        raise ValueError(f"lowbit: input size {k} of a rowwise layer does not split into {world} tensor-parallel parts "
-                         f"of whole {k_multiple}-element blocks (each part would be {k / world:g} columns); use a "
-                         f"tensor-parallel size that divides {k} into multiples of {k_multiple}")
+    """Refuse, before anything loads, a split that a module's quantized weight cannot take (the rule
+    QuantizedModule.tp_shard applies after)."""
+    problem = tp_split_problem(split, [module.out_features], module.in_features, world, k_multiple)
+    if problem:
+        raise ValueError(f"lowbit: {problem}")
 
 
 def register_styles() -> None:

@@ -27,6 +27,21 @@ def check_input(x: torch.Tensor, in_features: int) -> None:
         raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
 
 
+def tp_split_problem(style: str, out_sizes, in_features: int, world: int, k_multiple: int) -> str | None:
+    """Why a weight of these sizes cannot be split ``world`` ways for tensor parallelism, or None:
+    colwise needs every output size (each projection of a fused weight) divisible by ``world``, rowwise
+    equal parts of whole ``k_multiple``-element blocks."""
+    if style == "colwise":
+        bad = [n for n in out_sizes if n % world]
+        return f"output size {bad[0]} does not split into {world} equal tensor-parallel parts" if bad else None
+    k = in_features
+    if k % world or (k // world) % k_multiple:
+        return (f"input size {k} does not split into {world} tensor-parallel parts of whole {k_multiple}-element "
+                f"blocks (each part would be {k / world:g} columns); use a tensor-parallel size that divides {k} "
+                f"into multiples of {k_multiple}")
+    return None
+
+
 class QuantizedModule(nn.Module):
     #: the ``quantize_model(format=...)`` name; set on the class that quantizes a format's ``nn.Linear`` layers
     format_name: str | None = None
@@ -130,25 +145,18 @@ class QuantizedModule(nn.Module):
         if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
             raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
         sizes = list(getattr(self, "out_sizes", None) or [self.out_features])
+        if style not in ("colwise", "rowwise"):
+            raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+        problem = tp_split_problem(style, sizes, self.in_features, world, self.k_multiple)
+        if problem:
+            raise ValueError(f"{type(self).__name__}: {problem}")
         if style == "colwise":
-            bad = [n for n in sizes if n % world]
-            if bad:
-                raise ValueError(f"{type(self).__name__}: output size {bad[0]} does not split into {world} equal "
-                                 "tensor-parallel parts")
             offsets = [sum(sizes[:i]) for i in range(len(sizes))]
             rows = torch.cat([torch.arange(o + rank * (n // world), o + (rank + 1) * (n // world))
                               for o, n in zip(offsets, sizes)])
             return self._tp_part(rows, None, [n // world for n in sizes])
-        if style == "rowwise":
-            k = self.in_features
-            part = k // world
-            if k % world or part % self.k_multiple:
-                raise ValueError(
-                    f"{type(self).__name__}: input size {k} does not split into {world} tensor-parallel parts of whole "
-                    f"{self.k_multiple}-element blocks (each part would be {k / world:g} columns); use a tensor-parallel "
-                    f"size that divides {k} into multiples of {self.k_multiple}")
-            return self._tp_part(None, (rank * part, (rank + 1) * part), sizes)
-        raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+        part = self.in_features // world
+        return self._tp_part(None, (rank * part, (rank + 1) * part), sizes)
 
     def _tp_part(self, rows: torch.Tensor | None, cols: tuple[int, int] | None, out_sizes: list[int]):
         """The module of output rows ``rows`` (None: all) and input columns ``cols`` (None: all)."""
