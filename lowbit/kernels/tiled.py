@@ -232,9 +232,9 @@ def use_split(lib, device, fmt, dtype, n, k_in) -> bool:
     return not prefer_stream_k(tiles, groups, warps)
 
 
-#: Whether "auto" may pick stream-K's CTA-local mode. Off until its GPU tests have run to the end
-#: (benchmarks/journal/2026-11-25_cta_local_stream_k.md); ``DENSE_PATH = "local"`` runs it anywhere.
-USE_LOCAL = False
+#: Whether "auto" may pick stream-K's CTA-local mode (False: the rule without it, for comparisons;
+#: ``DENSE_PATH = "local"`` runs it anywhere). benchmarks/journal/2026-11-25_cta_local_stream_k.md
+USE_LOCAL = True
 
 
 def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
