@@ -98,6 +98,9 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--sdpa-attention", action="store_true",
                    help="decode attention through torch's SDPA instead of lowbit's kernel (lowbit.hf.attention.DECODE_KERNEL)")
+    p.add_argument("--no-fused-attention", action="store_true",
+                   help="RoPE, cache append and attention as transformers runs them (default: one lowbit kernel, "
+                        "lowbit.hf.attention.use_fused_decode_attention)")
     p.add_argument("--no-pdl", action="store_true",
                    help="no programmatic dependent launch (default: on with compile, lowbit.hf.decode.decode_pdl)")
     p.add_argument("--profile", default="", help="comma-separated variants to profile")
@@ -138,11 +141,13 @@ def main():
             r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
                                      profile=variant in args.profile.split(","), profile_graph=args.profile_graph,
                                      pdl=False if args.no_pdl else None, lowbit_router=not args.torch_router,
+                                     fused_attention=not args.no_fused_attention,
                                      profile_trace=f"{args.trace_dir}/{variant.replace('+', '_')}.trace.json" if args.trace_dir else None)
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
+                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL,
+                   "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,

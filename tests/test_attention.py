@@ -100,3 +100,95 @@ def test_chunk_size_rule():
     for length, d in ((100000, 64), (5000, 64), (10**6, 256)):
         c = kattn.chunk_size(1, 1, length, d, 132)
         assert c % 64 == 0 and -(-length // c) <= 2 * d
+
+
+# ---- rotary embedding + cache append + attention in one op
+
+def _append_case(gen, b=2, hq=4, hkv=2, length=12, d=32, pos=5, dtype=torch.float32):
+    # q, k, v as row views of one fused projection output (batch stride (hq + 2 hkv) d)
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=gen, dtype=dtype)
+    q, k_new, v_new = (t.view(b, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=1))
+    ang = torch.rand(b, d // 2, generator=gen) * 6
+    cos, sin = torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype)
+    kc = torch.randn(b, hkv, length, d, generator=gen, dtype=dtype)
+    vc = torch.randn(b, hkv, length, d, generator=gen, dtype=dtype)
+    mask = torch.arange(length)[None].expand(b, length) <= pos
+    return q, k_new, v_new, cos, sin, kc, vc, torch.tensor([pos]), mask.contiguous()
+
+
+def test_append_op_is_rope_then_cache_write_then_attention(gen):
+    """The op's definition, spelled out with transformers' own apply_rotary_pos_emb: the caches gain the
+    rotated k and v at the position (nothing else changes) and the output is attention of the rotated q."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
+    kc0, vc0 = kc.clone(), vc.clone()
+    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2)
+    qr, kr = apply_rotary_pos_emb(q[:, :, None], k_new[:, :, None], cos[:, None], sin[:, None])
+    want_k, want_v = kc0.clone(), vc0.clone()
+    want_k[:, :, 5], want_v[:, :, 5] = kr[:, :, 0], v_new
+    torch.testing.assert_close(kc, want_k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(vc, want_v)
+    want = lowbit.ops.decode_attention_reference(qr[:, :, 0], want_k, want_v, mask, 0.2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_append_op_errors(gen):
+    q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
+    op = lowbit.ops.decode_attention_append
+    with pytest.raises(ValueError, match="one cache index"):
+        op(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([1, 2]), mask, 0.2)
+    with pytest.raises(TypeError, match="int64"):
+        op(q, k_new, v_new, cos, sin, kc, vc, pos.int(), mask, 0.2)
+    with pytest.raises(ValueError, match="cos must be"):
+        op(q, k_new, v_new, cos[:1], sin, kc, vc, pos, mask, 0.2)
+    with pytest.raises(ValueError, match="KV heads"):
+        op(q, k_new[:, :1], v_new[:, :1], cos, sin, kc, vc, pos, mask, 0.2)
+    with pytest.raises(IndexError):
+        op(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([12]), mask, 0.2)  # past the cache: the reference raises
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_decode_attention_in_a_model(name, compiled, gen):
+    """A tiny Llama and a Qwen3-MoE (per-head q/k norms) decoding 3 tokens after a 7-token prompt in a static
+    cache: with the attention layers switched, the decode steps go through the op, and logits and caches match
+    the model's own forward."""
+    from transformers import StaticCache
+
+    from .tiny_models import build
+
+    torch._dynamo.reset()
+    model = build(name, 0)
+    model.set_attn_implementation("sdpa")
+    assert hf_attention.use_gqa_sdpa(model)
+    ids = torch.randint(0, 320, (2, 7), generator=gen)
+    steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
+
+    def run():
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        fwd = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
+        out = []
+        with torch.no_grad():
+            model(ids, past_key_values=cache, position_ids=torch.arange(7).expand(2, -1), use_cache=True)
+            for i, tok in enumerate(steps):
+                out.append(fwd(tok, past_key_values=cache, position_ids=torch.full((2, 1), 7 + i), use_cache=True).logits)
+        return torch.cat(out, 1), cache
+
+    want, want_cache = run()
+    assert hf_attention.use_fused_decode_attention(model) == len(model.model.layers)
+    calls = []
+    real = lowbit.ops.decode_attention_append
+    mp = pytest.MonkeyPatch()
+    mp.setattr(lowbit.ops, "decode_attention_append", lambda *a: calls.append(1) or real(*a))
+    try:
+        torch._dynamo.reset()
+        got, got_cache = run()
+    finally:
+        mp.undo()
+    assert len(calls) == 3 * len(model.model.layers)  # every decode step of every layer (dynamo replays the append)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(got_cache.layers, want_cache.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-5)
+        assert int(a.cumulative_length) == int(b.cumulative_length) == 10

@@ -29,6 +29,12 @@ def main():
     mask = torch.ones(b, 1, 1, L, device=dev, dtype=torch.bool)
     mask[..., L - 60:] = False  # the unfilled tail of the static cache
 
+    kn = [torch.randn(b, hkv, d, device=dev, dtype=dt) for _ in range(layers)]
+    vn = [torch.randn(b, hkv, d, device=dev, dtype=dt) for _ in range(layers)]
+    ang = torch.rand(b, d // 2, device=dev) * 50
+    cos, sin = torch.cat((ang, ang), -1).cos().to(dt), torch.cat((ang, ang), -1).sin().to(dt)
+    pos = torch.tensor([L - 61], device=dev)  # the last visible slot
+
     def rep(t):  # transformers' repeat_kv
         return t[:, :, None].expand(b, hkv, hq // hkv, L, d).reshape(b, hq, L, d)
 
@@ -38,6 +44,9 @@ def main():
         "sdpa(no mask, enable_gqa=True), cache sliced": lambda i: F.scaled_dot_product_attention(q[i], k[i][:, :, :L - 60], v[i][:, :, :L - 60], enable_gqa=True),
         "lowbit decode_attention(mask)": lambda i: lowbit.ops.decode_attention(
             q[i].view(b, hq, d), k[i], v[i], mask[:, 0, 0, :].expand(b, L), d ** -0.5).view(b, hq, 1, d),
+        # (this one also rotates q and the new k and writes the new row: its |diff| column is not comparable)
+        "lowbit decode_attention_append(mask)": lambda i: lowbit.ops.decode_attention_append(
+            q[i].view(b, hq, d), kn[i], vn[i], cos, sin, k[i], v[i], pos, mask, d ** -0.5).view(b, hq, 1, d),
     }
     from lowbit.kernels import attention as kattn
 

@@ -19,6 +19,13 @@
 // PDL (flags bit 0): q, K, V, mask and the outputs belong to the stream order, so the kernel waits
 // at entry and triggers its dependents right after: the next kernel (the output projection's GEMV)
 // starts loading its weights while attention runs.
+// APPEND (flags bit 1): the step's rotary embedding and KV-cache append in the same launch. q and the
+// new token's k, v arrive as the projections left them; the kernel rotates q and k (rotate-half RoPE,
+// fp32, rounded to T as transformers' apply_rotary_pos_emb leaves them), writes k, v into the caches at
+// the step's position, and attends with them. Every CTA whose chunk holds that position rebuilds the new
+// row in shared memory (it never reads it back from the cache another CTA is writing); one CTA per KV
+// head writes it. In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the
+// two cache writes and the query copy. A position outside the cache writes nothing and gives NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -70,11 +77,61 @@ __device__ __forceinline__ float merge_weight(float m, float m_all) {
     return m == -INFINITY ? 0.f : exp2f(m - m_all);
 }
 
-template <typename T, int D, int G, bool PDL>
+// APPEND mode's extra operands: the new token's k, v (pre-RoPE k) [b, hkv_real, D] at row strides kn_sb /
+// vn_sb (elements); cos, sin [b, D] at cs_sb; q's batch stride; the step's position (int64, device);
+// the caches written (the same memory as k, v: the new row is written, never read, through these).
+template <typename T>
+struct Append {
+    const T* k_new;
+    const T* v_new;
+    const T* cos;
+    const T* sin;
+    int64_t q_sb, kn_sb, vn_sb, cs_sb;
+    const int64_t* position;
+    T* k_cache;
+    T* v_cache;
+};
+
+// Rotate-half RoPE of the lane's E elements [lane E, lane E + E) of a D-row: x cos + rotate_half(x) sin,
+// rotate_half(x)[i] = -x[i + D/2] (i < D/2), x[i - D/2] (else): the partner elements sit in lane ^ 16.
+// Rounded to T (transformers' q_embed / k_embed dtype).
+template <int E, typename T>
+__device__ __forceinline__ void rope_lane(float (&x)[E], const T* cos_row, const T* sin_row, int lane) {
+    float c[E], s[E];
+    to_floats<E, T>(load_vec<E>(cos_row + lane * E), c);
+    to_floats<E, T>(load_vec<E>(sin_row + lane * E), s);
+    const float sign = lane < 16 ? -1.f : 1.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const float partner = __shfl_xor_sync(kFullMask, x[e], 16);
+        x[e] = to_float(from_float<T>(fmaf(x[e], c[e], sign * partner * s[e])));
+    }
+}
+
+template <int E, typename T>
+__device__ __forceinline__ RawVec<E> pack_vec(const float (&f)[E]) {
+    RawVec<E> v;
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+        const T lo = from_float<T>(f[2 * i]), hi = from_float<T>(f[2 * i + 1]);
+        v.r[i] = uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+    }
+    return v;
+}
+
+template <int E, typename T>
+__device__ __forceinline__ void store_vec(T* p, const RawVec<E>& v) {
+    if constexpr (E == 2) *reinterpret_cast<uint32_t*>(p) = v.r[0];
+    if constexpr (E == 4) *reinterpret_cast<uint2*>(p) = make_uint2(v.r[0], v.r[1]);
+    if constexpr (E == 8) *reinterpret_cast<uint4*>(p) = make_uint4(v.r[0], v.r[1], v.r[2], v.r[3]);
+}
+
+template <typename T, int D, int G, bool PDL, bool APPEND>
 __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
-    float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2) {
+    float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2,
+    const Append<T> ap) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -82,12 +139,37 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         pdl_wait();
         pdl_launch_dependents();
     }
-    // this lane's elements of the G query heads, pre-scaled by scale * log2(e)
+    const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
+    // APPEND: the step's position, and the new K/V row (rotated k) in shared memory where this chunk holds it
+    __shared__ __align__(16) T s_new[APPEND ? 2 : 1][APPEND ? D : 1];
+    int64_t pos = -1;
+    if constexpr (APPEND) {
+        pos = *ap.position;
+        if (pos >= p_begin && pos < p_end && warp == 0) {
+            const int kvh = h / kv_div;
+            float kf[E];
+            to_floats<E, T>(load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E), kf);
+            rope_lane<E, T>(kf, ap.cos + b * ap.cs_sb, ap.sin + b * ap.cs_sb, lane);
+            const RawVec<E> kr = pack_vec<E, T>(kf);
+            const RawVec<E> vr = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
+            store_vec<E, T>(&s_new[0][lane * E], kr);
+            store_vec<E, T>(&s_new[1][lane * E], vr);
+            if (h % kv_div == 0) {  // one writer per KV head
+                store_vec<E, T>(ap.k_cache + b * k_sb + kvh * k_sh + pos * D + lane * E, kr);
+                store_vec<E, T>(ap.v_cache + b * v_sb + kvh * v_sh + pos * D + lane * E, vr);
+            }
+        }
+        __syncthreads();
+    }
+    const bool bad_pos = APPEND && (pos < 0 || pos >= L);  // no write happened: the output says so (NaN)
+    // this lane's elements of the G query heads (APPEND: rotated), pre-scaled by scale * log2(e)
+    const T* qb = APPEND ? q + b * ap.q_sb + int64_t(h) * G * D : q + (int64_t(b) * hkv * G + h * G) * D;
     float qf[G][E];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float f[E];
-        to_floats<E, T>(load_vec<E>(q + (int64_t(b) * hkv * G + h * G + g) * D + lane * E), f);
+        to_floats<E, T>(load_vec<E>(qb + g * D + lane * E), f);
+        if constexpr (APPEND) rope_lane<E, T>(f, ap.cos + b * ap.cs_sb, ap.sin + b * ap.cs_sb, lane);
 #pragma unroll
         for (int e = 0; e < E; ++e) qf[g][e] = f[e] * scale_log2;
     }
@@ -102,7 +184,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* kb = k + b * k_sb + (h / kv_div) * k_sh + lane * E;
     const T* vb = v + b * v_sb + (h / kv_div) * v_sh + lane * E;
     const bool* mb = mask == nullptr ? nullptr : mask + b * mask_sb;
-    const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
     for (int p0 = p_begin + warp * kStep; p0 < p_end; p0 += kWarps * kStep) {
         RawVec<E> kr[kStep], vr[kStep];
         bool ok[kStep];
@@ -110,7 +191,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         for (int j = 0; j < kStep; ++j) {  // every load of the step first: one latency
             const int p = p0 + j;
             ok[j] = p < p_end && (mb == nullptr || mb[p]);
-            if (ok[j]) {
+            if (APPEND && p == pos && ok[j]) {  // the new row: from shared memory, never the cache being written
+                kr[j] = load_vec<E>(&s_new[0][lane * E]);
+                vr[j] = load_vec<E>(&s_new[1][lane * E]);
+            } else if (ok[j]) {
                 kr[j] = load_vec<E>(kb + int64_t(p) * D);
                 vr[j] = load_vec<E>(vb + int64_t(p) * D);
             } else {
@@ -182,7 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
             o_all += wt * s_o[w][g][d];
         }
         if (chunks == 1) {
-            out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / l_all);
+            out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / l_all);
         } else {
             cta_ws[g * (D + 2) + d] = o_all;
             if (d == 0) { cta_ws[g * (D + 2) + D] = m_all; cta_ws[g * (D + 2) + D + 1] = l_all; }
@@ -227,7 +311,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         float o_all = 0.f;
 #pragma unroll 8
         for (int cc = 0; cc < chunks; ++cc) o_all += s_w[cc * G + g] * __ldcg(bh_ws + int64_t(cc * G + g) * (D + 2) + d);
-        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(o_all / s_den[g]);
+        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / s_den[g]);
     }
     if (threadIdx.x == 0) counters[b * hkv + h] = 0;  // ready for the next launch (graph replays too)
 }
@@ -235,11 +319,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 template <typename T, int D, int G>
 int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,
            const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,
-           int L, int chunk, float scale, int flags, void* stream) {
+           int L, int chunk, float scale, int flags, const Append<T>& ap, void* stream) {
     if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535)
         return static_cast<int>(cudaErrorInvalidValue);
     const int chunks = (L + chunk - 1) / chunk;
     if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // the merge's shared memory
+    const bool append = flags & 2;
+    if (append && (ap.k_new == nullptr || ap.v_new == nullptr || ap.cos == nullptr || ap.sin == nullptr ||
+                   ap.position == nullptr || ap.k_cache != k || ap.v_cache != v))
+        return static_cast<int>(cudaErrorInvalidValue);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(chunks, hkv, batch);
     cfg.blockDim = dim3(kWarps * 32);
@@ -250,17 +338,16 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     cfg.attrs = attr;
     cfg.numAttrs = (flags & 1) ? 1 : 0;
     const float scale_log2 = scale * 1.4426950408889634f;
-    cudaError_t err;
-    if (flags & 1)
-        err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, true>, static_cast<const T*>(q),
-                                 static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
-                                 static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
-                                 kv_div, scale_log2);
-    else
-        err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<T, D, G, false>, static_cast<const T*>(q),
-                                 static_cast<const T*>(k), static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh,
-                                 static_cast<const bool*>(mask), mask_sb, static_cast<T*>(out), ws, counters, L, chunk,
-                                 kv_div, scale_log2);
+    auto go = [&](auto kernel) {
+        return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
+                                  static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
+                                  mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap);
+    };
+    const bool pdl = flags & 1;
+    const cudaError_t err = append ? (pdl ? go(decode_attention_kernel<T, D, G, true, true>)
+                                          : go(decode_attention_kernel<T, D, G, false, true>))
+                                   : (pdl ? go(decode_attention_kernel<T, D, G, true, false>)
+                                          : go(decode_attention_kernel<T, D, G, false, false>));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -273,13 +360,21 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 // re-reading its K/V, mostly from L2) at k + b * k_sb + (h / kv_div) * k_sh + p * D (element strides);
 // mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
 // counters: int [batch * hkv], zero; ceil(L / chunk) <= 2 D.
+// flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
+// cos, sin [batch, D] at cs_sb; *position (int64) the cache row written; k, v the caches (written).
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
         const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,   \
-        int L, int chunk, float scale, int flags, void* stream) {                                                 \
+        int L, int chunk, float scale, int flags, const void* k_new, const void* v_new, const void* cos,          \
+        const void* sin, int64_t q_sb, int64_t kn_sb, int64_t vn_sb, int64_t cs_sb, const int64_t* position,      \
+        void* stream) {                                                                                           \
+        const lowbit::attention::Append<TYPE> ap{                                                                 \
+            static_cast<const TYPE*>(k_new), static_cast<const TYPE*>(v_new), static_cast<const TYPE*>(cos),      \
+            static_cast<const TYPE*>(sin), q_sb, kn_sb, vn_sb, cs_sb, position,                                    \
+            static_cast<TYPE*>(const_cast<void*>(k)), static_cast<TYPE*>(const_cast<void*>(v))};                 \
         return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
-                                                     counters, batch, hkv, kv_div, L, chunk, scale, flags,       \
+                                                     counters, batch, hkv, kv_div, L, chunk, scale, flags, ap,   \
                                                      stream);                                                     \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \

@@ -1,5 +1,6 @@
 """Decode attention for transformers models: lowbit's decode kernel for one query token, else SDPA with
-grouped K/V heads read in place.
+grouped K/V heads read in place; for Llama-pattern attention layers, the decode step's rotary embedding,
+KV-cache append and attention in one kernel (:func:`use_fused_decode_attention`).
 
 A decode step (one query token per sequence, a plain boolean mask, no dropout, softcapping or sinks)
 runs :func:`lowbit.ops.decode_attention` (csrc/attention/decode.cu): one kernel instead of cuDNN's two,
@@ -98,3 +99,82 @@ def use_gqa_sdpa(model) -> bool:
         return False
     model.set_attn_implementation(NAME)
     return True
+
+
+# ---- the whole attention core of a decode step in one op (rotary embedding, cache append, attention)
+
+#: attention classes whose forward is Llama's -- q/k/v projections, (optional per-head q and k RMSNorm),
+#: rotate-half RoPE with the model's (cos, sin), a cache update, attention, o_proj -- and whether they
+#: norm q and k per head
+FUSED_CLASSES = {"LlamaAttention": False, "MistralAttention": False, "Qwen2Attention": False,
+                 "Qwen3Attention": True, "Qwen3MoeAttention": True}
+
+_fused_classes: dict[type, type] = {}
+
+
+def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
+    """The decode step through :func:`lowbit.ops.decode_attention_append`, or None when this call is not
+    one it takes (prefill, a cache other than a filled static layer, extra attention arguments, ...)."""
+    from transformers.cache_utils import StaticLayer
+
+    from ..kernels.attention import supported_shape
+    from ..ops import decode_attention_append
+
+    if (not DECODE_KERNEL or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1
+            or getattr(self.config, "_attn_implementation", None) != NAME or position_embeddings is None
+            or past_key_values is None or kwargs.get("output_attentions", False)
+            or any(kwargs.get(k) is not None for k in _SDPA_ONLY)):
+        return None
+    layers = getattr(past_key_values, "layers", None)
+    if layers is None or self.layer_idx >= len(layers):
+        return None
+    layer = layers[self.layer_idx]
+    if type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    b, d = hidden_states.shape[0], self.head_dim
+    cos, sin = position_embeddings
+    keys, values = layer.keys, layer.values
+    if (cos.shape != (b, 1, d) or sin.shape != (b, 1, d) or keys.dim() != 4 or keys.shape[0] != b
+            or keys.shape[-1] != d or hidden_states.dtype != keys.dtype):
+        return None
+    heads, kv_heads = self.config.num_attention_heads, keys.shape[1]
+    if heads % kv_heads or (keys.is_cuda and not supported_shape(keys.dtype, heads, kv_heads, d)):
+        return None
+    if decode_mask(attention_mask, b, keys.shape[2]) is False:
+        return None
+    mask = attention_mask
+    q = self.q_proj(hidden_states).view(b, heads, d)
+    k = self.k_proj(hidden_states).view(b, kv_heads, d)
+    v = self.v_proj(hidden_states).view(b, kv_heads, d)
+    if self._lowbit_qk_norm:
+        q, k = self.q_norm(q), self.k_norm(k)
+    # cos, sin and the mask as the model made them (no per-layer views): torch.compile then computes each once
+    # per step instead of once per layer
+    out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling))
+    layer.cumulative_length.add_(1)  # what StaticLayer.update does
+    return self.o_proj(out.view(b, 1, -1))
+
+
+def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+    out = _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs)
+    if out is None:
+        return super(type(self), self).forward(hidden_states, position_embeddings=position_embeddings,
+                                               attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+    return out, None
+
+
+def use_fused_decode_attention(model) -> int:
+    """Give every attention layer of ``model`` listed in :data:`FUSED_CLASSES` a subclass whose decode step
+    (one token, a filled static cache, lowbit's attention function) runs the rotary embedding, the cache
+    append and attention as one op; every other call runs the layer's own forward. Parameters and state
+    dict names stay; returns how many layers it switched."""
+    n = 0
+    for mod in model.modules():
+        cls = type(mod)
+        if cls.__name__ in FUSED_CLASSES and cls.__module__.startswith("transformers.") and cls not in _fused_classes.values():
+            if cls not in _fused_classes:
+                _fused_classes[cls] = type(f"LowbitFused{cls.__name__}", (cls,), {
+                    "forward": _fused_forward, "_lowbit_qk_norm": FUSED_CLASSES[cls.__name__], "__module__": __name__})
+            mod.__class__ = _fused_classes[cls]
+            n += 1
+    return n

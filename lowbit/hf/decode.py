@@ -109,7 +109,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
                   profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
                   profile_trace: str | None = None, pdl: bool | None = None,
-                  lowbit_router: bool = True) -> DecodeResult:
+                  lowbit_router: bool = True, fused_attention: bool = True) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
@@ -124,6 +124,9 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     model keeps that setting).
     ``lowbit_router``: on CUDA, route the model's MoE softmax routers through lowbit's router kernel
     (:func:`lowbit.hf.router.use_lowbit_router`; the model keeps that too).
+    ``fused_attention``: with ``gqa_sdpa`` on CUDA, run each Llama-pattern attention layer's decode step
+    (rotary embedding, KV-cache append, attention) as one kernel
+    (:func:`lowbit.hf.attention.use_fused_decode_attention`; kept too).
     """
     from transformers import StaticCache
 
@@ -136,9 +139,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     if graph and device.type != "cuda":
         raise ValueError("CUDA-graph decoding needs the model on a GPU")
     if gqa_sdpa and device.type == "cuda":
-        from .attention import use_gqa_sdpa
+        from .attention import use_fused_decode_attention, use_gqa_sdpa
 
-        use_gqa_sdpa(model)
+        if use_gqa_sdpa(model) and fused_attention:
+            use_fused_decode_attention(model)
     if lowbit_router and device.type == "cuda":
         from .router import use_lowbit_router
 

@@ -14,8 +14,9 @@ from .device import pdl_supported
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 register_signatures({
     # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, head groups, kv_div, L, chunk,
-    # scale, flags, stream
-    "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _P],
+    # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; stream
+    "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I,
+                         _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P],
 })
 
 
@@ -50,31 +51,68 @@ def head_splits(batch: int, kv_heads: int, group: int, chunks: int, head_dim: in
     return splits
 
 
+def supported_shape(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the CUDA kernel is compiled for this dtype, head grouping and head dim."""
+    return dtype in (torch.float16, torch.bfloat16) and (head_dim, heads // kv_heads) in ops.DECODE_ATTENTION_SHAPES
+
+
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the CUDA kernel is compiled for these shapes and dtypes (traceable: no data pointers)."""
-    g = q.shape[1] // k.shape[1]
-    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and (q.shape[-1], g) in ops.DECODE_ATTENTION_SHAPES
+    return q.is_cuda and supported_shape(q.dtype, q.shape[1], k.shape[1], q.shape[-1])
 
 
-@ops.decode_attention.register_kernel("cuda")
-def _(q, k, v, mask, scale):
-    b, hq, hkv, length, d = ops.check_decode_attention_args(q, k, v, mask, scale)
-    lib = library_or_none(q.device)
-    if lib is None or not supported(q, k) or any(t.data_ptr() % 16 for t in (q, k, v)):  # 16-byte row loads
-        return ops.decode_attention_reference(q, k, v, mask, scale)
+#: launch flag of the rotary embedding + cache append mode (csrc/attention/decode.cu)
+FLAG_APPEND = 2
+
+
+def _launch(lib, q, k, v, mask, scale, append=None):
+    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position) for the append mode."""
+    b, hq, d = q.shape
+    hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     chunk = chunk_size(b, hkv, length, d, sms)
     chunks = -(-length // chunk)
     splits = head_splits(b, hkv, g, chunks, d, sms)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
-    out = torch.empty_like(q)
+    out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
     # the tiled GEMVs' counters: every user resets what it takes, and under PDL each touches them only after
     # waiting for its predecessor, so a GEMV and this kernel never hold them at once
     cnt = counters(q.device, b * groups)
+    if append is None:
+        extra, flags = [None, None, None, None, 0, 0, 0, 0, None], 0
+    else:
+        k_new, v_new, cos, sin, position = append
+        extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
+                 cos.stride(0), ptr(position)]
+        flags = FLAG_APPEND
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
-        0 if mask is None else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,
-        _pdl_arg(pdl_supported(q.device)), stream_of(q.device)], dtype=q.dtype, d=d, g=g)
+        0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,
+        _pdl_arg(pdl_supported(q.device), flags), *extra, stream_of(q.device)], dtype=q.dtype, d=d, g=g)
     return out
+
+
+@ops.decode_attention.register_kernel("cuda")
+def _(q, k, v, mask, scale):
+    ops.check_decode_attention_args(q, k, v, mask, scale)
+    lib = library_or_none(q.device)
+    if lib is None or not supported(q, k) or any(t.data_ptr() % 16 for t in (q, k, v)):  # 16-byte row loads
+        return ops.decode_attention_reference(q, k, v, mask, scale)
+    return _launch(lib, q.contiguous(), k, v, mask, scale)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Row starts 16-byte aligned (the kernel's vector loads): the pointer and every row stride."""
+    return t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1] if st)
+
+
+@ops.decode_attention_append.register_kernel("cuda")
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
+    ops.check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
+    lib = library_or_none(q.device)
+    if (lib is None or not supported(q, k_cache)
+            or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache))):
+        return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
+    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position))

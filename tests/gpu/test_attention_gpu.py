@@ -160,3 +160,149 @@ def test_transformers_decode_step_uses_it(gen):
     assert len(calls) == 2  # the decode step's two layers; the prompt went to SDPA
     want = step_logits("eager")
     assert _rel(got, want.double().cpu()) < 2e-2
+
+
+# ---- rotary embedding + KV-cache append + attention in one kernel (decode_attention_append)
+
+def _append_inputs(gen, b, hq, hkv, length, d, dtype, pos):
+    """Inputs as a fused q|k|v projection leaves them (q, k, v row views of one [b, (hq + 2 hkv) d] output),
+    cos/sin of random angles, caches full of random rows, and a causal mask up to pos."""
+    qkv = torch.randn(b, (hq + 2 * hkv) * d, generator=gen).to(dtype).cuda()
+    q = qkv[:, :hq * d].view(b, hq, d)
+    k_new = qkv[:, hq * d:(hq + hkv) * d].view(b, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d:].view(b, hkv, d)
+    ang = torch.rand(b, d // 2, generator=gen) * 50
+    cos = torch.cat((ang, ang), -1).cos().to(dtype).cuda()
+    sin = torch.cat((ang, ang), -1).sin().to(dtype).cuda()
+    kc = torch.randn(b, hkv, length, d, generator=gen).to(dtype).cuda()
+    vc = torch.randn(b, hkv, length, d, generator=gen).to(dtype).cuda()
+    mask = (torch.arange(length)[None].expand(b, length) <= pos).cuda()
+    return q, k_new, v_new, cos, sin, kc, vc, torch.tensor([pos], device="cuda"), mask
+
+
+def _append_check(args, scale, dtype):
+    q, k_new, v_new, cos, sin, kc, vc, position, mask = args
+    pos = int(position)
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    want = lowbit.ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, ref_kc, ref_vc, position, mask, scale)
+    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale)
+    # the cache rows: the written one within one rounding of the reference's rotation, every other row untouched
+    others = torch.ones(kc.shape[2], dtype=torch.bool)
+    others[pos] = False
+    assert torch.equal(kc[:, :, others], ref_kc[:, :, others]) and torch.equal(vc, ref_vc)
+    torch.testing.assert_close(kc[:, :, pos].float(), ref_kc[:, :, pos].float(), rtol=2 ** -7, atol=1e-2)
+    # the output: against fp64 attention of the reference's rotated q over the kernel's own cache
+    qr = lowbit.ops.rope_reference(q, cos, sin)
+    err = _rel(out, _ref(qr, kc, vc, mask, scale))
+    assert err <= BOUND[dtype], f"rel err {err:.2e}"
+    assert _rel(want, _ref(qr, kc, vc, mask, scale)) <= BOUND[dtype]
+    return out
+
+
+@pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_append_matches_reference(d, g, dtype, gen):
+    for b, hkv, length, pos in ((1, 8, 64, 0), (2, 2, 130, 64), (1, 4, 590, 589), (3, 1, 1000, 517)):
+        _append_check(_append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos), d ** -0.5, dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+def test_append_with_query_heads_split(splits, gen):
+    """With a KV head's query heads over several CTAs, each rebuilds the new row and exactly one writes it."""
+    from lowbit.kernels import attention as kattn
+
+    args = _append_inputs(gen, 2, 32, 4, 700, 128, torch.bfloat16, 383)
+    try:
+        kattn.HEAD_SPLITS = splits
+        _append_check(args, 0.09, torch.bfloat16)
+    finally:
+        kattn.HEAD_SPLITS = None
+
+
+def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
+    q, k_new, v_new, cos, sin, kc, vc, _, mask = _append_inputs(gen, 1, 32, 8, 300, 128, torch.bfloat16, 299)
+    kc0, vc0 = kc.clone(), vc.clone()
+    for bad in (300, 10 ** 6, -1):
+        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([bad], device="cuda"),
+                                                 mask, 0.09)
+        assert out.isnan().all()
+        assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+
+
+def test_append_in_graph_steps_the_position(gen):
+    """Captured in a CUDA graph with programmatic launch and a kbit GEMV reading its output (the o_proj
+    pattern): each replay appends at the position a device counter holds (incremented in the graph), and
+    matches the same steps run eagerly, bit for bit."""
+    length = 200
+    q, k_new, v_new, cos, sin, kc, vc, _, _ = _append_inputs(gen, 1, 32, 8, length, 128, torch.bfloat16, 0)
+    o = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(4096, 1024, bias=False), bits=4).to("cuda", torch.bfloat16)
+    ar = torch.arange(length, device="cuda")
+
+    def run_steps(kc, vc, pos, graph_steps):
+        def step():
+            mask = (ar <= pos)[None]
+            a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088)
+            y = o(a.view(1, 4096))
+            pos.add_(1)
+            return y
+
+        outs = []
+        with torch.no_grad():
+            if not graph_steps:
+                return [step().clone() for _ in range(6)][1:]  # the first: the graph run's warm-up step
+            with lowbit.programmatic_launch():
+                o._launcher = None
+                step()  # warm-up: position 100
+                graph, out = capture(step)  # capture runs nothing
+                for _ in range(5):
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    outs.append(out.clone())
+        return outs
+
+    kc_e, vc_e = kc.clone(), vc.clone()
+    pos_e = torch.tensor([100], device="cuda")
+    eager = run_steps(kc_e, vc_e, pos_e, False)
+    kc_g, vc_g = kc.clone(), vc.clone()
+    pos_g = torch.tensor([100], device="cuda")
+    graphed = run_steps(kc_g, vc_g, pos_g, True)
+    for a, b in zip(graphed, eager):
+        assert torch.equal(a, b)
+    assert int(pos_g) == int(pos_e) == 106
+    assert torch.equal(kc_g[:, :, 100:106], kc_e[:, :, 100:106]) and torch.equal(vc_g[:, :, 100:106], vc_e[:, :, 100:106])
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_transformers_fused_decode_steps(name, gen):
+    """A tiny Llama (head_dim 32) and Qwen3-MoE (per-head q/k norms), bf16 on the GPU: 4 decode steps after a
+    9-token prompt with the fused op give the model's own logits within bf16 rounding and the same caches."""
+    from transformers import StaticCache
+
+    from lowbit.hf.attention import use_fused_decode_attention, use_gqa_sdpa
+
+    from ..tiny_models import build
+
+    model = build(name, 0, dtype=torch.bfloat16, device="cuda")
+    model.set_attn_implementation("sdpa")
+    assert use_gqa_sdpa(model)
+    ids = torch.randint(0, 320, (2, 9), generator=gen).cuda()
+    steps = torch.randint(0, 320, (4, 2, 1), generator=gen).cuda()
+
+    def run():
+        cache = StaticCache(config=model.config, max_cache_len=40)
+        out = []
+        with torch.no_grad():
+            model(ids, past_key_values=cache, position_ids=torch.arange(9).expand(2, -1).cuda(), use_cache=True)
+            for i, tok in enumerate(steps):
+                out.append(model(tok, past_key_values=cache, position_ids=torch.full((2, 1), 9 + i).cuda(),
+                                 use_cache=True).logits.float())
+        return torch.cat(out, 1), cache
+
+    want, want_cache = run()
+    assert use_fused_decode_attention(model) == 2
+    got, got_cache = run()
+    assert torch.isfinite(got).all()
+    assert ((got - want).norm() / want.norm()).item() < 2e-2
+    for a, b in zip(got_cache.layers, want_cache.layers):
+        assert ((a.keys.float() - b.keys.float()).norm() / b.keys.float().norm()).item() < 1e-2
+        assert int(a.cumulative_length) == 13
