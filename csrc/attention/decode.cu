@@ -22,9 +22,8 @@
 // APPEND (flags bit 1): the step's rotary embedding and KV-cache append in the same launch. q and the
 // new token's k, v arrive as the projections left them; the kernel rotates q and k (rotate-half RoPE,
 // fp32, rounded to T as transformers' apply_rotary_pos_emb leaves them), writes k, v into the caches at
-// the step's position, and attends with them. Every CTA whose chunk holds that position rebuilds the new
-// row in shared memory (it never reads it back from the cache another CTA is writing); one CTA per KV
-// head writes it. In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the
+// the step's position, and attends with them. Every warp rotates the new k in its registers and uses
+// those for that position (never the cache row another CTA is writing); one CTA per KV head writes it. In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the
 // two cache writes and the query copy. A position outside the cache writes nothing and gives NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -92,14 +91,11 @@ struct Append {
     T* v_cache;
 };
 
-// Rotate-half RoPE of the lane's E elements [lane E, lane E + E) of a D-row: x cos + rotate_half(x) sin,
+// Rotate-half RoPE of the lane's E elements [lane E, lane E + E) of a D-row (c, s: its cos, sin): x cos + rotate_half(x) sin,
 // rotate_half(x)[i] = -x[i + D/2] (i < D/2), x[i - D/2] (else): the partner elements sit in lane ^ 16.
 // Rounded to T (transformers' q_embed / k_embed dtype).
 template <int E, typename T>
-__device__ __forceinline__ void rope_lane(float (&x)[E], const T* cos_row, const T* sin_row, int lane) {
-    float c[E], s[E];
-    to_floats<E, T>(load_vec<E>(cos_row + lane * E), c);
-    to_floats<E, T>(load_vec<E>(sin_row + lane * E), s);
+__device__ __forceinline__ void rope_lane(float (&x)[E], const float (&c)[E], const float (&s)[E], int lane) {
     const float sign = lane < 16 ? -1.f : 1.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -140,36 +136,67 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         pdl_launch_dependents();
     }
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
-    // APPEND: the step's position, and the new K/V row (rotated k) in shared memory where this chunk holds it
-    __shared__ __align__(16) T s_new[APPEND ? 2 : 1][APPEND ? D : 1];
-    int64_t pos = -1;
-    if constexpr (APPEND) {
-        pos = *ap.position;
-        if (pos >= p_begin && pos < p_end && warp == 0) {
-            const int kvh = h / kv_div;
-            float kf[E];
-            to_floats<E, T>(load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E), kf);
-            rope_lane<E, T>(kf, ap.cos + b * ap.cs_sb, ap.sin + b * ap.cs_sb, lane);
-            const RawVec<E> kr = pack_vec<E, T>(kf);
-            const RawVec<E> vr = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
-            store_vec<E, T>(&s_new[0][lane * E], kr);
-            store_vec<E, T>(&s_new[1][lane * E], vr);
-            if (h % kv_div == 0) {  // one writer per KV head
-                store_vec<E, T>(ap.k_cache + b * k_sb + kvh * k_sh + pos * D + lane * E, kr);
-                store_vec<E, T>(ap.v_cache + b * v_sb + kvh * v_sh + pos * D + lane * E, vr);
+    const int kvh = h / kv_div;
+    const T* kb = k + b * k_sb + kvh * k_sh + lane * E;
+    const T* vb = v + b * v_sb + kvh * v_sh + lane * E;
+    const bool* mb = mask == nullptr ? nullptr : mask + b * mask_sb;
+    // One step's K/V rows and visibility. The rows are loaded whatever the mask says (their loads then
+    // overlap the mask's instead of following them); a masked row's values are never used.
+    RawVec<E> kr[kStep], vr[kStep];
+    bool ok[kStep];
+    auto load_step = [&](int p0) {
+#pragma unroll
+        for (int j = 0; j < kStep; ++j) {
+            const int p = p0 + j;
+            ok[j] = p < p_end && (mb == nullptr || mb[p]);
+            if (p < p_end) {
+                kr[j] = load_vec<E>(kb + int64_t(p) * D);
+                vr[j] = load_vec<E>(vb + int64_t(p) * D);
+            } else {
+                kr[j] = {};
+                vr[j] = {};
             }
         }
-        __syncthreads();
-    }
-    const bool bad_pos = APPEND && (pos < 0 || pos >= L);  // no write happened: the output says so (NaN)
-    // this lane's elements of the G query heads (APPEND: rotated), pre-scaled by scale * log2(e)
+    };
+    // Every independent load first -- q; APPEND: the position, the new token's k, v and cos, sin; the first
+    // step's mask bytes and rows -- so the kernel waits for one memory latency, not a chain of them.
     const T* qb = APPEND ? q + b * ap.q_sb + int64_t(h) * G * D : q + (int64_t(b) * hkv * G + h * G) * D;
+    RawVec<E> q_raw[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) q_raw[g] = load_vec<E>(qb + g * D + lane * E);
+    int64_t pos = -1;
+    RawVec<E> k_add, v_add;  // APPEND: the new row (k rotated below)
+    float cs[E], sn[E];
+    if constexpr (APPEND) {
+        pos = *ap.position;
+        k_add = load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E);
+        v_add = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
+        to_floats<E, T>(load_vec<E>(ap.cos + b * ap.cs_sb + lane * E), cs);
+        to_floats<E, T>(load_vec<E>(ap.sin + b * ap.cs_sb + lane * E), sn);
+    }
+    const int p_first = p_begin + warp * kStep;
+    if (p_first < p_end) load_step(p_first);
+    const bool bad_pos = APPEND && (pos < 0 || pos >= L);  // nothing is written: the output says so (NaN)
+    if constexpr (APPEND) {
+        // Every warp rotates the new k itself (registers: no barrier); warp 0 of the CTA whose chunk holds the
+        // position writes it, one CTA per KV head. The cache row other warps may have loaded at that position
+        // is never used: they take these registers instead.
+        float kf[E];
+        to_floats<E, T>(k_add, kf);
+        rope_lane<E, T>(kf, cs, sn, lane);
+        k_add = pack_vec<E, T>(kf);
+        if (warp == 0 && h % kv_div == 0 && pos >= p_begin && pos < p_end) {
+            store_vec<E, T>(ap.k_cache + b * k_sb + kvh * k_sh + pos * D + lane * E, k_add);
+            store_vec<E, T>(ap.v_cache + b * v_sb + kvh * v_sh + pos * D + lane * E, v_add);
+        }
+    }
+    // this lane's elements of the G query heads (APPEND: rotated), pre-scaled by scale * log2(e)
     float qf[G][E];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float f[E];
-        to_floats<E, T>(load_vec<E>(qb + g * D + lane * E), f);
-        if constexpr (APPEND) rope_lane<E, T>(f, ap.cos + b * ap.cs_sb, ap.sin + b * ap.cs_sb, lane);
+        to_floats<E, T>(q_raw[g], f);
+        if constexpr (APPEND) rope_lane<E, T>(f, cs, sn, lane);
 #pragma unroll
         for (int e = 0; e < E; ++e) qf[g][e] = f[e] * scale_log2;
     }
@@ -181,25 +208,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 #pragma unroll
         for (int e = 0; e < E; ++e) o[g][e] = 0.f;
     }
-    const T* kb = k + b * k_sb + (h / kv_div) * k_sh + lane * E;
-    const T* vb = v + b * v_sb + (h / kv_div) * v_sh + lane * E;
-    const bool* mb = mask == nullptr ? nullptr : mask + b * mask_sb;
-    for (int p0 = p_begin + warp * kStep; p0 < p_end; p0 += kWarps * kStep) {
-        RawVec<E> kr[kStep], vr[kStep];
-        bool ok[kStep];
+    for (int p0 = p_first; p0 < p_end; p0 += kWarps * kStep) {
+        if (p0 != p_first) load_step(p0);
+        if constexpr (APPEND) {
 #pragma unroll
-        for (int j = 0; j < kStep; ++j) {  // every load of the step first: one latency
-            const int p = p0 + j;
-            ok[j] = p < p_end && (mb == nullptr || mb[p]);
-            if (APPEND && p == pos && ok[j]) {  // the new row: from shared memory, never the cache being written
-                kr[j] = load_vec<E>(&s_new[0][lane * E]);
-                vr[j] = load_vec<E>(&s_new[1][lane * E]);
-            } else if (ok[j]) {
-                kr[j] = load_vec<E>(kb + int64_t(p) * D);
-                vr[j] = load_vec<E>(vb + int64_t(p) * D);
-            } else {
-                kr[j] = {};
-                vr[j] = {};
+            for (int j = 0; j < kStep; ++j) {
+                if (p0 + j == pos) {
+                    kr[j] = k_add;
+                    vr[j] = v_add;
+                }
             }
         }
 #pragma unroll
