@@ -122,7 +122,7 @@ __device__ __forceinline__ void store_vec(T* p, const RawVec<E>& v) {
     if constexpr (E == 8) *reinterpret_cast<uint4*>(p) = make_uint4(v.r[0], v.r[1], v.r[2], v.r[3]);
 }
 
-template <typename T, int D, int G, bool PDL, bool APPEND>
+template <typename T, int D, int G, bool APPEND>
 __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
@@ -131,10 +131,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if constexpr (PDL) {
-        pdl_wait();
-        pdl_launch_dependents();
-    }
+    pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
+    pdl_launch_dependents();
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
     const int kvh = h / kv_div;
     const T* kb = k + b * k_sb + kvh * k_sh + lane * E;
@@ -360,11 +358,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
                                   mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap);
     };
-    const bool pdl = flags & 1;
-    const cudaError_t err = append ? (pdl ? go(decode_attention_kernel<T, D, G, true, true>)
-                                          : go(decode_attention_kernel<T, D, G, false, true>))
-                                   : (pdl ? go(decode_attention_kernel<T, D, G, true, false>)
-                                          : go(decode_attention_kernel<T, D, G, false, false>));
+    const cudaError_t err = append ? go(decode_attention_kernel<T, D, G, true>) : go(decode_attention_kernel<T, D, G, false>);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
