@@ -13,8 +13,9 @@
 // head; the warps merge through shared memory. With more than one chunk, each CTA leaves its
 // (max, sum, partial output) in fp32 and the last CTA of a (sequence, KV head) -- an atomic counter --
 // merges them in chunk order (deterministic) and writes the output, rounded once.
-// Masked positions (mask[b, p] false) are skipped without reading K/V; a sequence with no visible
-// position gets NaN, as torch's math attention gives; so does a head with a NaN score or value.
+// Masked positions (mask[b, p] false) never count: their K/V rows are loaded with the visible ones (so
+// the loads need not wait for the mask) and their values dropped; a sequence with no visible position
+// gets NaN, as torch's math attention gives; so does a head with a NaN score or value.
 // Scores use exp2 with log2(e) folded into the scale.
 // PDL (flags bit 0): q, K, V, mask and the outputs belong to the stream order, so the kernel waits
 // at entry and triggers its dependents right after: the next kernel (the output projection's GEMV)
@@ -23,8 +24,9 @@
 // new token's k, v arrive as the projections left them; the kernel rotates q and k (rotate-half RoPE,
 // fp32, rounded to T as transformers' apply_rotary_pos_emb leaves them), writes k, v into the caches at
 // the step's position, and attends with them. Every warp rotates the new k in its registers and uses
-// those for that position (never the cache row another CTA is writing); one CTA per KV head writes it. In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the
-// two cache writes and the query copy. A position outside the cache writes nothing and gives NaN.
+// those for that position (never the cache row another CTA is writing); one CTA per KV head writes it.
+// In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the two cache writes
+// and the query copy. A position outside the cache writes nothing and gives NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
