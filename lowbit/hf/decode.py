@@ -139,9 +139,12 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     if graph and device.type != "cuda":
         raise ValueError("CUDA-graph decoding needs the model on a GPU")
     if gqa_sdpa and device.type == "cuda":
-        from .attention import use_fused_decode_attention, use_gqa_sdpa
+        from .attention import NAME, use_fused_decode_attention, use_gqa_sdpa
 
-        if use_gqa_sdpa(model) and fused_attention:
+        use_gqa_sdpa(model)
+        # also when an earlier call (or the user) already switched the model: the fused layers need lowbit's
+        # attention function, and switching them twice changes nothing
+        if fused_attention and getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
             use_fused_decode_attention(model)
     if lowbit_router and device.type == "cuda":
         from .router import use_lowbit_router
