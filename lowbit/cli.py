@@ -15,12 +15,20 @@ from .kernels import build as _build
 def _cmd_build(args: argparse.Namespace) -> int:
     archs = _build.DEFAULT_ARCHS if args.arch == "default" else tuple(a.strip() for a in args.arch.split(","))
     try:
-        path = _build.build(archs, force=args.force, verbose=args.verbose)
+        path = _build.build(archs, force=args.force, verbose=args.verbose, jobs=args.jobs,
+                            progress=lambda name, done, total: print(f"[{done}/{total}] {name}", file=sys.stderr, flush=True))
     except _build.BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(path)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +45,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--arch", default="default", help="comma-separated archs, e.g. sm_90a,sm_89 (default: %(default)s = sm_80,sm_89,sm_90a)")
     b.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     b.add_argument("--verbose", action="store_true", help="print nvcc's resource report (-Xptxas -v)")
+    b.add_argument("--jobs", type=_positive_int, default=None, help="files compiled at once (default: one per CPU)")
     b.set_defaults(func=_cmd_build)
     from .bench.cli import add_parser as _add_bench
 

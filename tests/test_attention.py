@@ -124,6 +124,7 @@ def test_append_op_is_rope_then_cache_write_then_attention(gen):
     q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
     kc0, vc0 = kc.clone(), vc.clone()
     out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2)
+    assert pos.tolist() == [6]  # advanced, as the static cache's length
     qr, kr = apply_rotary_pos_emb(q[:, :, None], k_new[:, :, None], cos[:, None], sin[:, None])
     want_k, want_v = kc0.clone(), vc0.clone()
     want_k[:, :, 5], want_v[:, :, 5] = kr[:, :, 0], v_new
@@ -144,8 +145,10 @@ def test_append_op_errors(gen):
         op(q, k_new, v_new, cos[:1], sin, kc, vc, pos, mask, 0.2)
     with pytest.raises(ValueError, match="KV heads"):
         op(q, k_new[:, :1], v_new[:, :1], cos, sin, kc, vc, pos, mask, 0.2)
+    past = torch.tensor([12])
     with pytest.raises(IndexError):
-        op(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([12]), mask, 0.2)  # past the cache: the reference raises
+        op(q, k_new, v_new, cos, sin, kc, vc, past, mask, 0.2)  # past the cache: the reference raises
+    assert past.tolist() == [12]
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe"])

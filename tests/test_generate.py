@@ -27,6 +27,18 @@ def test_static_decode_equals_transformers_generate():
     assert torch.equal(r.tokens, want)
 
 
+def test_compiled_decode_step_equals_eager():
+    """compile=True compiles the forward, the argmax and the token/position feedback as one graph; it must pick
+    the eager step's tokens (a kbit3 model on the CPU: the op references under inductor)."""
+    torch.manual_seed(0)
+    model, _, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu")
+    lowbit.quantize_model(model, bits=3, progress=False)
+    ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
+    eager = decode.greedy_decode(model, ids, 6, graph=False)
+    compiled = decode.greedy_decode(model, ids, 6, graph=False, compile=True)
+    assert compiled.mode == "eager+compile" and torch.equal(compiled.tokens, eager.tokens)
+
+
 def test_decode_rejects_bad_args():
     model, _, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="max_new_tokens"):

@@ -43,20 +43,22 @@ def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
 
         tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
         result = {}
-        if case in ("kbit", "nvfp4", "head"):
-            opts = {"bits_for": {"lm_head": 4}} if case == "head" else {"format": case}
-            m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], quantization_config=LowbitConfig(**opts), **tp)
-            ref = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], dtype=torch.float32)
+        if case in ("kbit", "nvfp4", "head", "moe"):
+            opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
+            src = paths["moe" if case == "moe" else "dense"]
+            m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
+            ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
             lowbit.quantize_model(ref, progress=False, **opts)
-        elif case == "saved":
-            m = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], **tp)
-            ref = transformers.AutoModelForCausalLM.from_pretrained(paths["saved"], dtype=torch.float32)
+        elif case in ("saved", "moe_saved"):
+            m = transformers.AutoModelForCausalLM.from_pretrained(paths[case], **tp)
+            ref = transformers.AutoModelForCausalLM.from_pretrained(paths[case], dtype=torch.float32)
         else:  # refusals
             plan = {f"model.{k}": v for k, v in transformers.LlamaConfig().base_model_tp_plan.items()}
             plan["model.layers.*.mlp.down_proj"] = "rowwise_rep"  # a split lowbit does not make
             custom = {"distributed_config": DistributedConfig(tp_size=WORLD, tp_plan=plan), "dtype": torch.float32}
             for what, path, cfg, kw in (("off_block", paths["odd"], LowbitConfig(), tp),
-                                        ("experts", paths["moe"], LowbitConfig(experts=True), tp),
+                                        ("experts_off_block", paths["moe_odd"], LowbitConfig(), tp),
+                                        ("sbvr", paths["moe"], LowbitConfig(format="sbvr"), tp),
                                         ("style", paths["dense"], LowbitConfig(), custom)):
                 try:
                     transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **kw)
@@ -71,8 +73,12 @@ def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
             layer = m.model.layers[0]
             result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
                       "head": [type(m.lm_head).__name__, m.lm_head.out_features, list(y.shape)],
-                      "down_in": layer.mlp.down_proj.in_features,
                       "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
+            if case.startswith("moe"):
+                ex = layer.mlp.experts
+                result["experts"] = [type(ex).__name__, ex.intermediate_dim, type(ref.model.layers[0].mlp.experts).__name__]
+            else:
+                result["down_in"] = layer.mlp.down_proj.in_features
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
     finally:
@@ -84,12 +90,14 @@ def paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("tp")
     build("llama", 5, inter=256).save_pretrained(d / "dense")
     build("llama", 5, inter=224).save_pretrained(d / "odd")  # down_proj: K = 224 -> 2 x 112, not whole blocks
-    build("qwen3_moe", 5).save_pretrained(d / "moe")
+    build("qwen3_moe", 5, moe_inter=128).save_pretrained(d / "moe")  # experts' I = 128 -> 2 x 64: whole blocks
+    build("qwen3_moe", 5).save_pretrained(d / "moe_odd")  # I = 96 -> 2 x 48: not
     from lowbit.hf import LowbitConfig
 
-    q = transformers.AutoModelForCausalLM.from_pretrained(d / "dense", dtype=torch.float32, quantization_config=LowbitConfig())
-    q.save_pretrained(d / "saved")
-    return {k: str(d / k) for k in ("dense", "odd", "moe", "saved")}
+    for src, dst in (("dense", "saved"), ("moe", "moe_saved")):
+        q = transformers.AutoModelForCausalLM.from_pretrained(d / src, dtype=torch.float32, quantization_config=LowbitConfig())
+        q.save_pretrained(d / dst)
+    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved")}
 
 
 def _run(case, paths, tmp_path) -> list[dict]:
@@ -111,10 +119,22 @@ def test_sharded_forward_equals_unsharded(case, paths, tmp_path):
             assert res["head"] == ["KbitLinear", 320 // WORLD, [1, 10, 320]], res
 
 
+@pytest.mark.parametrize("case", ["moe", "moe_saved"])
+def test_sharded_moe_forward_equals_unsharded(case, paths, tmp_path):
+    """A Qwen3-MoE quantized while loading under TP, or saved and loaded under TP: each rank's kbit expert block
+    holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
+    outputs are summed, and the logits are the unsharded model's."""
+    for res in _run(case, paths, tmp_path):
+        assert res["finite"] and res["err"] <= BOUND, res
+        assert res["experts"] == ["KbitMoeExperts", 128 // WORLD, "KbitMoeExperts"], res
+        assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
+
+
 def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
     for res in _run("refusals", paths, tmp_path):
         assert res["off_block"].startswith("ValueError") and "whole 32-element blocks" in res["off_block"], res
-        assert res["experts"].startswith("NotImplementedError") and "experts=False" in res["experts"], res
+        assert res["experts_off_block"].startswith("ValueError") and "whole 32-element blocks" in res["experts_off_block"], res
+        assert res["sbvr"].startswith("NotImplementedError") and "does not split for tensor" in res["sbvr"], res
         assert res["style"].startswith("NotImplementedError") and "'rowwise_rep'" in res["style"], res
 
 

@@ -80,3 +80,48 @@ def test_splits_off_the_format_blocks_are_refused(gen):
         kb.tp_shard("colwise", 2, 2)
     with pytest.raises(ValueError, match="style must be"):
         kb.tp_shard("packed_colwise", 0, 2)
+
+
+class _Experts(nn.Module):
+    """transformers' fused expert block layout (gate_up_proj [E, 2I, H], down_proj [E, H, I], act(gate) * up)."""
+
+    def __init__(self, gen, e=4, h=64, i=128):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h, generator=gen) * 0.05)
+        self.down_proj = nn.Parameter(torch.randn(e, h, i, generator=gen) * 0.05)
+        self.act_fn = nn.SiLU()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_block_parts_are_slices_and_sum_to_the_block(world, gen):
+    from lowbit.nn.experts import KbitMoeExperts
+
+    full = KbitMoeExperts.from_experts(_Experts(gen), bits=4)
+    gu, dn = full.dequantize()
+    i, part = 128, 128 // world
+    x = torch.randn(5, 64, generator=gen)
+    idx = torch.randint(0, 4, (5, 2), generator=gen)
+    w = torch.rand(5, 2, generator=gen)
+    total = 0
+    for r in range(world):
+        p = full.tp_shard("experts", r, world)
+        assert p.intermediate_dim == part and torch.equal(p.codebook, full.codebook)
+        pg, pd = p.dequantize()
+        lo, hi = r * part, (r + 1) * part
+        assert torch.equal(pg, torch.cat([gu[:, lo:hi], gu[:, i + lo:i + hi]], dim=1))
+        assert torch.equal(pd, dn[:, :, lo:hi])
+        with torch.no_grad():
+            total = total + p(x, idx, w)
+    with torch.no_grad():
+        y = full(x, idx, w)
+    assert torch.isfinite(total).all() and (total - y).norm() <= 1e-5 * y.norm()
+
+
+def test_expert_block_splits_off_the_blocks_are_refused(gen):
+    from lowbit.nn.experts import KbitMoeExperts
+
+    full = KbitMoeExperts.from_experts(_Experts(gen, i=96), bits=4)
+    with pytest.raises(ValueError, match="whole 32-element blocks"):
+        full.tp_shard("experts", 0, 2)  # 48 features per rank
+    with pytest.raises(ValueError, match="splits as 'experts'"):
+        full.tp_shard("colwise", 0, 3)

@@ -33,7 +33,9 @@ def main():
     vn = [torch.randn(b, hkv, d, device=dev, dtype=dt) for _ in range(layers)]
     ang = torch.rand(b, d // 2, device=dev) * 50
     cos, sin = torch.cat((ang, ang), -1).cos().to(dt), torch.cat((ang, ang), -1).sin().to(dt)
-    pos = torch.tensor([L - 61], device=dev)  # the last visible slot
+    # the last visible slot; the op advances it with every call (as a decode step does), so after 60 calls
+    # it points past the visible rows and then past the cache, where the kernel skips only its two row stores
+    pos = torch.tensor([L - 61], device=dev)
 
     def rep(t):  # transformers' repeat_kv
         return t[:, :, None].expand(b, hkv, hq // hkv, L, d).reshape(b, hq, L, d)

@@ -26,7 +26,9 @@
 // the step's position, and attends with them. Every warp rotates the new k in its registers and uses
 // those for that position (never the cache row another CTA is writing); one CTA per KV head writes it.
 // In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the two cache writes
-// and the query copy. A position outside the cache writes nothing and gives NaN.
+// and the query copy. The last CTA to arrive on a grid-wide counter (each arrives once it has read the
+// position) advances the position by one, as transformers' cache update does: one small kernel per layer
+// less. A position outside the cache writes nothing, stays, and gives NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -79,8 +81,8 @@ __device__ __forceinline__ float merge_weight(float m, float m_all) {
 }
 
 // APPEND mode's extra operands: the new token's k, v (pre-RoPE k) [b, hkv_real, D] at row strides kn_sb /
-// vn_sb (elements); cos, sin [b, D] at cs_sb; q's batch stride; the step's position (int64, device);
-// the caches written (the same memory as k, v: the new row is written, never read, through these).
+// vn_sb (elements); cos, sin [b, D] at cs_sb; q's batch stride; the step's position (int64, device;
+// advanced by one at the end); the caches written (the same memory as k, v: the new row is written, never read, through these).
 template <typename T>
 struct Append {
     const T* k_new;
@@ -88,7 +90,7 @@ struct Append {
     const T* cos;
     const T* sin;
     int64_t q_sb, kn_sb, vn_sb, cs_sb;
-    const int64_t* position;
+    int64_t* position;
     T* k_cache;
     T* v_cache;
 };
@@ -167,8 +169,9 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     int64_t pos = -1;
     RawVec<E> k_add, v_add;  // APPEND: the new row (k rotated below)
     float cs[E], sn[E];
+    __shared__ int64_t s_pos;  // APPEND: thread 0 reads the position for the CTA (see the arrival below)
     if constexpr (APPEND) {
-        pos = *ap.position;
+        if (threadIdx.x == 0) s_pos = *ap.position;
         k_add = load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E);
         v_add = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
         to_floats<E, T>(load_vec<E>(ap.cos + b * ap.cs_sb + lane * E), cs);
@@ -176,6 +179,16 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     }
     const int p_first = p_begin + warp * kStep;
     if (p_first < p_end) load_step(p_first);
+    // APPEND: the CTA's one read of the position is done once the barrier passes; thread 0 then arrives on
+    // the grid's counter (it wraps to 0 at the last arrival: ready for the next launch). The count it gets
+    // back is only looked at after the main loop, so its latency hides behind the K/V loads.
+    unsigned arrived = 0;
+    if constexpr (APPEND) {
+        __syncthreads();
+        pos = s_pos;
+        const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
+        if (threadIdx.x == 0) arrived = atomicInc(reinterpret_cast<unsigned*>(counters + gridDim.z * hkv), ctas - 1) + 1;
+    }
     const bool bad_pos = APPEND && (pos < 0 || pos >= L);  // nothing is written: the output says so (NaN)
     if constexpr (APPEND) {
         // Every warp rotates the new k itself (registers: no barrier); warp 0 of the CTA whose chunk holds the
@@ -267,6 +280,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         for (int e = 0; e < E; ++e) s_o[warp][g][lane * E + e] = o[g][e];
     }
     __syncthreads();
+    // APPEND: the last CTA to arrive advances the position (every CTA has read it by then)
+    if (APPEND && arrived == gridDim.x * gridDim.y * gridDim.z && !bad_pos) *ap.position = pos + 1;
     // thread t merges (g, d) = (i / D, i % D) for i = t, t + 128, ...; the CTA's state goes to
     // registers (one chunk) or the workspace [b][h][c][g][D + 2] (m, l at D, D + 1)
     float* cta_ws = ws + ((int64_t(b) * hkv + h) * chunks + c) * G * (D + 2);
@@ -372,15 +387,16 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 // the K/V rows of KV head h / kv_div (kv_div > 1: a KV head's query heads split over kv_div CTAs, each
 // re-reading its K/V, mostly from L2) at k + b * k_sb + (h / kv_div) * k_sh + p * D (element strides);
 // mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
-// counters: int [batch * hkv], zero; ceil(L / chunk) <= 2 D.
+// counters: int [batch * hkv (+ 1 in APPEND mode)], zero; ceil(L / chunk) <= 2 D.
 // flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
-// cos, sin [batch, D] at cs_sb; *position (int64) the cache row written; k, v the caches (written).
+// cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
+// (written).
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
         const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,   \
         int L, int chunk, float scale, int flags, const void* k_new, const void* v_new, const void* cos,          \
-        const void* sin, int64_t q_sb, int64_t kn_sb, int64_t vn_sb, int64_t cs_sb, const int64_t* position,      \
+        const void* sin, int64_t q_sb, int64_t kn_sb, int64_t vn_sb, int64_t cs_sb, int64_t* position,            \
         void* stream) {                                                                                           \
         const lowbit::attention::Append<TYPE> ap{                                                                 \
             static_cast<const TYPE*>(k_new), static_cast<const TYPE*>(v_new), static_cast<const TYPE*>(cos),      \

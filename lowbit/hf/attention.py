@@ -148,10 +148,9 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
     v = self.v_proj(hidden_states).view(b, kv_heads, d)
     if self._lowbit_qk_norm:
         q, k = self.q_norm(q), self.k_norm(k)
-    # cos, sin and the mask go in as the model made them, not as per-layer views of them (torch.compile still
-    # recomputes them in two small kernels per layer: benchmarks/journal/2026-11-25_fused_decode_attention.md)
+    # cos, sin and the mask go in as the model made them, once for every layer; the op advances the layer's
+    # length as StaticLayer.update does
     out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling))
-    layer.cumulative_length.add_(1)  # what StaticLayer.update does
     return self.o_proj(out.view(b, 1, -1))
 
 

@@ -154,7 +154,13 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     input_ids = input_ids.to(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)
     out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
-    step_fn = torch.compile(model, fullgraph=True, dynamic=False) if compile else model
+    def next_token(tok, pos):
+        # the forward, the argmax and the feedback in one compiled graph: inductor's argmax spreads over the
+        # GPU (torch's eager one over 128K logits is one ~28 us block on the H100) and the two updates fuse
+        tok.copy_(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1].argmax(-1, keepdim=True))
+        pos.add_(1)
+
+    step_fn = torch.compile(next_token, fullgraph=True, dynamic=False) if compile else next_token
 
     def sync():
         if device.type == "cuda":
@@ -174,9 +180,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
         pos = torch.full((batch, 1), prompt, dtype=torch.long, device=device)
 
         def step():
-            nxt = step_fn(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-            tok.copy_(nxt)
-            pos.add_(1)
+            step_fn(tok, pos)
 
         i = 1
         if graph:

@@ -137,27 +137,35 @@ class LowbitHfQuantizer(HfQuantizer):
         self._model = model
         if self.pre_quantized:  # a saved lowbit model: its modules' empty skeletons take the saved tensors
             self._loaded = {name: skeleton_module(model, name, cfg) for name, cfg in self.quantization_config.modules.items()}
-            called = []
+            called, experts = [], []
             for name, mod in self._loaded.items():
                 mod.install(model, name)
                 for m in self._called(model, name, mod):
                     m._lowbit_tp_managed = mod.k_multiple  # a TP plan's split is lowbit's (lowbit.hf.tp)
                     called.append(m)
-            tp.take_over(model, [n for n, m in model.named_modules() if m in called])
+                if hasattr(mod, "num_experts"):  # an expert block
+                    if self._tp_size(model) > 1 and not mod.tp_experts:
+                        raise NotImplementedError(f"lowbit: {type(mod).__name__} expert blocks ({name}) do not split "
+                                                  "for tensor parallelism")
+                    experts.append(name)
+            tp.take_over(model, [n for n, m in model.named_modules() if m in called and n not in experts], experts)
             return model
         self.plan = plan_quantization(model, **self.quantization_config.plan_kwargs())
-        dist_cfg = getattr(model.config, "distributed_config", None)
         experts = [name for name, _, kind in self.plan.items if kind == "experts"]
-        if experts and getattr(dist_cfg, "tp_size", 1) > 1:
+        experts_cls = self.plan.linear_cls.experts_class
+        if self._tp_size(model) > 1 and self.plan.linear_cls._tp_part is QuantizedModule._tp_part:
+            raise NotImplementedError(f"lowbit: format={self.quantization_config.format!r} does not split for tensor "
+                                      "parallelism (kbit and nvfp4 do)")
+        if experts and self._tp_size(model) > 1 and not experts_cls.tp_experts:
             raise NotImplementedError(
-                f"lowbit: MoE expert blocks ({experts[0]}, ...) are not split for tensor parallelism by lowbit yet; "
+                f"lowbit: {experts_cls.__name__} expert blocks ({experts[0]}, ...) do not split for tensor parallelism; "
                 "LowbitConfig(experts=False) leaves them to transformers (unquantized)")
         names = {id(m): n for n, m in model.named_modules()}
         for _, mod, kind in self.plan.items:
             for m in mod[2] if kind == "fused" else [mod]:
-                m._lowbit_tp_managed = self.plan.linear_cls.k_multiple
+                m._lowbit_tp_managed = experts_cls.k_multiple if kind == "experts" else self.plan.linear_cls.k_multiple
         tp.take_over(model, [names[id(m)] for _, mod, kind in self.plan.items if kind != "experts"
-                             for m in (mod[2] if kind == "fused" else [mod])])
+                             for m in (mod[2] if kind == "fused" else [mod])], experts)
         self._item_of.clear()
         self._pending.clear()
         self._built.clear()
@@ -168,6 +176,10 @@ class LowbitHfQuantizer(HfQuantizer):
             self._item_of.update(dict.fromkeys(keys, i))
         self._started = time.perf_counter()
         return model
+
+    @staticmethod
+    def _tp_size(model) -> int:
+        return getattr(getattr(model.config, "distributed_config", None), "tp_size", 1) or 1
 
     def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
         return param_name in self._item_of

@@ -31,8 +31,13 @@ from ..nn.base import tp_split_problem
 from ..nn.fused import FusedParts, install
 
 #: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make (the
-#: gathering ones keep transformers' output all-gather: the LM head's)
-SPLITS = {"colwise": "colwise", "colwise_gather_output": "colwise", "colwise_rep": "colwise", "rowwise": "rowwise"}
+#: gathering ones keep transformers' output all-gather: the LM head's). An MoE expert block ("moe_tp_experts"
+#: on the block, "packed_colwise" / "rowwise" on its gate_up / down parameters) splits every expert's
+#: intermediate features; its partial outputs are summed over the ranks (:func:`place`).
+SPLITS = {"colwise": "colwise", "colwise_gather_output": "colwise", "colwise_rep": "colwise", "rowwise": "rowwise",
+          "moe_tp_experts": "experts", "packed_colwise": "experts"}
+#: the styles a quantized linear (a module lowbit quantizes, not an expert block) may have
+LINEAR_STYLES = ("colwise", "colwise_gather_output", "colwise_rep", "rowwise")
 PREFIX = "lowbit_"
 
 
@@ -71,7 +76,10 @@ class LowbitStyle(TensorParallelLayer):
 def check_split(module: nn.Module, split: str, world: int, k_multiple: int) -> None:
     """Refuse, before anything loads, a split that a module's quantized weight cannot take (the rule
     QuantizedModule.tp_shard applies after)."""
-    problem = tp_split_problem(split, [module.out_features], module.in_features, world, k_multiple)
+    if split == "experts":  # a transformers expert block or lowbit's: intermediate_dim
+        problem = tp_split_problem(split, [], module.intermediate_dim, world, k_multiple)
+    else:
+        problem = tp_split_problem(split, [module.out_features], module.in_features, world, k_multiple)
     if problem:
         raise ValueError(f"lowbit: {problem}")
 
@@ -95,20 +103,21 @@ def original_styles(plan: dict | None) -> dict | None:
     return {k: v.removeprefix(PREFIX) if v.removeprefix(PREFIX) in SPLITS else v for k, v in plan.items()}
 
 
-def take_over(model: nn.Module, names: list[str]) -> None:
+def take_over(model: nn.Module, names: list[str], experts: list[str] = ()) -> None:
     """Before transformers distributes ``model``: its TP plan (and a plan the user passed in its
-    DistributedConfig, which replaces it) gets lowbit's styles; a module lowbit quantizes (``names``) whose
-    style lowbit cannot split is refused now, not after loading."""
+    DistributedConfig, which replaces it) gets lowbit's styles; a linear (``names``) or expert block
+    (``experts``) lowbit quantizes whose style lowbit cannot split is refused now, not after loading."""
     dist_cfg = getattr(model.config, "distributed_config", None)
     if getattr(dist_cfg, "tp_size", 1) <= 1:
         return
     user_plan = getattr(dist_cfg, "tp_plan", None)
     plan = original_styles(user_plan if isinstance(user_plan, dict) else dict(getattr(model, "_tp_plan", None) or {}))
-    for name in names:
+    for name in [*names, *experts]:
         style = _style_of(name, plan)
-        if style is not None and style not in SPLITS:
+        allowed = ("moe_tp_experts",) if name in experts else LINEAR_STYLES
+        if style is not None and style not in allowed:
             raise NotImplementedError(f"lowbit: {name} is split as {style!r} by the tensor-parallel plan, which lowbit "
-                                      f"does not split yet ({', '.join(SPLITS)}); leave it unquantized: "
+                                      f"does not split ({', '.join(allowed)}); leave it unquantized: "
                                       f"LowbitConfig(skip=[...])")
     if isinstance(user_plan, dict):
         dist_cfg.tp_plan = plan_styles(user_plan)
@@ -129,6 +138,12 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
     rank, put the part in its place, and wrap what the model calls (the module, or each projection of a fused
     one) with transformers' style, in its local path."""
     part = new.tp_shard(SPLITS[style], mesh.get_local_rank(), mesh.size())
+    if SPLITS[style] == "experts":
+        # transformers' expert style sums the ranks' outputs only for DTensor parameters; lowbit's are local
+        for parent, cname in slots:
+            setattr(parent, cname, part)
+        part.register_forward_hook(_sum_over_ranks(mesh))
+        return part
     base = ALL_PARALLEL_STYLES[style]
     if isinstance(new, FusedParts):
         (parent, _), = slots
@@ -142,6 +157,19 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
         m._hf_quantized_needs_local_tp = True
         base.install_forward(m, mesh)
     return part
+
+
+def _sum_over_ranks(mesh):
+    """A forward hook that all-reduces (sums) a module's output over ``mesh``: an expert block's partial sums."""
+    import torch.distributed as dist
+
+    group = mesh.get_group()
+
+    def hook(module, args, output):
+        dist.all_reduce(output, group=group)
+        return output
+
+    return hook
 
 
 def _style_of(name: str, plan: dict) -> str | None:

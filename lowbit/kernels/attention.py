@@ -79,7 +79,7 @@ def _launch(lib, q, k, v, mask, scale, append=None):
     ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
     # the tiled GEMVs' counters: every user resets what it takes, and under PDL each touches them only after
     # waiting for its predecessor, so a GEMV and this kernel never hold them at once
-    cnt = counters(q.device, b * groups)
+    cnt = counters(q.device, b * groups + 1)  # + the append mode's grid-wide arrivals
     if append is None:
         extra, flags = [None, None, None, None, 0, 0, 0, 0, None], 0
     else:

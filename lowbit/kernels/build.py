@@ -8,16 +8,21 @@ so one build serves every torch version. Build on demand with::
 
 The first CUDA call builds for the current GPU only, if no cached build covers it.
 Cache: ``$LOWBIT_CACHE_DIR`` or ``~/.cache/lowbit``; file ``liblowbit-<key>.so`` where the key
-hashes the sources, flags, nvcc version and arch list.
+hashes the sources, flags, nvcc version and arch list. Each ``.cu`` file compiles in its own nvcc
+process, one per CPU at a time, into ``objects/`` of the cache, so a rebuild after an edit compiles
+only the files that see it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 def _find_csrc() -> Path:
@@ -96,8 +101,59 @@ def library_path(archs: tuple[str, ...], nvcc: str) -> Path:
     return cache_dir() / f"liblowbit-{library_key(archs, nvcc)}.so"
 
 
-def build(archs: tuple[str, ...] = DEFAULT_ARCHS, *, force: bool = False, verbose: bool = False) -> Path:
-    """Compile the library for ``archs`` (cached); return its path. Raises BuildError."""
+def _translation_unit(src: Path) -> list[Path]:
+    """A ``.cu`` file and the lowbit headers it includes, transitively (sorted)."""
+    seen, todo = set(), [src]
+    while todo:
+        f = todo.pop()
+        if f in seen or not f.is_file():
+            continue
+        seen.add(f)
+        for inc in re.findall(r'^\s*#include\s+"([^"]+)"', f.read_text(errors="replace"), flags=re.M):
+            todo += [f.parent / inc, CSRC_DIR / inc]
+    return sorted(seen)
+
+
+def _compile_order(srcs: list[Path]) -> list[Path]:
+    """Costliest translation units first (bytes with their headers: kbit/gemv.cu is 40 lines, its kernels
+    are in tiled/gemv.cuh), so that with one job per file the longest compiles start at once."""
+    return sorted(srcs, key=lambda f: -sum(g.stat().st_size for g in _translation_unit(f)))
+
+
+def _object_path(src: Path, flags: list[str], nvcc_version: str) -> Path:
+    """Where a compiled ``.cu`` file is kept: keyed by its translation unit's bytes, the flags and nvcc, so
+    that a rebuild after editing one file compiles only the files that see the edit."""
+    h = hashlib.sha256()
+    for f in _translation_unit(src):
+        f = f.resolve()
+        h.update((f.relative_to(CSRC_DIR.resolve()).as_posix() if f.is_relative_to(CSRC_DIR.resolve()) else f.name).encode())
+        h.update(f.read_bytes())
+    h.update(" ".join(flags).encode())
+    h.update(nvcc_version.encode())
+    return cache_dir() / "objects" / f"{src.stem}-{h.hexdigest()[:16]}.o"
+
+
+#: compiled objects not used by any build for this long are deleted (each edit of a file leaves its old one)
+OBJECT_MAX_AGE_S = 14 * 24 * 3600
+
+
+def _prune_objects(keep: set[Path]) -> None:
+    now = time.time()
+    for f in (cache_dir() / "objects").glob("*.o"):
+        try:
+            if f not in keep and now - f.stat().st_mtime > OBJECT_MAX_AGE_S:
+                f.unlink()
+        except OSError:  # another build removed or is using it
+            pass
+
+
+def build(archs: tuple[str, ...] = DEFAULT_ARCHS, *, force: bool = False, verbose: bool = False,
+          jobs: int | None = None, progress=None) -> Path:
+    """Compile the library for ``archs`` (cached); return its path. Raises BuildError.
+
+    Each ``.cu`` file compiles to an object in its own nvcc process (``jobs`` at once, default: one per
+    CPU), kept in the cache for the next build (``force``: compile all again), then one link;
+    ``progress(name, done, total)`` is called as each file finishes."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found (put it on PATH or set NVCC / CUDA_HOME) — needed to build lowbit's CUDA library")
@@ -106,16 +162,50 @@ def build(archs: tuple[str, ...] = DEFAULT_ARCHS, *, force: bool = False, verbos
     if out.exists() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, *BASE_FLAGS, *(gencode(a) for a in archs), f"-I{CSRC_DIR}"]
+    flags = [*BASE_FLAGS, *(gencode(a) for a in archs), f"-I{CSRC_DIR}"]
     if verbose:
-        cmd += ["-Xptxas", "-v"]
+        flags += ["-Xptxas", "-v"]
+    srcs = _compile_order(sources())
+    jobs = max(1, min(len(srcs), jobs or os.cpu_count() or 1))
+    compile_flags = [f for f in flags if f != "-shared"]
+    version = _nvcc_version(nvcc)
+    reports = []
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        def compile_one(src: Path):
+            obj = _object_path(src, compile_flags, version)
+            if obj.exists() and not force and not verbose:
+                obj.touch()  # in use: not pruned
+                return src, obj, ""
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            tmp_obj = Path(tmp) / obj.name
+            cmd = [nvcc, *compile_flags, "-c", str(src), "-o", str(tmp_obj)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise BuildError(f"nvcc failed ({proc.returncode}) on {src.name}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            os.replace(tmp_obj, obj)
+            return src, obj, proc.stdout + proc.stderr
+
+        objs = []
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(compile_one, src) for src in srcs]
+            try:
+                for done, fut in enumerate(as_completed(futures), 1):
+                    src, obj, report = fut.result()
+                    objs.append(obj)
+                    reports.append(report)
+                    if progress is not None:
+                        progress(src.relative_to(CSRC_DIR).as_posix(), done, len(srcs))
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
         tmp_out = Path(tmp) / out.name
-        cmd += [*map(str, sources()), "-o", str(tmp_out)]
+        cmd = [nvcc, *flags, *map(str, sorted(objs)), "-o", str(tmp_out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise BuildError(f"nvcc failed ({proc.returncode}):\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            raise BuildError(f"linking failed ({proc.returncode}):\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
         if verbose:
-            print(proc.stdout + proc.stderr)
+            print("".join(reports) + proc.stdout + proc.stderr)
         os.replace(tmp_out, out)  # atomic: concurrent builders never see a half-written file
+    _prune_objects(set(objs))
     return out

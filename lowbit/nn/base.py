@@ -30,7 +30,8 @@ def check_input(x: torch.Tensor, in_features: int) -> None:
 def tp_split_problem(style: str, out_sizes, in_features: int, world: int, k_multiple: int) -> str | None:
     """Why a weight of these sizes cannot be split ``world`` ways for tensor parallelism, or None:
     colwise needs every output size (each projection of a fused weight) divisible by ``world``, rowwise
-    equal parts of whole ``k_multiple``-element blocks."""
+    equal parts of whole ``k_multiple``-element blocks; ``"experts"`` (an expert block's intermediate size
+    as ``in_features``: down's input) the same as rowwise."""
     if style == "colwise":
         bad = [n for n in out_sizes if n % world]
         return f"output size {bad[0]} does not split into {world} equal tensor-parallel parts" if bad else None
@@ -55,6 +56,8 @@ class QuantizedModule(nn.Module):
     calibrated: bool = True
     #: the input size of a layer must be a multiple of this (the format's block)
     k_multiple: int = 1
+    #: an expert-block class: whether it splits for tensor parallelism (``tp_shard(style="experts")``)
+    tp_experts: bool = False
     #: the format quantized column by column (``lowbit/formats/<name>/columns.py``) for calibrated
     #: quantization (``quantize_model(method="gptq")``); its ``result()`` is what ``from_linear`` (and the
     #: fused / experts constructors) take as ``quantized=``. None: the format has no calibrated path.

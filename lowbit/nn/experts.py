@@ -23,7 +23,7 @@ from torch import nn
 from .. import dispatch
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
-from .base import QuantizedModule
+from .base import QuantizedModule, tp_split_problem
 from .linear import KbitLinear, apply_keeping_dtypes, check_kbit_values, quantized_codes
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
@@ -128,6 +128,8 @@ class KbitMoeExperts(QuantizedModule):
     Buffers: ``gate_up_{qweight,qabsmax,scales}`` (E stacked [2I, H] weights), ``down_{...}``
     (E stacked [H, I]), one shared ``codebook``. Build with :meth:`from_experts`.
     """
+
+    k_multiple = kbit.BLOCK
 
     def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, bits: int = 4,
                  act_fn: nn.Module | None = None, *, device=None):
@@ -265,6 +267,39 @@ class KbitMoeExperts(QuantizedModule):
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
                            lambda x, offsets: self._grouped(1, "down", x, offsets))
+
+    # -- tensor parallelism (transformers' "moe_tp_experts": every rank runs every expert on its slice of I)
+    tp_experts = True
+
+    def tp_shard(self, style: str, rank: int, world: int) -> "KbitMoeExperts":
+        """Rank ``rank`` of ``world``'s part for tensor parallelism (``style="experts"``): every expert's
+        intermediate features split in ``world`` equal parts of whole 32-element blocks -- gate and up rows
+        ``[r I/world, (r+1) I/world)`` of each half, down's columns the same. The parts' outputs sum to the
+        block's output (the caller all-reduces them); codebook and per-expert scales are shared."""
+        if style != "experts":
+            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
+        problem = tp_split_problem("experts", [], self.intermediate_dim, world, kbit.BLOCK)
+        if problem:
+            raise ValueError(f"{type(self).__name__}: {problem}")
+        i, part = self.intermediate_dim, self.intermediate_dim // world
+        new = type(self)(self.num_experts, self.hidden_dim, part, self.bits, self.act_fn, device="meta")
+        lo, hi = rank * part, (rank + 1) * part
+        for prefix, rows, cols in (("gate_up", torch.cat([torch.arange(lo, hi), torch.arange(i + lo, i + hi)]), None),
+                                   ("down", None, (lo // kbit.BLOCK, hi // kbit.BLOCK))):
+            b = self._buffers
+            planes, absmax = self.to_compact(b[f"{prefix}_qweight"], b[f"{prefix}_qabsmax"], *self._shape(prefix))
+            if rows is not None:
+                rows = rows.to(planes.device)
+                planes, absmax = planes[:, rows], absmax[:, rows]
+            if cols is not None:
+                planes, absmax = planes[:, :, cols[0]:cols[1]], absmax[:, :, cols[0]:cols[1]]
+            new._buffers["codebook"] = self.codebook
+            new.set_quantized(prefix, *new.from_compact(planes.contiguous(), absmax.contiguous()), b[f"{prefix}_scales"])
+        new._buffers["expert_range"] = self.expert_range
+        new.train(self.training)
+        return new
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""

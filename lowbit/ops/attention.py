@@ -15,10 +15,10 @@ DECODE_ATTENTION_SHAPES = frozenset({(64, 1), (64, 2), (64, 4), (64, 8), (128, 1
                                      (256, 1), (256, 2), (256, 4)})
 
 
-def check_decode_attention_args(q, k, v, mask, scale, q_rows: bool = False) -> tuple[int, int, int, int, int]:
+def check_decode_attention_args(q, k, v, mask, scale) -> tuple[int, int, int, int, int]:
     """(batch, query heads, KV heads, cache length, head dim) of valid arguments; raises otherwise.
-    ``q_rows``: q may have any batch stride (its heads contiguous), else q is contiguous."""
-    check_tensor("q", q, dtypes=FLOAT_DTYPES, dim=3, contiguous=not q_rows)
+    q may have any strides (the CUDA path reads a contiguous copy of an uncommon one)."""
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, dim=3, contiguous=False)
     for name, t in (("k", k), ("v", v)):
         check_tensor(name, t, dtypes=(q.dtype,), dim=4, contiguous=False)
         if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]:
@@ -44,7 +44,7 @@ def check_decode_attention_args(q, k, v, mask, scale, q_rows: bool = False) -> t
     return b, hq, hkv, length, d
 
 
-@torch.library.custom_op("lowbit::decode_attention", mutates_args=())
+@torch.library.custom_op("lowbit::decode_attention", mutates_args=(), tags=(torch.Tag.flexible_layout,))
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(scale * q K^T, masked) V`` for one query token per sequence: ``q [B, Hq, D]``, ``k, v
     [B, Hkv, L, D]`` (a KV cache; query head h reads KV head ``h // (Hq / Hkv)``), ``mask`` bool ``[B, L]`` (or transformers'
@@ -102,7 +102,7 @@ def check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, positi
     for name, t in (("cos", cos), ("sin", sin)):
         if tuple(t.shape) not in ((b, d), (b, 1, d)):
             raise ValueError(f"{name} must be [batch={b}, head_dim={d}] or [batch, 1, head_dim], got {tuple(t.shape)}")
-    b_, hq_, hkv, length, d_ = check_decode_attention_args(q, k_cache, v_cache, mask, scale, q_rows=True)
+    b_, hq_, hkv, length, d_ = check_decode_attention_args(q, k_cache, v_cache, mask, scale)
     if k_new.shape[1] != hkv:
         raise ValueError(f"k_new has {k_new.shape[1]} KV heads, the cache {hkv}")
     check_tensor("position", position, dtypes=(torch.int64,), contiguous=False)
@@ -120,15 +120,19 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (xf * c + torch.cat((-xf[..., half:], xf[..., :half]), dim=-1) * s).to(x.dtype)
 
 
-@torch.library.custom_op("lowbit::decode_attention_append", mutates_args=("k_cache", "v_cache"))
+# flexible_layout: torch.compile passes cos, sin and the mask as it made them, one buffer for every layer; by
+# default it would copy each into the exact strides of eager mode, per layer (two small kernels per layer)
+@torch.library.custom_op("lowbit::decode_attention_append", mutates_args=("k_cache", "v_cache", "position"),
+                         tags=(torch.Tag.flexible_layout,))
 def decode_attention_append(q: Tensor, k_new: Tensor, v_new: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
                             v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """One decode step of a rotary-embedding attention layer: rotate ``q [B, Hq, D]`` and the new token's
     ``k_new [B, Hkv, D]`` with ``cos, sin [B, D]`` (or transformers' ``[B, 1, D]``) (:func:`rope_reference`), write ``k_new`` (rotated) and ``v_new`` into row
     ``position`` (int64, one element, on the device) of the caches ``k_cache, v_cache [B, Hkv, L, D]``
-    (in place), then :func:`decode_attention` of the rotated q against the caches. A position outside
-    the cache raises here; the CUDA kernel (which cannot raise without a synchronization) writes nothing
-    and returns NaN."""
+    (in place), then :func:`decode_attention` of the rotated q against the caches, and advances
+    ``position`` by one (in place, as transformers' static cache layer advances its length). A position
+    outside the cache raises here; the CUDA kernel (which cannot raise without a synchronization) writes
+    nothing, leaves the position and returns NaN."""
     check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
     return decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
 
@@ -137,7 +141,9 @@ def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cach
     idx = position.reshape(1)
     k_cache.index_copy_(2, idx, rope_reference(k_new, cos, sin)[:, :, None])
     v_cache.index_copy_(2, idx, v_new[:, :, None])
-    return decode_attention_reference(rope_reference(q, cos, sin), k_cache, v_cache, mask, scale)
+    out = decode_attention_reference(rope_reference(q, cos, sin), k_cache, v_cache, mask, scale)
+    position.add_(1)
+    return out
 
 
 @decode_attention_append.register_fake

@@ -184,8 +184,10 @@ def _append_check(args, scale, dtype):
     q, k_new, v_new, cos, sin, kc, vc, position, mask = args
     pos = int(position)
     ref_kc, ref_vc = kc.clone(), vc.clone()
-    want = lowbit.ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, ref_kc, ref_vc, position, mask, scale)
+    want = lowbit.ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, ref_kc, ref_vc, position.clone(),
+                                                         mask, scale)
     out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale)
+    assert position.tolist() == [pos + 1]  # advanced once, by the grid's last CTA
     # the cache rows: the written one within one rounding of the reference's rotation, every other row untouched
     others = torch.ones(kc.shape[2], dtype=torch.bool)
     others[pos] = False
@@ -223,15 +225,15 @@ def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
     q, k_new, v_new, cos, sin, kc, vc, _, mask = _append_inputs(gen, 1, 32, 8, 300, 128, torch.bfloat16, 299)
     kc0, vc0 = kc.clone(), vc.clone()
     for bad in (300, 10 ** 6, -1):
-        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([bad], device="cuda"),
-                                                 mask, 0.09)
+        position = torch.tensor([bad], device="cuda")
+        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, 0.09)
         assert out.isnan().all()
-        assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+        assert torch.equal(kc, kc0) and torch.equal(vc, vc0) and position.tolist() == [bad]
 
 
 def test_append_in_graph_steps_the_position(gen):
     """Captured in a CUDA graph with programmatic launch and a kbit GEMV reading its output (the o_proj
-    pattern): each replay appends at the position a device counter holds (incremented in the graph), and
+    pattern): each replay appends at the position a device counter holds (advanced by the op itself), and
     matches the same steps run eagerly, bit for bit."""
     length = 200
     q, k_new, v_new, cos, sin, kc, vc, _, _ = _append_inputs(gen, 1, 32, 8, length, 128, torch.bfloat16, 0)
@@ -242,9 +244,7 @@ def test_append_in_graph_steps_the_position(gen):
         def step():
             mask = (ar <= pos)[None]
             a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088)
-            y = o(a.view(1, 4096))
-            pos.add_(1)
-            return y
+            return o(a.view(1, 4096))
 
         outs = []
         with torch.no_grad():
