@@ -39,6 +39,21 @@ def test_compiled_decode_step_equals_eager():
     assert compiled.mode == "eager+compile" and torch.equal(compiled.tokens, eager.tokens)
 
 
+@pytest.mark.parametrize("vocab", [700, 1025, 128256, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_two_stage_argmax_is_argmax(vocab, dtype, gen):
+    """argmax_rows picks torch's index: the first maximum, ties across and inside chunks, NaN as the maximum,
+    rows of -inf, vocabularies that are not a multiple of the chunk."""
+    x = torch.randn(6, vocab, generator=gen).to(dtype)
+    top = x[1].max()
+    x[1, 3], x[1, vocab - 2] = top, top                 # a tie across chunks
+    x[2, 600], x[2, 601] = x[2].max(), x[2].max()       # a tie inside one chunk
+    x[3, vocab // 2], x[3, vocab - 1] = float("nan"), float("nan")
+    x[4] = float("-inf")
+    x[5, vocab - 1] = x[5].max() + 1                    # the max in the padded last chunk
+    assert torch.equal(decode.argmax_rows(x), x.argmax(-1))
+
+
 def test_decode_rejects_bad_args():
     model, _, _ = sources.load("random:tiny-llama", dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="max_new_tokens"):

@@ -74,6 +74,11 @@ def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
             result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
                       "head": [type(m.lm_head).__name__, m.lm_head.out_features, list(y.shape)],
                       "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
+            try:
+                m.save_pretrained(f"{out}.saved{rank}")
+                result["save"] = "no error"
+            except NotImplementedError as e:
+                result["save"] = str(e)
             if case.startswith("moe"):
                 ex = layer.mlp.experts
                 result["experts"] = [type(ex).__name__, ex.intermediate_dim, type(ref.model.layers[0].mlp.experts).__name__]
@@ -127,6 +132,7 @@ def test_sharded_moe_forward_equals_unsharded(case, paths, tmp_path):
     for res in _run(case, paths, tmp_path):
         assert res["finite"] and res["err"] <= BOUND, res
         assert res["experts"] == ["KbitMoeExperts", 128 // WORLD, "KbitMoeExperts"], res
+        assert "split for tensor parallelism" in res["save"], res  # one rank's parts are no checkpoint
         assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
 
 
@@ -138,18 +144,19 @@ def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
         assert res["style"].startswith("NotImplementedError") and "'rowwise_rep'" in res["style"], res
 
 
-def test_generate_under_torchrun(tmp_path):
+@pytest.mark.parametrize("model,split", [("tiny-llama", 8), ("tiny-qwen3-moe", 6)])
+def test_generate_under_torchrun(model, split, tmp_path):
     """`torchrun --nproc-per-node 2 -m lowbit generate` as a user types it: every rank quantizes, keeps its part
-    of each split module, and rank 0 alone prints."""
+    of each split module (MoE: every expert's half of the intermediate features), and rank 0 alone prints."""
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
-           "-m", "lowbit", "generate", "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "4"]
+           "-m", "lowbit", "generate", "--model", f"random:{model}", "--device", "cpu", "--max-new-tokens", "4"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert r.stdout.count("tensor parallel over 2 ranks: 8 quantized modules split") == 1, r.stdout
+    assert r.stdout.count(f"tensor parallel over 2 ranks: {split} quantized modules split") == 1, r.stdout
     assert "kbit4 TP=2" in r.stdout
 
 

@@ -105,6 +105,25 @@ def decode_pdl(enabled: bool = True):
         yield
 
 
+#: logits per chunk of the first stage of :func:`argmax_rows`
+ARGMAX_CHUNK = 512
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` of ``[B, V]`` in two stages: the argmax of each ``ARGMAX_CHUNK``-wide chunk, then of
+    the chunks' maxima. The same index (the first maximum; NaN counts as the maximum, as in torch), but one
+    block per chunk instead of one per row: over a 128K vocabulary the one-stage reduction (eager or inductor's)
+    is a single ~27 us block per row on the H100, a whole batch-1 step's 1%."""
+    b, v = logits.shape
+    if v <= 2 * ARGMAX_CHUNK:
+        return logits.argmax(-1)
+    pad = -v % ARGMAX_CHUNK
+    x = torch.nn.functional.pad(logits, (0, pad), value=float("-inf")) if pad else logits
+    vals, idx = x.view(b, -1, ARGMAX_CHUNK).max(-1)   # per chunk: first maximum (NaN wins), its index
+    best = vals.argmax(-1, keepdim=True)               # the first chunk holding the row's maximum
+    return (best * ARGMAX_CHUNK + idx.gather(-1, best))[:, 0]
+
+
 def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph: bool | None = None,
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
                   profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
@@ -154,10 +173,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     input_ids = input_ids.to(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)
     out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
-    def next_token(tok, pos):
-        # the forward, the argmax and the feedback in one compiled graph: inductor's argmax spreads over the
-        # GPU (torch's eager one over 128K logits is one ~28 us block on the H100) and the two updates fuse
-        tok.copy_(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1].argmax(-1, keepdim=True))
+    def next_token(tok, pos):  # the forward, the argmax and the feedback: one compiled graph
+        tok.copy_(argmax_rows(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1])[:, None])
         pos.add_(1)
 
     step_fn = torch.compile(next_token, fullgraph=True, dynamic=False) if compile else next_token

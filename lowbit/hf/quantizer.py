@@ -39,7 +39,7 @@ from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO
                                           register_quantization_config, register_quantizer)
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..model.checkpoint import LoadError, crc32, module_config, skeleton_module
+from ..model.checkpoint import LoadError, check_not_split, crc32, module_config, skeleton_module
 from ..model.quantize import DEFAULT_SKIP, QuantizePlan, model_bytes, plan_quantization
 from ..nn import QuantizedModule, linear_class
 from ..nn.fused import FusedParts, fused_name
@@ -280,6 +280,7 @@ class LowbitHfQuantizer(HfQuantizer):
         """save_pretrained: the model's own state dict (quantized modules in the layout they hold), with each
         quantized module's entry and each of its tensors' CRC-32 recorded in the config it writes next."""
         quantized = {n: m for n, m in model.named_modules() if isinstance(m, QuantizedModule)}
+        check_not_split(quantized)
         cfg = self.quantization_config
         cfg.modules = {n: module_config(m) for n, m in quantized.items()}
         cfg.checksums = {f"{n}.{k}": crc32(t.detach().cpu().contiguous())

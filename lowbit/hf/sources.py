@@ -62,6 +62,10 @@ RANDOM_CONFIGS = {
                                         max_position_embeddings=8192, rope_theta=500000.0)),
     "tiny-llama": ("LlamaConfig", dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
+    "tiny-qwen3-moe": ("Qwen3MoeConfig", dict(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                              moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              head_dim=64, max_position_embeddings=1024)),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -128,7 +129,10 @@ def _locate_or_build(arch: str) -> Path:
             p = _build.library_path(archs, nvcc)
             if p.exists():
                 return p
-    return _build.build((arch,))
+    print(f"lowbit: building the CUDA library for {arch} (once; cached in {_build.cache_dir()}) ...", file=sys.stderr,
+          flush=True)
+    return _build.build((arch,), progress=lambda name, done, total: print(f"lowbit: [{done}/{total}] {name}",
+                                                                         file=sys.stderr, flush=True))
 
 
 def get_library(device: torch.device | None = None) -> Library:

@@ -67,6 +67,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def check_not_split(quantized: dict[str, QuantizedModule]) -> None:
+    """Refuse to save a tensor-parallel model: each rank holds only its parts of the split modules."""
+    split = [n for n, m in quantized.items() if m.tp_part is not None]
+    if split:
+        style, rank, world = quantized[split[0]].tp_part
+        raise NotImplementedError(f"lowbit: this model is split for tensor parallelism ({split[0]} is part {rank} of "
+                                  f"{world}, split {style}); a checkpoint needs whole modules: save the quantized "
+                                  "model from one process, before it is split, and load that under torchrun")
+
+
 def module_config(mod: QuantizedModule) -> dict:
     """A quantized module's checkpoint entry: its type and what rebuilds its empty skeleton."""
     return {"type": type(mod).__name__, **mod.checkpoint_config()}
@@ -88,6 +98,7 @@ def save_quantized(model: nn.Module, directory: str | os.PathLike, *, dtype: tor
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     quantized = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedModule)}
+    check_not_split(quantized)
     modules = {name: module_config(m) for name, m in quantized.items()}
 
     state = model.state_dict()

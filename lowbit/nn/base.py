@@ -58,6 +58,8 @@ class QuantizedModule(nn.Module):
     k_multiple: int = 1
     #: an expert-block class: whether it splits for tensor parallelism (``tp_shard(style="experts")``)
     tp_experts: bool = False
+    #: ``(style, rank, world)`` on a module that :meth:`tp_shard` made (one rank's part), else None
+    tp_part: tuple | None = None
     #: the format quantized column by column (``lowbit/formats/<name>/columns.py``) for calibrated
     #: quantization (``quantize_model(method="gptq")``); its ``result()`` is what ``from_linear`` (and the
     #: fused / experts constructors) take as ``quantized=``. None: the format has no calibrated path.
@@ -157,9 +159,12 @@ class QuantizedModule(nn.Module):
             offsets = [sum(sizes[:i]) for i in range(len(sizes))]
             rows = torch.cat([torch.arange(o + rank * (n // world), o + (rank + 1) * (n // world))
                               for o, n in zip(offsets, sizes)])
-            return self._tp_part(rows, None, [n // world for n in sizes])
-        part = self.in_features // world
-        return self._tp_part(None, (rank * part, (rank + 1) * part), sizes)
+            new = self._tp_part(rows, None, [n // world for n in sizes])
+        else:
+            part = self.in_features // world
+            new = self._tp_part(None, (rank * part, (rank + 1) * part), sizes)
+        new.tp_part = (style, rank, world)
+        return new
 
     def _tp_part(self, rows: torch.Tensor | None, cols: tuple[int, int] | None, out_sizes: list[int]):
         """The module of output rows ``rows`` (None: all) and input columns ``cols`` (None: all)."""

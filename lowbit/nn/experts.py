@@ -299,6 +299,7 @@ class KbitMoeExperts(QuantizedModule):
             new.set_quantized(prefix, *new.from_compact(planes.contiguous(), absmax.contiguous()), b[f"{prefix}_scales"])
         new._buffers["expert_range"] = self.expert_range
         new.train(self.training)
+        new.tp_part = ("experts", rank, world)
         return new
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
