@@ -23,7 +23,7 @@
                                                       y, bias, n_experts, n, k_in, max_ctas, flags, stream);    \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, false>,           \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, true>,            \
                                        lowbit::gemv::split_smem<BITS>(n_experts), lowbit::gemv::kWarps);                            \
     }
 #define LOWBIT_DEFINE_GEMV_DTYPE(BITS, NAME, TYPE) \

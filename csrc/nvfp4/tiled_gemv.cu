@@ -28,7 +28,7 @@
                                                          scales, y, bias, n_experts, n, k_in, max_ctas, flags, stream);\
     }                                                                                                        \
     extern "C" int lowbit_nvfp4_split_gemv_occupancy_##NAME(int n_experts) {                                 \
-        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, false, false, true>,    \
+        return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, true, false, true>,     \
                                        lowbit::gemv::split_smem<4>(n_experts), lowbit::gemv::kWarps);        \
     }
 LOWBIT_DEFINE_NVFP4_DTYPE(fp16, __half)

@@ -293,10 +293,11 @@ struct StreamK {
     }
 };
 
-// PDL (template flag; launched with the programmatic-serialization attribute): weights, scale and
-// table (constants) are read before griddepcontrol.wait; x, y, workspace and counters
-// (stream-ordered data) only after it, and the next kernel is triggered right after it (common.cuh).
-template <int BITS, typename T, int MAXM, bool PDL, bool FP4 = false, bool ROT = false>
+// PDL: weights, scale and table (constants) are read before griddepcontrol.wait; x, y, workspace and
+// counters (stream-ordered data) only after it, and the next kernel is triggered right after it
+// (common.cuh). One instance serves both launches: without the programmatic-serialization attribute
+// both instructions are no-ops (a plain-launch instance doubled the file's compile time for nothing).
+template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -330,10 +331,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     m = m < MAXM ? m : MAXM;
     __syncthreads();
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
-    if constexpr (PDL) {
-        pdl_wait();  // x, y, workspace and counters belong to the stream order
-        pdl_launch_dependents();
-    }
+    pdl_wait();  // x, y, workspace and counters belong to the stream order
+    pdl_launch_dependents();
     const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     const int first_tile = u_begin / n_groups;
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         store(sum, tile);
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+    run_units<BITS, QUAD, T, S, true, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                           u_begin - first_tile * n_groups, n_groups, flush);
     if (!local) return;
     // CTA-local: each tile shared by warps w_first..w_last is summed in warp order by one warp.
@@ -580,14 +579,13 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile).
 constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4;
 
-// Pick the <PDL, ROT> instance of a kernel template (ROT only where the format has it).
+// Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
 __host__ auto pick_instance(int flags, Pick&& pick) {
-    const bool pdl = flags & kFlagPdl;
     if constexpr (!FP4) {
-        if (flags & kFlagRot32) return pdl ? pick(std::true_type{}, std::true_type{}) : pick(std::false_type{}, std::true_type{});
+        if (flags & kFlagRot32) return pick(std::true_type{});
     }
-    return pdl ? pick(std::true_type{}, std::false_type{}) : pick(std::false_type{}, std::false_type{});
+    return pick(std::false_type{});
 }
 
 // Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
@@ -614,9 +612,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     constexpr size_t smem = stream_smem<BITS>();
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
-    auto kernel = pick_instance<FP4>(flags, [](auto pdl_, auto rot_) {
-        return kbit_gemv_kernel<BITS, T, MAXM, decltype(pdl_)::value, FP4, decltype(rot_)::value>;
-    });
+    auto kernel = pick_instance<FP4>(flags, [](auto rot_) { return kbit_gemv_kernel<BITS, T, MAXM, FP4, decltype(rot_)::value>; });
     if (int err = configure(kernel, smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     const bool local = flags & kFlagLocal;
@@ -637,7 +633,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
 // Resident warps per SM of the stream-K kernel (one-wave grids; CTA-local mode: / kStreamWarps CTAs).
 template <int BITS, typename T, int MAXM, bool FP4 = false>
 int gemv_occupancy() {
-    return kStreamWarps * occupancy(kbit_gemv_kernel<BITS, T, MAXM, false, FP4>, stream_smem<BITS>(), kStreamWarps);
+    return kStreamWarps * occupancy(kbit_gemv_kernel<BITS, T, MAXM, FP4>, stream_smem<BITS>(), kStreamWarps);
 }
 
 // Warps that share a tile in the split kernel: min(n_groups, kWarps), so that no warp decodes more
@@ -670,10 +666,10 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const size_t smem = split_smem<BITS>(n_experts);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    auto kernel = pick_instance<FP4>(flags, [one](auto pdl_, auto rot_) {
-        constexpr bool P = decltype(pdl_)::value, R = decltype(rot_)::value;
-        if constexpr (P) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
-        else return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, false, false, FP4, R>;
+    // two instances: the general one (PDL-aware; its waits are no-ops in a plain launch) and ONE (plain only)
+    auto kernel = pick_instance<FP4>(flags, [one](auto rot_) {
+        constexpr bool R = decltype(rot_)::value;
+        return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
