@@ -30,64 +30,76 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, port: int, case: str, paths: dict, out: str) -> None:
+def _worker(rank: int, port: int, cases: list[str], paths: dict, out: str) -> None:
+    """One rank: every case in turn (one process group, one import of torch and transformers for all of them)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    results = {}
     try:
-        from transformers.distributed import DistributedConfig
-
-        import lowbit
-        from lowbit.hf import LowbitConfig
-
-        tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
-        result = {}
-        if case in ("kbit", "nvfp4", "head", "moe"):
-            opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
-            src = paths["moe" if case == "moe" else "dense"]
-            m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
-            ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-            lowbit.quantize_model(ref, progress=False, **opts)
-        elif case in ("saved", "moe_saved"):
-            m = transformers.AutoModelForCausalLM.from_pretrained(paths[case], **tp)
-            ref = transformers.AutoModelForCausalLM.from_pretrained(paths[case], dtype=torch.float32)
-        else:  # refusals
-            plan = {f"model.{k}": v for k, v in transformers.LlamaConfig().base_model_tp_plan.items()}
-            plan["model.layers.*.mlp.down_proj"] = "rowwise_rep"  # a split lowbit does not make
-            custom = {"distributed_config": DistributedConfig(tp_size=WORLD, tp_plan=plan), "dtype": torch.float32}
-            for what, path, cfg, kw in (("off_block", paths["odd"], LowbitConfig(), tp),
-                                        ("experts_off_block", paths["moe_odd"], LowbitConfig(), tp),
-                                        ("sbvr", paths["moe"], LowbitConfig(format="sbvr"), tp),
-                                        ("style", paths["dense"], LowbitConfig(), custom)):
-                try:
-                    transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **kw)
-                    result[what] = "no error"
-                except (ValueError, NotImplementedError) as e:
-                    result[what] = f"{type(e).__name__}: {e}"
-            m = None
-        if m is not None:
-            ids = torch.tensor([[3, 17, 99, 250, 7, 64, 1, 120, 45, 8]])
-            with torch.no_grad():
-                y, r = m(ids).logits, ref(ids).logits
-            layer = m.model.layers[0]
-            result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
-                      "head": [type(m.lm_head).__name__, m.lm_head.out_features, list(y.shape)],
-                      "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
+        for case in cases:
             try:
-                m.save_pretrained(f"{out}.saved{rank}")
-                result["save"] = "no error"
-            except NotImplementedError as e:
-                result["save"] = str(e)
-            if case.startswith("moe"):
-                ex = layer.mlp.experts
-                result["experts"] = [type(ex).__name__, ex.intermediate_dim, type(ref.model.layers[0].mlp.experts).__name__]
-            else:
-                result["down_in"] = layer.mlp.down_proj.in_features
+                results[case] = _case(case, rank, paths, out)
+            except Exception:  # noqa: BLE001 -- reported by the case's test
+                import traceback
+
+                results[case] = {"exception": traceback.format_exc()}
         with open(f"{out}.{rank}", "w") as f:
-            json.dump(result, f)
+            json.dump(results, f)
     finally:
         dist.destroy_process_group()
+
+
+def _case(case: str, rank: int, paths: dict, out: str) -> dict:
+    from transformers.distributed import DistributedConfig
+
+    import lowbit
+    from lowbit.hf import LowbitConfig
+
+    tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
+    result = {}
+    if case in ("kbit", "nvfp4", "head", "moe"):
+        opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
+        src = paths["moe" if case == "moe" else "dense"]
+        m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        lowbit.quantize_model(ref, progress=False, **opts)
+    elif case in ("saved", "moe_saved"):
+        m = transformers.AutoModelForCausalLM.from_pretrained(paths[case], **tp)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(paths[case], dtype=torch.float32)
+    else:  # refusals
+        plan = {f"model.{k}": v for k, v in transformers.LlamaConfig().base_model_tp_plan.items()}
+        plan["model.layers.*.mlp.down_proj"] = "rowwise_rep"  # a split lowbit does not make
+        custom = {"distributed_config": DistributedConfig(tp_size=WORLD, tp_plan=plan), "dtype": torch.float32}
+        for what, path, cfg, kw in (("off_block", paths["odd"], LowbitConfig(), tp),
+                                    ("experts_off_block", paths["moe_odd"], LowbitConfig(), tp),
+                                    ("sbvr", paths["moe"], LowbitConfig(format="sbvr"), tp),
+                                    ("style", paths["dense"], LowbitConfig(), custom)):
+            try:
+                transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=cfg, **kw)
+                result[what] = "no error"
+            except (ValueError, NotImplementedError) as e:
+                result[what] = f"{type(e).__name__}: {e}"
+        return result
+    ids = torch.tensor([[3, 17, 99, 250, 7, 64, 1, 120, 45, 8]])
+    with torch.no_grad():
+        y, r = m(ids).logits, ref(ids).logits
+    layer = m.model.layers[0]
+    result = {"err": ((y - r).norm() / r.norm()).item(), "finite": bool(torch.isfinite(y).all()),
+              "head": [type(m.lm_head).__name__, m.lm_head.out_features, list(y.shape)],
+              "qkv": [layer.self_attn.q_proj.out_features, layer.self_attn.k_proj.out_features]}
+    try:
+        m.save_pretrained(f"{out}.{case}.saved{rank}")
+        result["save"] = "no error"
+    except NotImplementedError as e:
+        result["save"] = str(e)
+    if case.startswith("moe"):
+        ex = layer.mlp.experts
+        result["experts"] = [type(ex).__name__, ex.intermediate_dim, type(ref.model.layers[0].mlp.experts).__name__]
+    else:
+        result["down_in"] = layer.mlp.down_proj.in_features
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -105,18 +117,30 @@ def paths(tmp_path_factory):
     return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved")}
 
 
-def _run(case, paths, tmp_path) -> list[dict]:
-    out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(_port(), case, paths, out), nprocs=WORLD)
+CASES = ["kbit", "nvfp4", "saved", "head", "moe", "moe_saved", "refusals"]
+
+
+@pytest.fixture(scope="module")
+def ranks(paths, tmp_path_factory):
+    """Every case's result on each rank, from one run of 2 processes (spawning them costs more than a case)."""
+    out = str(tmp_path_factory.mktemp("tp_results") / "result")
+    mp.spawn(_worker, args=(_port(), CASES, paths, out), nprocs=WORLD)
     return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
 
 
+def _run(case, ranks) -> list[dict]:
+    results = [r[case] for r in ranks]
+    for res in results:
+        assert "exception" not in res, res["exception"]
+    return results
+
+
 @pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved", "head"])
-def test_sharded_forward_equals_unsharded(case, paths, tmp_path):
+def test_sharded_forward_equals_unsharded(case, ranks):
     """Quantized while loading under TP (kbit, NVFP4; with the LM head in kbit4, split by vocabulary rows and
     its output gathered), or a saved lowbit model loaded under TP: each rank holds half of q|k|v's rows
     (fused: half of each projection) and half of down's columns, and the logits are the unsharded model's."""
-    for res in _run(case, paths, tmp_path):
+    for res in _run(case, ranks):
         assert res["finite"] and res["err"] <= BOUND, res
         assert res["down_in"] == 256 // WORLD
         assert res["qkv"] == [128 // WORLD, 64 // WORLD]
@@ -125,19 +149,19 @@ def test_sharded_forward_equals_unsharded(case, paths, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["moe", "moe_saved"])
-def test_sharded_moe_forward_equals_unsharded(case, paths, tmp_path):
+def test_sharded_moe_forward_equals_unsharded(case, ranks):
     """A Qwen3-MoE quantized while loading under TP, or saved and loaded under TP: each rank's kbit expert block
     holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
     outputs are summed, and the logits are the unsharded model's."""
-    for res in _run(case, paths, tmp_path):
+    for res in _run(case, ranks):
         assert res["finite"] and res["err"] <= BOUND, res
         assert res["experts"] == ["KbitMoeExperts", 128 // WORLD, "KbitMoeExperts"], res
         assert "split for tensor parallelism" in res["save"], res  # one rank's parts are no checkpoint
         assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
 
 
-def test_splits_lowbit_cannot_take_are_refused(paths, tmp_path):
-    for res in _run("refusals", paths, tmp_path):
+def test_splits_lowbit_cannot_take_are_refused(ranks):
+    for res in _run("refusals", ranks):
         assert res["off_block"].startswith("ValueError") and "whole 32-element blocks" in res["off_block"], res
         assert res["experts_off_block"].startswith("ValueError") and "whole 32-element blocks" in res["experts_off_block"], res
         assert res["sbvr"].startswith("NotImplementedError") and "does not split for tensor" in res["sbvr"], res

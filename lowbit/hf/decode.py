@@ -173,6 +173,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     input_ids = input_ids.to(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + warmup + 8)
     out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
+
     def next_token(tok, pos):  # the forward, the argmax and the feedback: one compiled graph
         tok.copy_(argmax_rows(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits[:, -1])[:, None])
         pos.add_(1)

@@ -179,8 +179,9 @@ def _style_of(name: str, plan: dict) -> str | None:
 
 def shard_model(model: nn.Module, mesh) -> int:
     """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
-    splits colwise or rowwise (:func:`place`); everything else stays whole on every rank (replicated: correct,
-    not smaller). Returns how many modules were split."""
+    splits colwise or rowwise, and every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`);
+    everything else stays whole on every rank (replicated: correct, not smaller). Returns how many modules
+    were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
     todo = []
     for name, mod in model.named_modules():
@@ -196,6 +197,10 @@ def shard_model(model: nn.Module, mesh) -> int:
         else:
             continue
         if style in SPLITS:
+            allowed = ("moe_tp_experts",) if hasattr(mod, "num_experts") else LINEAR_STYLES
+            if style not in allowed or (style == "moe_tp_experts" and not mod.tp_experts):
+                raise NotImplementedError(f"lowbit: {name} ({type(mod).__name__}) is split as {style!r} by the "
+                                          "tensor-parallel plan, which lowbit does not split for it")
             parent = model.get_submodule(parent_name) if parent_name else model
             todo.append((mod, parent, child, style))
     with torch.no_grad():
