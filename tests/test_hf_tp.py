@@ -94,6 +94,7 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
         result["save"] = "no error"
     except NotImplementedError as e:
         result["save"] = str(e)
+    result["read"] = getattr(m, "lowbit_tp_read", None)
     if case.startswith("moe"):
         ex = layer.mlp.experts
         result["experts"] = [type(ex).__name__, ex.intermediate_dim, type(ref.model.layers[0].mlp.experts).__name__]
@@ -146,6 +147,9 @@ def test_sharded_forward_equals_unsharded(case, ranks):
         assert res["qkv"] == [128 // WORLD, 64 // WORLD]
         if case == "head":
             assert res["head"] == ["KbitLinear", 320 // WORLD, [1, 10, 320]], res
+        if case == "saved":  # the split weights' slices only: half of the colwise ones; the rowwise ones here have
+            # 128 / 256 columns, one 256-column group, so a rank reads them whole: 96 of 144 K weights
+            assert 0 < res["read"]["read_bytes"] <= 0.7 * res["read"]["stored_bytes"], res
 
 
 @pytest.mark.parametrize("case", ["moe", "moe_saved"])

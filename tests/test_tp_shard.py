@@ -125,3 +125,21 @@ def test_expert_block_splits_off_the_blocks_are_refused(gen):
         full.tp_shard("experts", 0, 2)  # 48 features per rank
     with pytest.raises(ValueError, match="splits as 'experts'"):
         full.tp_shard("colwise", 0, 3)
+
+
+@pytest.mark.parametrize("style", ["colwise", "rowwise"])
+def test_a_part_cut_from_its_read_slices_alone(style, gen):
+    """tp_read_slices names every tiled-buffer range a rank's part is cut from: a module holding those ranges
+    and zeros elsewhere gives the same part (what a rank reading a saved checkpoint in slices gets)."""
+    parts = _linears(gen, 1024, [96, 64, 32], False)  # 1024 columns: 4 groups of 256, 2 per rank
+    for mod in (FusedKbitLinear.from_linears(parts, bits=4), KbitLinear.from_linear(parts[0], bits=3)):
+        for rank in range(2):
+            sparse = mod.tp_shard("rowwise", 0, 1)  # a copy
+            for b, index in mod.tp_read_slices(style, rank, 2).items():
+                full = torch.zeros_like(getattr(mod, b))
+                for idx in index:
+                    full[idx] = getattr(mod, b)[idx]
+                sparse._buffers[b] = full
+            sparse.tensors_changed()
+            want, got = mod.tp_shard(style, rank, 2), sparse.tp_shard(style, rank, 2)
+            assert torch.equal(got.dequantize(torch.float32), want.dequantize(torch.float32))

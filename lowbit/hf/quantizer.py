@@ -28,6 +28,7 @@ them, and checks every checksum and the values the kernels trust (:class:`lowbit
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -121,6 +122,8 @@ class LowbitHfQuantizer(HfQuantizer):
         self._built: set[int] = set()
         self._derived: list[tuple[nn.Module, str, torch.Tensor]] = []  # built modules' non-persistent buffers
         self._loaded: dict[str, QuantizedModule] = {}  # a saved model's modules, by name
+        self._sliced: dict[str, tuple] = {}  # under TP: modules whose tiled buffers lowbit reads in slices
+        self._files: list[str] = []
         self._model = None  # the model being loaded
         self._started = 0.0
 
@@ -149,6 +152,7 @@ class LowbitHfQuantizer(HfQuantizer):
                                                   "for tensor parallelism")
                     experts.append(name)
             tp.take_over(model, [n for n, m in model.named_modules() if m in called and n not in experts], experts)
+            self._slice_loads(model, kwargs.get("checkpoint_files"))
             return model
         self.plan = plan_quantization(model, **self.quantization_config.plan_kwargs())
         experts = [name for name, _, kind in self.plan.items if kind == "experts"]
@@ -176,6 +180,45 @@ class LowbitHfQuantizer(HfQuantizer):
             self._item_of.update(dict.fromkeys(keys, i))
         self._started = time.perf_counter()
         return model
+
+    def _slice_loads(self, model, files) -> None:
+        """Under TP, a module whose saved tensors can be read in slices (``tp_read_slices``) gives its tiled
+        buffers up before loading: transformers leaves those keys alone and :meth:`_check_loaded` reads this
+        rank's slices of them (:class:`_SliceReader`), so no rank reads the whole of a split weight."""
+        self._sliced, self._files = {}, list(files or [])
+        world = self._tp_size(model)
+        if world <= 1 or not self._files:
+            return
+        for name, mod in self._loaded.items():
+            split = tp.planned_split(model, name, mod)
+            if split not in ("colwise", "rowwise") or not hasattr(mod, "tp_read_slices"):
+                continue
+            held = {b: (tuple(mod._buffers[b].shape), mod._buffers[b].dtype) for b in mod.tp_read_slices(split, 0, world)}
+            for b in held:
+                del mod._buffers[b]
+            self._sliced[name] = (split, held)
+            model._keys_to_ignore_on_load_unexpected = set(model._keys_to_ignore_on_load_unexpected or ()) | {
+                re.escape(f"{name}.{b}") for b in held}
+
+    def _read_slices(self, model) -> None:
+        """Fill every sliced module's tiled buffers with this rank's slices (zeros elsewhere: never read, the
+        rank's part is cut from the slices alone); ``model.lowbit_tp_read`` records bytes read vs stored."""
+        import torch.distributed as dist
+
+        if not self._sliced:
+            return
+        reader, world, rank = _SliceReader(self._files), self._tp_size(model), dist.get_rank()
+        stored = 0
+        for name, (split, held) in self._sliced.items():
+            mod = self._loaded[name]
+            for b, index in mod.tp_read_slices(split, rank, world).items():
+                shape, dtype = held[b]
+                full = torch.zeros(shape, dtype=dtype)
+                for idx in index:
+                    full[idx] = reader.read(f"{name}.{b}", idx)
+                mod._buffers[b] = full.to(mod.codebook.device)
+                stored += full.numel() * full.element_size()
+        model.lowbit_tp_read = {"read_bytes": reader.read_bytes, "stored_bytes": stored}
 
     @staticmethod
     def _tp_size(model) -> int:
@@ -255,12 +298,15 @@ class LowbitHfQuantizer(HfQuantizer):
         """lowbit's integrity checks on a loaded checkpoint: every quantized tensor's CRC-32 as saved, values the
         kernels trust (codebooks, scales), then what the modules derive from their tensors."""
         sums = self.quantization_config.checksums
+        self._read_slices(model)
+        sliced = {f"{name}.{b}" for name, (_, held) in self._sliced.items() for b in held}
         for name, mod in self._loaded.items():
             state = {f"{name}.{k}": v for k, v in mod.state_dict().items()}
             for key, t in state.items():
                 if t.is_meta:
                     raise LoadError(f"tensor {key!r} is missing from the checkpoint")
-                if key in sums and crc32(t.detach().cpu().contiguous()) != sums[key]:
+                # a tensor read in slices has no whole to check against its CRC-32
+                if key in sums and key not in sliced and crc32(t.detach().cpu().contiguous()) != sums[key]:
                     raise LoadError(f"tensor {key!r} fails its checksum: the checkpoint is corrupted or was modified")
             try:
                 mod.check_checkpoint_values(name, state)
@@ -301,6 +347,29 @@ class LowbitHfQuantizer(HfQuantizer):
 
     def is_serializable(self) -> bool:
         return True
+
+
+class _SliceReader:
+    """Slices of saved tensors, read from the checkpoint's safetensors files without reading the rest."""
+
+    def __init__(self, files: list[str]):
+        from safetensors import safe_open
+
+        self._handles, self._where = [], {}
+        for f in files:
+            if str(f).endswith(".safetensors"):
+                h = safe_open(str(f), framework="pt")
+                self._handles.append(h)
+                self._where.update(dict.fromkeys(h.keys(), h))
+        self.read_bytes = 0
+
+    def read(self, key: str, index: tuple) -> torch.Tensor:
+        h = self._where.get(key)
+        if h is None:
+            raise LoadError(f"tensor {key!r} is missing from the checkpoint")
+        t = h.get_slice(key)[index]
+        self.read_bytes += t.numel() * t.element_size()
+        return t
 
 
 class _QuantizeOnLoad(ConversionOps):

@@ -124,6 +124,21 @@ def take_over(model: nn.Module, names: list[str], experts: list[str] = ()) -> No
     model._tp_plan = plan_styles(getattr(model, "_tp_plan", None) or {})  # transformers' instance plan
 
 
+def planned_split(model: nn.Module, name: str, mod: nn.Module) -> str | None:
+    """The split ("colwise", "rowwise", "experts") the TP plan gives lowbit module ``mod`` installed as ``name``
+    (a fused module: its parts' common style), or None. Read after :func:`take_over`."""
+    dist_cfg = getattr(model.config, "distributed_config", None)
+    user_plan = getattr(dist_cfg, "tp_plan", None)
+    plan = original_styles(user_plan if isinstance(user_plan, dict) else dict(getattr(model, "_tp_plan", None) or {}))
+    if isinstance(mod, FusedParts):
+        parent = name.rpartition(".")[0]
+        styles = {_style_of(f"{parent}.{p}" if parent else p, plan) for p in mod.part_names}
+        style = styles.pop() if len(styles) == 1 else None
+    else:
+        style = _style_of(name, plan)
+    return SPLITS.get(style)
+
+
 def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
     """The one ``(style, mesh)`` the TP plan gave ``modules`` (a fused group's members), or None."""
     infos = {getattr(m, "_lowbit_tp", None) for m in modules}

@@ -213,6 +213,25 @@ class KbitLinear(QuantizedModule):
     def tensors_changed(self) -> None:
         self._launcher = self._cpu_weight = None
 
+    def tp_read_slices(self, style: str, rank: int, world: int) -> dict[str, list[tuple]]:
+        """The index ranges of the tiled buffers that rank ``rank``'s part (:meth:`tp_shard`) is cut from: whole
+        tiles of 16 rows around each projection's rows (colwise), or whole 256-column groups around its
+        columns (rowwise) -- what a rank must read of a saved checkpoint, and no more."""
+        tn, gk = kbit_tiled.TILE_N, kbit_tiled.GROUP_K
+        if style == "colwise":
+            idx, o = [], 0
+            for n in list(getattr(self, "out_sizes", None) or [self.out_features]):
+                lo, hi = o + rank * (n // world), o + (rank + 1) * (n // world)
+                idx.append((slice(lo // tn, -(-hi // tn)),))
+                o += n
+        elif style == "rowwise":
+            part = self.in_features // world
+            lo, hi = rank * part, (rank + 1) * part
+            idx = [(slice(None), slice(lo // gk, -(-hi // gk)))]
+        else:
+            raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+        return {"qweight": idx, "qabsmax": idx}
+
     def _tp_part(self, rows, cols, out_sizes):
         planes, absmax = self.to_compact(self.qweight, self.qabsmax, self.out_features, self.in_features)
         if rows is not None:
