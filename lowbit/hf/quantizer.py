@@ -203,15 +203,20 @@ class LowbitHfQuantizer(HfQuantizer):
     def _read_slices(self, model) -> None:
         """Fill every sliced module's tiled buffers with this rank's slices (zeros elsewhere: never read, the
         rank's part is cut from the slices alone); ``model.lowbit_tp_read`` records bytes read vs stored."""
-        import torch.distributed as dist
-
         if not self._sliced:
             return
-        reader, world, rank = _SliceReader(self._files), self._tp_size(model), dist.get_rank()
-        stored = 0
-        for name, (split, held) in self._sliced.items():
+        reader, stored = _SliceReader(self._files), 0
+        for name, (_, held) in list(self._sliced.items()):
             mod = self._loaded[name]
-            for b, index in mod.tp_read_slices(split, rank, world).items():
+            # the split and rank :meth:`_check_loaded` then cuts with (tp.place); not split after all: read whole
+            rec = tp.recorded(self._called(model, name, mod), name)
+            if rec is None:
+                slices = {b: [(slice(None),)] for b in held}
+                del self._sliced[name]  # whole again: its CRC-32 is checked
+            else:
+                style, mesh = rec
+                slices = mod.tp_read_slices(tp.SPLITS[style], mesh.get_local_rank(), mesh.size())
+            for b, index in slices.items():
                 shape, dtype = held[b]
                 full = torch.zeros(shape, dtype=dtype)
                 for idx in index:
