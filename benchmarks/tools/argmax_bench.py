@@ -7,29 +7,13 @@ import argparse
 
 import torch
 
+from lowbit.bench.timing import graph_time
 from lowbit.hf.decode import argmax_rows
 
 
-def time_us(fn, x, reps=200):
-    fn(x)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(x)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn(x)
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / reps / 10 * 1e3
+def time_us(fn, x) -> float:
+    """Median per-call time, 16 calls per CUDA-graph replay (lowbit.bench.timing.graph_time)."""
+    return graph_time([lambda: fn(x)]).median_us
 
 
 def main():
