@@ -110,6 +110,8 @@ def main():
                    help="dense kbit GEMV schedule for every shape (default: the per-shape choice)")
     p.add_argument("--local", action=argparse.BooleanOptionalAction, default=None,
                    help="let auto pick the stream-K GEMV's CTA-local mode (default: lowbit.kernels.tiled.USE_LOCAL)")
+    p.add_argument("--stage-x", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream-K GEMVs at K <= 3 copy x to shared memory (default: lowbit.kernels.tiled.STAGE_X)")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
     if args.sdpa:
@@ -124,6 +126,8 @@ def main():
     tiled.DENSE_PATH = args.kbit_path
     if args.local is not None:
         tiled.USE_LOCAL = args.local
+    if args.stage_x is not None:
+        tiled.STAGE_X = args.stage_x
     rows = []
     base = None
     for variant in args.variants.split(","):
@@ -146,7 +150,7 @@ def main():
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL,
+                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),

@@ -2,9 +2,10 @@
 kernel at several warp counts, and the stream-K kernel's CTA-local mode (one CTA per SM).
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
-                                    [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers]
+                                    [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers] [--global-x]
 
-``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
+``--global-x``: also time CTA-local with x read from global memory (the kernel stages a shared copy
+of x at K <= 3); ``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
 lookup table fewer times); ``--pdl``: every call with programmatic dependent launch (back-to-back
 calls of the same GEMV, as in the graph, overlap).
 
@@ -20,7 +21,7 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import FLAG_LOCAL, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
+from lowbit.kernels.tiled import FLAG_GLOBAL_X, FLAG_LOCAL, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
     ap.add_argument("--local-ctas", default="", help="comma-separated grids for the CTA-local mode (default: one wave)")
     ap.add_argument("--no-streamk", action="store_true", help="skip the global stream-K lines")
+    ap.add_argument("--global-x", action="store_true", help="also time CTA-local with x read from global memory")
     ap.add_argument("--peers", action="store_true",
                     help="also time torch int4 (tinygemm, bf16) per shape and, once, a 1-element fill kernel "
                          "(the graph's per-launch floor)")
@@ -97,15 +99,19 @@ def main() -> None:
                 print(f"{k_in}x{n} K={bits} stream-K warps={warps:6d} (units {units}) {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             one_wave = local_ctas(lib, dev, bits, torch.float16, args.m, n)
             for ctas in [one_wave] + [min(tiles, int(v)) for v in args.local_ctas.split(",") if v]:
-                def local_call(c, k=ctas):
+                def local_call(c, k=ctas, extra=0):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(None),
-                         ptr(None), args.m, n, k_in, STREAM_CTA_WARPS * k, pdl | FLAG_LOCAL, stream_of(dev)]
+                         ptr(None), args.m, n, k_in, STREAM_CTA_WARPS * k, pdl | FLAG_LOCAL | extra, stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 
                 t = graph_time([lambda c=c: local_call(c) for c in copies], replays=10)
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
                 tag = " <- auto" if ctas == one_wave and picked == "local" else ""
                 print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d}        {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+                if args.global_x:  # the same, x read from global memory (no shared copy)
+                    t = graph_time([lambda c=c: local_call(c, ctas, FLAG_GLOBAL_X) for c in copies], replays=10)
+                    pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+                    print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us {pct:5.1f}%")
             if args.peers and bits == 4 and k_in % 128 == 0:
                 from lowbit.bench.methods import INT4_GROUP, _int4_prepare
 

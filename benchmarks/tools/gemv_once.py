@@ -1,9 +1,9 @@
 """Run each kbit GEMV schedule once per shape (after a warm-up), for profilers (gemv_ncu.sh).
 
-    python3 benchmarks/tools/gemv_once.py --shapes 4096x1024,4096x4096 --bits 4 [--m 1]
+    python3 benchmarks/tools/gemv_once.py --shapes 4096x1024,4096x4096 --bits 4 [--m 1] [--paths split,streamk]
 
-Shapes are K_inxN. For each: the split-in-CTA kernel and the stream-K kernel (the dispatch picks
-one of them per shape: `lowbit.kernels.tiled.use_split`, printed).
+Shapes are K_inxN. For each: the kernels named by --paths (``lowbit.kernels.tiled.DENSE_PATH`` values;
+default the split-in-CTA and the global stream-K kernel; the dispatch's pick for the shape is printed).
 """
 
 import argparse
@@ -20,6 +20,7 @@ def main():
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--bits", default="4")
     ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--paths", default="split,streamk", help="DENSE_PATH values to run (split, streamk, local, bulk)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     lib = get_library()
@@ -30,7 +31,7 @@ def main():
             mod = lowbit.nn.KbitLinear.from_linear(lin, bits)
             x = torch.randn(args.m, k_in, device=dev, dtype=torch.bfloat16)
             picked = "split" if tiled.use_split(lib, dev, bits, torch.bfloat16, n, k_in) else "streamk"
-            for path in ("split", "streamk"):
+            for path in args.paths.split(","):
                 tiled.DENSE_PATH = path
                 mod._launcher = None  # rebuilt with this schedule
                 with torch.no_grad():

@@ -155,24 +155,55 @@ __device__ __forceinline__ const uint4* scale_lane(const uint4* qabsmax, int g, 
 template <bool FP4>
 constexpr int kScaleStride = FP4 ? 16 : 8;
 
-// x[k..k+7] of one block; under PDL through the coherent path after pdl_wait (common.cuh: ld_x).
-template <bool PDL, typename T>
+// Where a kernel reads x from (the XSRC template argument; 0 / 1 are also "PDL: false / true"):
+// global memory; global through the coherent path after pdl_wait, under PDL (common.cuh: ld_x); or a
+// copy in shared memory (stage_x), zero-padded to whole groups.
+constexpr int kXGlobal = 0, kXCoherent = 1, kXShared = 2;
+
+// x[k..k+7] of one block.
+template <int XSRC, typename T>
 __device__ __forceinline__ uint4 x_chunk(const T* p) {
-    if constexpr (PDL) return ld_x(reinterpret_cast<const uint4*>(p));
-    else return *reinterpret_cast<const uint4*>(p);
+    if constexpr (XSRC == kXShared) {
+        uint4 v;  // not volatile: the copy is published by a barrier before any read
+        asm("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+        return v;
+    } else if constexpr (XSRC == kXCoherent) {
+        return ld_x(reinterpret_cast<const uint4*>(p));
+    } else {
+        return *reinterpret_cast<const uint4*>(p);
+    }
 }
 
-// Load x for the 8 blocks of group grp (zero past k_in in a partial last group).
-template <bool PDL, typename T>
+// Load x for the 8 blocks of group grp (zero past k_in in a partial last group; the shared copy
+// holds those zeros).
+template <int XSRC, typename T>
 __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<T>& ctx, int grp) {
     const int valid_blocks = ctx.k_blocks - grp * kGroupBlocks;
     const T* xg = ctx.x + grp * 256;
-    if (valid_blocks >= kGroupBlocks) {
+    if (XSRC == kXShared || valid_blocks >= kGroupBlocks) {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_chunk<PDL>(xg + 32 * j);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_chunk<XSRC>(xg + 32 * j);
     } else {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? x_chunk<PDL>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? x_chunk<XSRC>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The shared copy of x: rows of whole groups (zero-padded) plus 16 bytes, so that the 8 rows a warp
+// reads at one column fall in different banks.
+__host__ __device__ constexpr size_t x_row_bytes(int k_in) { return size_t((k_in + 255) / 256) * 512 + 16; }
+
+// Copy x's m rows into shared memory at xs (all threads of the CTA; the caller publishes it with a
+// barrier). Read through the coherent path: under PDL x may come from the kernel before.
+template <typename T>
+__device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, int k_in) {
+    const int row_chunks = int(x_row_bytes(k_in) / 16);  // 16-byte chunks per shared row (the last: padding)
+    const int chunks = m * row_chunks, valid = k_in / 8;  // k_in % 32 == 0: whole chunks
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const int row = c / row_chunks, col = c - row * row_chunks;
+        const uint4 v = col < valid ? ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col) : make_uint4(0, 0, 0, 0);
+        reinterpret_cast<uint4*>(xs)[c] = v;
     }
 }
 
@@ -192,11 +223,11 @@ __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BI
                                             std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, bool QUAD, typename T, bool PDL, bool FP4 = false, bool ROT = false>
+template <int BITS, bool QUAD, typename T, int XSRC, bool FP4 = false, bool ROT = false>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
-    load_x<PDL>(xv, ctx, grp);
+    load_x<XSRC>(xv, ctx, grp);
     decode_group<BITS, QUAD, T, FP4, ROT>(acc, d, xv, ctx);
 }
 
@@ -232,7 +263,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, bool QUAD, typename T, int S, bool PDL, bool FP4, bool ROT, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -244,7 +275,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
             if (u < u_end) {
                 if (u + S - 1 < u_end)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, QUAD, T, PDL, FP4, ROT>(acc, buf[i], ctx, grp);
+                compute_group<BITS, QUAD, T, XSRC, FP4, ROT>(acc, buf[i], ctx, grp);
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -270,6 +301,12 @@ template <int BITS> __host__ __device__ constexpr size_t stream_table_bytes() { 
 template <int BITS> __host__ __device__ constexpr size_t stream_smem() {
     return stream_table_bytes<BITS>() + size_t(kStreamWarps) * 2 * 128 * sizeof(float);
 }
+// Which instances stage x in shared memory (XS), up to how many bytes of it. K=2/3 move few bytes per
+// unit, so an L2 round trip for x on every unit shows: 8192x29568 K=2 35.5 -> 33.7 us, K=3 44.5 -> 41.6,
+// 4096x28672 K=3 25.5 -> 24.0 (H100, M = 1). At K=4 the register pipeline already hides it and the copy
+// only adds its own round trip (8192x29568 49.7 -> 50.2, 14336x4096 14.9 -> 15.6; M = 4 18.6 vs 15.8).
+template <int BITS, bool FP4> constexpr bool kStageX = !FP4 && BITS <= 3;
+constexpr size_t kStageXMaxBytes = 32 * 1024;
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
 // into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w
@@ -297,7 +334,9 @@ struct StreamK {
 // counters (stream-ordered data) only after it, and the next kernel is triggered right after it
 // (common.cuh). One instance serves both launches: without the programmatic-serialization attribute
 // both instructions are no-ops (a plain-launch instance doubled the file's compile time for nothing).
-template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false>
+// XS: x is first copied to shared memory (stage_x, after the PDL wait), so that no unit waits on an L2
+// round trip for its x (the launcher picks it where it pays: kStageX).
+template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false, bool XS = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
@@ -329,11 +368,21 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template build<kStreamWarps * 32, T>(codebook);
     m = m < MAXM ? m : MAXM;
+    T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
+    if constexpr (XS) {
+        pdl_wait();  // x, y, workspace and counters belong to the stream order
+        pdl_launch_dependents();
+        stage_x(xs, x, m, k_in);
+    }
     __syncthreads();
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
-    pdl_wait();  // x, y, workspace and counters belong to the stream order
-    pdl_launch_dependents();
-    const LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
+    if constexpr (!XS) {
+        pdl_wait();
+        pdl_launch_dependents();
+    }
+    const LaneCtx<T> ctx = XS ? lane_ctx<BITS, QUAD, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
+                              : lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
+    constexpr int XSRC = XS ? kXShared : kXCoherent;
     const int first_tile = u_begin / n_groups;
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
     auto store = [&](const float (&v)[4], int tile) {
@@ -377,8 +426,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         store(sum, tile);
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, true, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
-                                          u_begin - first_tile * n_groups, n_groups, flush);
+    run_units<BITS, QUAD, T, S, XSRC, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+                                                u_begin - first_tile * n_groups, n_groups, flush);
     if (!local) return;
     // CTA-local: each tile shared by warps w_first..w_last is summed in warp order by one warp.
     __syncthreads();
@@ -576,8 +625,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 }
 
 // The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
-// bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4;
+// bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
+// keeps the stream-K kernel's x in global memory (no shared copy; for comparisons).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -609,11 +659,20 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
                 int flags, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    constexpr size_t smem = stream_smem<BITS>();
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
+    if (m < 1 || k_in < 32 || k_in % 32) return static_cast<int>(cudaErrorInvalidValue);
+    const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
+    const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes;
+    const size_t smem = stream_smem<BITS>() + (xs ? x_bytes : 0);
     const int pdl = flags & kFlagPdl;
-    auto kernel = pick_instance<FP4>(flags, [](auto rot_) { return kbit_gemv_kernel<BITS, T, MAXM, FP4, decltype(rot_)::value>; });
-    if (int err = configure(kernel, smem)) return err;
+    auto kernel = pick_instance<FP4>(flags, [xs](auto rot_) {
+        constexpr bool R = decltype(rot_)::value;
+        if constexpr (kStageX<BITS, FP4>) {
+            if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true>;
+        }
+        return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false>;
+    });
+    if (int err = configure(kernel, xs ? stream_smem<BITS>() + kStageXMaxBytes : smem)) return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
     const bool local = flags & kFlagLocal;
     if (n_warps < 1 || units >= (int64_t(1) << 31) || (!local && n_warps > units)) return static_cast<int>(cudaErrorInvalidValue);

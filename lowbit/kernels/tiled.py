@@ -80,7 +80,13 @@ def tiled_format(fmt) -> TiledFormat:
 FLAG_ROT32 = 2
 #: The stream-K GEMV's CTA-local mode (csrc/tiled/gemv.cuh): each CTA owns whole tiles.
 FLAG_LOCAL = 4
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(8))  # bits 1-2: a kernel family's own flags
+#: The stream-K GEMV reads x from global memory even where it would stage a shared copy (kbit K <= 3;
+#: comparisons and tests only).
+FLAG_GLOBAL_X = 8
+#: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
+#: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
+STAGE_X = True
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(16))  # bits 1-3: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -333,6 +339,8 @@ class GemvLauncher(_Launcher):
                 warps = gemv_warps(lib, self.device, fmt, dtype, m, n, k_in)
                 cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
                 ws_warps, flags = warps, self.flags
+            if not STAGE_X:
+                flags |= FLAG_GLOBAL_X
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), ws_warps, flags)
         self._plans[(dtype, m)] = plan
         return plan

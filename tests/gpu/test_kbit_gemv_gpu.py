@@ -133,6 +133,39 @@ def test_local_gemv_every_grid(bits, pdl, gen):
                 assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("local", [0, 1])
+@pytest.mark.parametrize("bits", [2, 3])
+def test_streamk_shared_x_equals_global_x(bits, local, gen):
+    """K <= 3: the stream-K kernel copies x to shared memory (zero-padded to whole groups) when the copy fits
+    (<= 32 KB); the same call reading x from global memory (FLAG_GLOBAL_X) is bit-equal, on both modes,
+    K_in % 256 != 0, 1..8 tokens (8 x 8192 does not fit: both read global), NaN-filled outputs."""
+    lib = get_library()
+    for n, k_in in ((16 * 37 - 5, 256 * 5 - 96), (300, 8192), (16 * 200, 2048 + 32)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        qw, qa = q.tiled()
+        tiles = -(-n // 16)
+        for m in (1, 3, 8):
+            x = torch.randn(m, k_in, generator=gen).half().cuda()
+            outs = []
+            for extra in (0, tiled.FLAG_GLOBAL_X):
+                buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
+                if local:
+                    warps = tiled.STREAM_CTA_WARPS * min(tiles, tiled.local_ctas(lib, x.device, bits, torch.float16, m, n))
+                    ws, cnt, flags = None, None, tiled.FLAG_LOCAL | extra
+                else:
+                    warps = gemv_warps(lib, x.device, bits, torch.float16, m, n, k_in)
+                    ws = torch.empty((warps, 2, 128), dtype=torch.float32, device="cuda")
+                    cnt, flags = counters(x.device, tiles), extra
+                args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws), ptr(cnt),
+                        m, n, k_in, warps, flags, stream_of(x.device)]
+                lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
+                torch.cuda.synchronize()
+                assert buf[m * n :].isnan().all()
+                outs.append(buf[: m * n].view(m, n))
+            assert _rel(outs[0], _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in} m={m}"
+            assert torch.equal(outs[0], outs[1]), f"N={n} K_in={k_in} m={m}: shared x != global x"
+
+
 def test_local_gemv_rejects_bad_grids(gen):
     """CTA-local mode: warp counts that are not whole 16-warp CTAs, or more CTAs than tiles, are refused."""
     lib = get_library()
