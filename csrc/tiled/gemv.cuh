@@ -302,8 +302,8 @@ template <int BITS> __host__ __device__ constexpr size_t stream_smem() {
     return stream_table_bytes<BITS>() + size_t(kStreamWarps) * 2 * 128 * sizeof(float);
 }
 // Which instances stage x in shared memory (XS), up to how many bytes of it. K=2/3 move few bytes per
-// unit, so an L2 round trip for x on every unit shows: 8192x29568 K=2 35.5 -> 33.7 us, K=3 44.5 -> 41.6,
-// 4096x28672 K=3 25.5 -> 24.0 (H100, M = 1). At K=4 the register pipeline already hides it and the copy
+// unit, so an L2 round trip for x on every unit shows: 8192x29568 K=2 35.9 -> 34.2 us, K=3 44.5 -> 41.6,
+// 4096x28672 K=3 25.4 -> 23.9 (H100, M = 1; benchmarks/journal/2026-11-25_gemv_x_staging.md). At K=4 the register pipeline already hides it and the copy
 // only adds its own round trip (8192x29568 49.7 -> 50.2, 14336x4096 14.9 -> 15.6; M = 4 18.6 vs 15.8).
 template <int BITS, bool FP4> constexpr bool kStageX = !FP4 && BITS <= 3;
 constexpr size_t kStageXMaxBytes = 32 * 1024;
