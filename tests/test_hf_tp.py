@@ -65,7 +65,7 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
         m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
         ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         lowbit.quantize_model(ref, progress=False, **opts)
-    elif case in ("saved", "moe_saved"):
+    elif case in ("saved", "nvfp4_saved", "moe_saved"):
         m = transformers.AutoModelForCausalLM.from_pretrained(paths[case], **tp)
         ref = transformers.AutoModelForCausalLM.from_pretrained(paths[case], dtype=torch.float32)
     else:  # refusals
@@ -112,13 +112,14 @@ def paths(tmp_path_factory):
     build("qwen3_moe", 5).save_pretrained(d / "moe_odd")  # I = 96 -> 2 x 48: not
     from lowbit.hf import LowbitConfig
 
-    for src, dst in (("dense", "saved"), ("moe", "moe_saved")):
-        q = transformers.AutoModelForCausalLM.from_pretrained(d / src, dtype=torch.float32, quantization_config=LowbitConfig())
+    for src, dst, cfg in (("dense", "saved", LowbitConfig()), ("moe", "moe_saved", LowbitConfig()),
+                          ("dense", "nvfp4_saved", LowbitConfig(format="nvfp4"))):
+        q = transformers.AutoModelForCausalLM.from_pretrained(d / src, dtype=torch.float32, quantization_config=cfg)
         q.save_pretrained(d / dst)
-    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved")}
+    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved")}
 
 
-CASES = ["kbit", "nvfp4", "saved", "head", "moe", "moe_saved", "refusals"]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals"]
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def _run(case, ranks) -> list[dict]:
     return results
 
 
-@pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved", "head"])
+@pytest.mark.parametrize("case", ["kbit", "nvfp4", "saved", "nvfp4_saved", "head"])
 def test_sharded_forward_equals_unsharded(case, ranks):
     """Quantized while loading under TP (kbit, NVFP4; with the LM head in kbit4, split by vocabulary rows and
     its output gathered), or a saved lowbit model loaded under TP: each rank holds half of q|k|v's rows
@@ -150,6 +151,8 @@ def test_sharded_forward_equals_unsharded(case, ranks):
         if case == "saved":  # the split weights' slices only: half of the colwise ones; the rowwise ones here have
             # 128 / 256 columns, one 256-column group, so a rank reads them whole: 96 of 144 K weights
             assert 0 < res["read"]["read_bytes"] <= 0.7 * res["read"]["stored_bytes"], res
+        if case == "nvfp4_saved":  # NVFP4 is stored row-major: a rank reads exactly its half of every split weight
+            assert 0 < res["read"]["read_bytes"] == res["read"]["stored_bytes"] // WORLD, res
 
 
 @pytest.mark.parametrize("case", ["moe", "moe_saved"])
@@ -162,6 +165,9 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
         assert res["experts"] == ["KbitMoeExperts", 128 // WORLD, "KbitMoeExperts"], res
         assert "split for tensor parallelism" in res["save"], res  # one rank's parts are no checkpoint
         assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
+        if case == "moe_saved":  # slices of the split weights: gate|up rows and q|k|v rows halved; down and o
+            # (128 columns, one 256-column group) read whole
+            assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
 
 
 def test_splits_lowbit_cannot_take_are_refused(ranks):

@@ -129,10 +129,14 @@ def test_expert_block_splits_off_the_blocks_are_refused(gen):
 
 @pytest.mark.parametrize("style", ["colwise", "rowwise"])
 def test_a_part_cut_from_its_read_slices_alone(style, gen):
-    """tp_read_slices names every tiled-buffer range a rank's part is cut from: a module holding those ranges
-    and zeros elsewhere gives the same part (what a rank reading a saved checkpoint in slices gets)."""
+    """tp_read_slices names every stored-buffer range a rank's part is cut from (kbit: tiles and groups; NVFP4:
+    rows, or columns of codes and scales): a module holding those ranges and zeros elsewhere gives the same
+    part (what a rank reading a saved checkpoint in slices gets)."""
+    from lowbit.nn import FusedNvFp4Linear, NvFp4Linear
+
     parts = _linears(gen, 1024, [96, 64, 32], False)  # 1024 columns: 4 groups of 256, 2 per rank
-    for mod in (FusedKbitLinear.from_linears(parts, bits=4), KbitLinear.from_linear(parts[0], bits=3)):
+    for mod in (FusedKbitLinear.from_linears(parts, bits=4), KbitLinear.from_linear(parts[0], bits=3),
+                FusedNvFp4Linear.from_linears(parts), NvFp4Linear.from_linear(parts[1])):
         for rank in range(2):
             sparse = mod.tp_shard("rowwise", 0, 1)  # a copy
             for b, index in mod.tp_read_slices(style, rank, 2).items():
@@ -143,3 +147,31 @@ def test_a_part_cut_from_its_read_slices_alone(style, gen):
             sparse.tensors_changed()
             want, got = mod.tp_shard(style, rank, 2), sparse.tp_shard(style, rank, 2)
             assert torch.equal(got.dequantize(torch.float32), want.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_an_expert_part_cut_from_its_read_slices_alone(world, gen):
+    """The expert block's tp_read_slices: every expert's tiles around its gate and up rows and groups around its
+    down columns. A block holding only those ranges (zeros elsewhere) gives the same part, and the ranges are
+    less than the whole (I = 1024: 4 groups of down columns, 128 tiles of gate|up rows)."""
+    from lowbit.nn.experts import KbitMoeExperts
+
+    full = KbitMoeExperts.from_experts(_Experts(gen, e=3, h=64, i=1024), bits=3)
+    for rank in range(world):
+        sparse = full.tp_shard("experts", 0, 1)  # a copy
+        read = 0
+        for b, index in full.tp_read_slices("experts", rank, world).items():
+            whole = getattr(full, b)
+            part = torch.zeros_like(whole)
+            for idx in index:
+                part[idx] = whole[idx]
+                read += whole[idx].numel()
+            sparse._buffers[b] = part
+        sparse.tensors_changed()
+        want, got = full.tp_shard("experts", rank, world), sparse.tp_shard("experts", rank, world)
+        for a, b in zip(want.dequantize(), got.dequantize()):
+            assert torch.equal(a, b)
+        stacks = sum(getattr(full, f"{p}_{t}").numel() for p in ("gate_up", "down") for t in ("qweight", "qabsmax"))
+        assert read == stacks // world
+    with pytest.raises(ValueError, match="splits as 'experts'"):
+        full.tp_read_slices("colwise", 0, 2)

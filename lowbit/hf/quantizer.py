@@ -182,8 +182,8 @@ class LowbitHfQuantizer(HfQuantizer):
         return model
 
     def _slice_loads(self, model, files) -> None:
-        """Under TP, a module whose saved tensors can be read in slices (``tp_read_slices``) gives its tiled
-        buffers up before loading: transformers leaves those keys alone and :meth:`_check_loaded` reads this
+        """Under TP, a module whose saved tensors can be read in slices (``tp_read_slices``: kbit and NVFP4
+        linears, kbit expert blocks) gives those buffers up before loading: transformers leaves those keys alone and :meth:`_check_loaded` reads this
         rank's slices of them (:class:`_SliceReader`), so no rank reads the whole of a split weight."""
         self._sliced, self._files = {}, list(files or [])
         world = self._tp_size(model)
@@ -191,7 +191,7 @@ class LowbitHfQuantizer(HfQuantizer):
             return
         for name, mod in self._loaded.items():
             split = tp.planned_split(model, name, mod)
-            if split not in ("colwise", "rowwise") or not hasattr(mod, "tp_read_slices"):
+            if split not in ("colwise", "rowwise", "experts") or not hasattr(mod, "tp_read_slices"):
                 continue
             held = {b: (tuple(mod._buffers[b].shape), mod._buffers[b].dtype) for b in mod.tp_read_slices(split, 0, world)}
             for b in held:
@@ -216,12 +216,14 @@ class LowbitHfQuantizer(HfQuantizer):
             else:
                 style, mesh = rec
                 slices = mod.tp_read_slices(tp.SPLITS[style], mesh.get_local_rank(), mesh.size())
+            kept = [t for t in mod.state_dict().values() if t.device.type != "meta"]  # loaded whole
+            device = kept[0].device if kept else torch.device("cpu")
             for b, index in slices.items():
                 shape, dtype = held[b]
                 full = torch.zeros(shape, dtype=dtype)
                 for idx in index:
                     full[idx] = reader.read(f"{name}.{b}", idx)
-                mod._buffers[b] = full.to(mod.codebook.device)
+                mod._buffers[b] = full.to(device)
                 stored += full.numel() * full.element_size()
         model.lowbit_tp_read = {"read_bytes": reader.read_bytes, "stored_bytes": stored}
 

@@ -302,6 +302,19 @@ class KbitMoeExperts(QuantizedModule):
         new.tp_part = ("experts", rank, world)
         return new
 
+    def tp_read_slices(self, style: str, rank: int, world: int) -> dict[str, list[tuple]]:
+        """The index ranges of the tiled stacks that rank ``rank``'s part (:meth:`tp_shard`) is cut from: for
+        every expert, whole 16-row tiles around its gate and up rows and whole 256-column groups around its
+        down columns -- what a rank must read of a saved checkpoint, and no more."""
+        if style != "experts":
+            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
+        tn, gk = kbit_tiled.TILE_N, kbit_tiled.GROUP_K
+        i, part = self.intermediate_dim, self.intermediate_dim // world
+        lo, hi = rank * part, (rank + 1) * part
+        gate_up = [(slice(None), slice(a // tn, -(-b // tn))) for a, b in ((lo, hi), (i + lo, i + hi))]
+        down = [(slice(None), slice(None), slice(lo // gk, -(-hi // gk)))]
+        return {"gate_up_qweight": gate_up, "gate_up_qabsmax": gate_up, "down_qweight": down, "down_qabsmax": down}
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""
         out = []

@@ -138,6 +138,23 @@ class NvFp4Linear(QuantizedModule):
     def tensors_changed(self) -> None:
         self._w = self._w_src = None
 
+    def tp_read_slices(self, style: str, rank: int, world: int) -> dict[str, list[tuple]]:
+        """The index ranges of the saved codes and block scales that rank ``rank``'s part (:meth:`tp_shard`) is
+        cut from: each projection's rows of the rank (colwise), or its columns (rowwise; 2 codes a byte, one
+        scale per 16 columns). The tensor scale is read whole by every rank."""
+        if style == "colwise":
+            idx, o = [], 0
+            for n in list(getattr(self, "out_sizes", None) or [self.out_features]):
+                idx.append((slice(o + rank * (n // world), o + (rank + 1) * (n // world)),))
+                o += n
+            return {"weight": idx, "weight_scale": idx}
+        if style == "rowwise":
+            part = self.in_features // world
+            c0, c1 = rank * part, (rank + 1) * part
+            return {"weight": [(slice(None), slice(c0 // 2, c1 // 2))],
+                    "weight_scale": [(slice(None), slice(c0 // nvfp4.BLOCK, c1 // nvfp4.BLOCK))]}
+        raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+
     def _tp_part(self, rows, cols, out_sizes):
         b = self._buffers
         codes, scales = b["weight"], b["weight_scale"]
