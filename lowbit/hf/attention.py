@@ -137,7 +137,12 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
     if (cos.shape != (b, 1, d) or sin.shape != (b, 1, d) or keys.dim() != 4 or keys.shape[0] != b
             or keys.shape[-1] != d or hidden_states.dtype != keys.dtype):
         return None
-    heads, kv_heads = self.config.num_attention_heads, keys.shape[1]
+    # under tensor parallelism a rank holds heads / world query heads and the cache its K/V heads: the ratio
+    # of the two is the model's
+    kv_heads = keys.shape[1]
+    group = self.config.num_attention_heads // (getattr(self.config, "num_key_value_heads", None)
+                                                or self.config.num_attention_heads)
+    heads = kv_heads * group
     if heads % kv_heads or (keys.is_cuda and not supported_shape(keys.dtype, heads, kv_heads, d)):
         return None
     if decode_mask(attention_mask, b, keys.shape[2]) is False:

@@ -87,7 +87,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
              compile: bool = False, codebook=None, load: str | None = None, save: str | None = None,
              layers: int | None = None, chat: bool = True, graph: bool | None = None, quiet: bool = False,
              lm_head_bits: int | None = None, fuse: bool | None = None, fmt="kbit", method: str = "rtn",
-             calibration: str | None = None, gptq_options=None, rotation: int | str = 0) -> dict:
+             calibration: str | None = None, gptq_options=None, rotation: int | str = 0,
+             tp_allreduce: str | None = None) -> dict:
     """The main job as a function; returns every number it prints (see the module docstring).
 
     ``fmt``: ``"kbit"``, ``"nvfp4"``, or several (``"kbit,nvfp4"``): each quantizes its own copy of
@@ -100,6 +101,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
     :func:`lowbit.gptq_recipe` measured best for the format and bits (kbit 2-3 bits: fitted codebook,
     block-32 rotation, at 2 bits a second codebook round unless ``gptq_options`` says otherwise);
     otherwise the default codebook and no rotation.
+    ``tp_allreduce`` (under torchrun): how row-split layers sum their partial outputs
+    (:func:`lowbit.hf.tp.set_allreduce`: ``nccl``, ``symm-mem``, ``dtensor``).
     """
     import copy
 
@@ -118,6 +121,8 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
         if len(fmts) > 1 or load or save or method != "rtn":
             raise ValueError("under torchrun (tensor parallel), generate takes one format, no load / save, method rtn")
         device, mesh = tp.setup(device.type)
+        if tp_allreduce:
+            tp.set_allreduce(tp_allreduce)
         quiet = quiet or mesh.get_local_rank() != 0  # rank 0 speaks for all
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     say = (lambda *a: None) if quiet else print
@@ -184,11 +189,13 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
                 (f"+lm_head{lm_head_bits}" if lm_head_bits else "")
             say(str(report))
             if mesh is not None:
-                split = tp.shard_model(m, mesh)
+                split, plain = tp.shard_model(m, mesh)
                 label += f" TP={world}"
-                result["tensor_parallel"] = {"world": world, "split_modules": split}
-                say(f"tensor parallel over {world} ranks: {split} quantized modules split by the model's TP plan "
-                    "(the rest replicated)")
+                result["tensor_parallel"] = {"world": world, "split_modules": split, "split_plain_linears": plain,
+                                             "allreduce": tp.allreduce_kind()}
+                say(f"tensor parallel over {world} ranks: {split} quantized modules split by the model's TP plan"
+                    + (f", and {plain} unquantized linear{'s' * (plain > 1)}" if plain else "")
+                    + f" (the rest replicated); all-reduce: {tp.allreduce_kind()}")
             result.setdefault("calibration", report.calibration and {
                 "data": report.calibration.data, "seconds": report.calibration.seconds,
                 "peak_memory": report.calibration.peak_memory})
@@ -373,6 +380,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="kbit: store weights rotated by a block-32 Hadamard transform; the GEMV rotates its input "
                         "in registers (default: on with --method gptq at 2-3 bits, where it lowers the error; "
                         "costs ~8%% decode speed)")
+    p.add_argument("--tp-allreduce", choices=("nccl", "symm-mem", "dtensor"), default=None,
+                   help="under torchrun: how row-split layers sum their partial outputs: the process group's "
+                        "all_reduce (nccl, the default), torch's symmetric-memory one-shot kernel (symm-mem, CUDA), "
+                        "or transformers' DTensor redistribute (dtensor)")
     p.add_argument("--format", dest="fmt", default="kbit",
                    help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
                         f"({','.join(formats())}), are timed side by side (default %(default)s)")
@@ -447,6 +458,10 @@ def check_args(args) -> None:
             raise UsageError("--codebook-rounds refits a fitted codebook: add --codebook fit")
     from .tp import launched_world
 
+    if args.tp_allreduce and launched_world() <= 1:
+        raise UsageError("--tp-allreduce applies under torchrun (tensor parallel): torchrun --nproc-per-node N -m lowbit generate ...")
+    if args.tp_allreduce == "symm-mem" and args.device == "cpu":
+        raise UsageError("--tp-allreduce symm-mem needs GPUs (CUDA symmetric memory); on the CPU use nccl (gloo there)")
     if launched_world() > 1 and (len(fmts) > 1 or args.load or args.save or args.method != "rtn"):
         raise UsageError("under torchrun (tensor parallel) generate takes one --format, no --load / --save, --method rtn")
     if args.method == "gptq" and args.load:
@@ -465,7 +480,8 @@ def _cmd(args) -> int:
              layers=args.layers,
              chat=not args.no_chat, graph=False if args.no_graph else None, lm_head_bits=args.lm_head_bits,
              fuse=args.fuse, fmt=args.fmt, method=args.method, calibration=args.calibration,
-             gptq_options=gptq_options(args), rotation="auto" if args.rotate is None else (32 if args.rotate else 0))
+             gptq_options=gptq_options(args), rotation="auto" if args.rotate is None else (32 if args.rotate else 0),
+             tp_allreduce=args.tp_allreduce)
     return 0
 
 

@@ -24,7 +24,10 @@ import re
 
 import torch
 from torch import nn
-from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ParallelInterface, TensorParallelLayer
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, ParallelInterface, ColwiseParallel,
+                                                      RowwiseParallel,
+                                                      TensorParallelLayer)
 
 from ..nn import QuantizedModule
 from ..nn.base import tp_split_problem
@@ -148,6 +151,123 @@ def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
     return infos.pop()
 
 
+# ---- the all-reduce of a row split's partial outputs (o_proj, down_proj, expert blocks)
+
+#: ``nccl``: the process group's own ``all_reduce``, in place (NCCL on GPUs; gloo on the CPU);
+#: ``symm-mem``: torch's symmetric-memory one-shot all-reduce (each rank copies its partial sum into a buffer its
+#: peers can read over NVLink / P2P, then reads and adds theirs: one kernel, no NCCL protocol; CUDA only;
+#: messages over :data:`SYMM_MEM_MAX_BYTES` go to NCCL); ``dtensor``: transformers' own (a DTensor redistribute
+#: from Partial to Replicate).
+ALLREDUCE_KINDS = ("nccl", "symm-mem", "dtensor")
+#: the symmetric buffer's size per process group and dtype: a decode step's partial outputs (batch x hidden) are
+#: kilobytes; a prefill's larger ones take NCCL, which is bandwidth-efficient there
+SYMM_MEM_MAX_BYTES = 4 << 20
+_allreduce = os.environ.get("LOWBIT_TP_ALLREDUCE", "nccl")
+_symm_buffers: dict[tuple, torch.Tensor] = {}
+
+
+def set_allreduce(kind: str) -> None:
+    """Choose how lowbit's row-split modules sum their partial outputs (:data:`ALLREDUCE_KINDS`; default
+    ``nccl``, or ``$LOWBIT_TP_ALLREDUCE``). Read at every call, so it can change between decodes (not inside a
+    captured CUDA graph, which keeps the kernels it captured)."""
+    global _allreduce
+    if kind not in ALLREDUCE_KINDS:
+        raise ValueError(f"the tensor-parallel all-reduce must be one of {', '.join(ALLREDUCE_KINDS)}, got {kind!r}")
+    _allreduce = kind
+
+
+def allreduce_kind() -> str:
+    if _allreduce not in ALLREDUCE_KINDS:  # a bad $LOWBIT_TP_ALLREDUCE: said at the first use
+        raise ValueError(f"LOWBIT_TP_ALLREDUCE must be one of {', '.join(ALLREDUCE_KINDS)}, got {_allreduce!r}")
+    return _allreduce
+
+
+def _symm_buffer(group, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's symmetric buffer for ``group`` (allocated and exchanged with the peers on first use: a
+    collective, so every rank must reach it in the same order -- the model's first forward does)."""
+    key = (group.group_name, device, dtype)
+    if key not in _symm_buffers:
+        import warnings
+
+        import torch.distributed._symmetric_memory as symm_mem
+
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # NVLink multicast stays off (one-shot needs none)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, deprecated (a no-op) by newer
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(group.group_name)
+        buf = symm_mem.empty(SYMM_MEM_MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
+        symm_mem.rendezvous(buf, group.group_name)
+        _symm_buffers[key] = buf
+    return _symm_buffers[key]
+
+
+def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
+    """The sum of ``t`` over ``group`` by :func:`allreduce_kind` (``nccl`` or ``symm-mem``; ``dtensor`` is a
+    style's business, here it means ``nccl``). Returns the sum: ``t`` itself (reduced in place) or a new tensor."""
+    import torch.distributed as dist
+
+    kind = kind or allreduce_kind()
+    if kind == "symm-mem":
+        if t.device.type != "cuda":
+            raise ValueError(f"the symm-mem all-reduce needs CUDA tensors, got one on {t.device}; use 'nccl'")
+        if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and t.numel() * t.element_size() <= SYMM_MEM_MAX_BYTES:
+            buf = _symm_buffer(group, t.device, t.dtype)
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:t.numel()].view(t.shape), t, "sum", group.group_name)
+    dist.all_reduce(t, group=group)
+    return t
+
+
+def _group(mesh):
+    return mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
+
+
+class ReducedRowwise(RowwiseParallel):
+    """transformers' ``rowwise`` style for a lowbit part run on local tensors, whose partial output is summed by
+    :func:`all_reduce` (the kind chosen with :func:`set_allreduce`; ``dtensor``: transformers' own path); the
+    bias, kept whole on every rank, is added once after the sum, as transformers does."""
+
+    def __init__(self):
+        super().__init__(input_layouts=Shard(-1), output_layouts=Replicate())
+
+    def transform_output_post_forward(self, module, output, mesh):
+        if allreduce_kind() == "dtensor" or isinstance(output, DTensor) or not self.should_use_local_tensors(module):
+            return super().transform_output_post_forward(module, output, mesh)
+        output = all_reduce(output, _group(mesh))
+        bias = module._parameters.get("bias")
+        if bias is not None:
+            output = output + (bias.to_local() if isinstance(bias, DTensor) else bias)
+        return output
+
+
+class GatheredColwise(ColwiseParallel):
+    """transformers' ``colwise_gather_output`` style (the LM head) for a part run on local tensors, whose output
+    columns are gathered by the process group's ``all_gather`` (CUDA-graph capturable) unless the all-reduce kind is ``dtensor`` (transformers' own redistribute)."""
+
+    def __init__(self):
+        super().__init__(output_layouts=Replicate(), use_local_output=True)
+
+    def transform_output_post_forward(self, module, output, mesh):
+        import torch.distributed as dist
+
+        if allreduce_kind() == "dtensor" or isinstance(output, DTensor) or not self.should_use_local_tensors(module):
+            return super().transform_output_post_forward(module, output, mesh)
+        output = output.contiguous()
+        parts = [torch.empty_like(output) for _ in range(mesh.size())]
+        dist.all_gather(parts, output, group=_group(mesh))
+        return torch.cat(parts, dim=-1)
+
+
+def _style(name: str) -> TensorParallelLayer:
+    """The style that wraps a local part: lowbit's for the row split and the gathering column split (their
+    collectives are the chosen kind's), transformers' for the rest."""
+    if name == "rowwise":
+        return ReducedRowwise()
+    if name == "colwise_gather_output":
+        return GatheredColwise()
+    return ALL_PARALLEL_STYLES[name]
+
+
 def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, mesh) -> QuantizedModule:
     """Split ``new`` (installed in ``slots``: (parent, child name); a fused module: (parent, fused name)) for this
     rank, put the part in its place, and wrap what the model calls (the module, or each projection of a fused
@@ -159,7 +279,7 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
             setattr(parent, cname, part)
         part.register_forward_hook(_sum_over_ranks(mesh))
         return part
-    base = ALL_PARALLEL_STYLES[style]
+    base = _style(style)
     if isinstance(new, FusedParts):
         (parent, _), = slots
         install(parent, new.part_names, part)
@@ -175,14 +295,12 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
 
 
 def _sum_over_ranks(mesh):
-    """A forward hook that all-reduces (sums) a module's output over ``mesh``: an expert block's partial sums."""
-    import torch.distributed as dist
-
-    group = mesh.get_group()
+    """A forward hook that sums a module's output over ``mesh`` (:func:`all_reduce`): an expert block's partial
+    sums."""
+    group = _group(mesh)
 
     def hook(module, args, output):
-        dist.all_reduce(output, group=group)
-        return output
+        return all_reduce(output, group, "nccl" if allreduce_kind() == "dtensor" else None)
 
     return hook
 
@@ -192,15 +310,17 @@ def _style_of(name: str, plan: dict) -> str | None:
     return plan.get(re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name))
 
 
-def shard_model(model: nn.Module, mesh) -> int:
+def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
-    splits colwise or rowwise, and every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`);
-    everything else stays whole on every rank (replicated: correct, not smaller). Returns how many modules
-    were split."""
+    splits colwise or rowwise, every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`), and every
+    plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise (an LM head kept in bf16: its
+    vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
+    smaller). Returns how many (quantized modules, plain linears) were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
-    todo = []
+    todo, plain = [], []
     for name, mod in model.named_modules():
         parent_name, _, child = name.rpartition(".")
+        parent = (model.get_submodule(parent_name) if parent_name else model) if name else None
         if isinstance(mod, FusedParts):
             styles = {_style_of(f"{parent_name}.{p}" if parent_name else p, plan) for p in mod.part_names}
             if styles & set(SPLITS) and len(styles) > 1:
@@ -209,6 +329,9 @@ def shard_model(model: nn.Module, mesh) -> int:
             style = styles.pop()
         elif isinstance(mod, QuantizedModule):
             style = _style_of(name, plan)
+        elif type(mod) is nn.Linear and _style_of(name, plan) in LINEAR_STYLES:
+            plain.append((mod, parent, child, _style_of(name, plan)))
+            continue
         else:
             continue
         if style in SPLITS:
@@ -216,12 +339,35 @@ def shard_model(model: nn.Module, mesh) -> int:
             if style not in allowed or (style == "moe_tp_experts" and not mod.tp_experts):
                 raise NotImplementedError(f"lowbit: {name} ({type(mod).__name__}) is split as {style!r} by the "
                                           "tensor-parallel plan, which lowbit does not split for it")
-            parent = model.get_submodule(parent_name) if parent_name else model
             todo.append((mod, parent, child, style))
     with torch.no_grad():
         for mod, parent, child, style in todo:
             place(mod, [(parent, child)], style, mesh)
-    return len(todo)
+        for lin, parent, child, style in plain:
+            _place_linear(lin, parent, child, style, mesh)
+    return len(todo), len(plain)
+
+
+def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mesh) -> None:
+    """Replace a plain ``nn.Linear`` by this rank's slice (colwise: output rows, rowwise: input columns, the bias
+    whole) under transformers' style in its local-tensor path (as :func:`place` does for lowbit's parts)."""
+    rank, world = mesh.get_local_rank(), mesh.size()
+    split = SPLITS[style]
+    n = lin.out_features if split == "colwise" else lin.in_features
+    if n % world:
+        raise ValueError(f"lowbit: {child} ({lin.in_features} -> {lin.out_features}) cannot be split {style} over "
+                         f"{world} ranks: {n} is not a multiple of {world}")
+    part = n // world
+    sl = slice(rank * part, (rank + 1) * part)
+    w = lin.weight[sl] if split == "colwise" else lin.weight[:, sl]
+    bias = lin.bias is not None
+    new = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    new.weight = nn.Parameter(w.contiguous(), requires_grad=False)
+    if bias:
+        new.bias = nn.Parameter((lin.bias[sl] if split == "colwise" else lin.bias).clone(), requires_grad=False)
+    new._hf_quantized_needs_local_tp = True
+    setattr(parent, child, new)
+    _style(style).install_forward(new, mesh)
 
 
 def launched_world() -> int:
