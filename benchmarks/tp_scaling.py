@@ -48,6 +48,7 @@ def main() -> int:
     p.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--allreduce", default=None, help="comma-separated kinds (default: every kind the device has)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decode step (then the CUDA graph)")
     p.add_argument("--device", default=None, help="cuda (default when there is one) or cpu (gloo; no graphs)")
     p.add_argument("--out", required=True, help="directory for rows.json and the log")
     args = p.parse_args()
@@ -72,7 +73,8 @@ def main() -> int:
     rows: list[dict] = []
     info = {"model": args.model, "layers": args.layers, "world": world, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "format": f"{args.format}{args.bits}", "mode": "cuda-graph" if graph else "eager"}
+            "torch": torch.__version__, "format": f"{args.format}{args.bits}",
+            "mode": ("cuda-graph" if graph else "eager") + ("+compile" if args.compile else "")}
 
     def say(*a):
         if rank == 0:
@@ -109,7 +111,7 @@ def main() -> int:
 
     def run_decode(label: str, kind: str | None, tp1: dict | None):
         for b in batches:
-            r = decode.greedy_decode(model, prompts[b], args.max_new_tokens, graph=graph)
+            r = decode.greedy_decode(model, prompts[b], args.max_new_tokens, graph=graph, compile=args.compile)
             row = {"variant": label, "batch": b, "tokens_per_s": r.tokens_per_s(), "ms_per_step": r.ms_per_step(),
                    "allreduce": kind}
             if tp1:

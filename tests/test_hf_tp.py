@@ -207,3 +207,61 @@ def test_generate_under_torchrun_refuses_what_it_cannot_split(monkeypatch):
         args = p.parse_args(["generate", "--model", "random:tiny-llama", *extra])
         with pytest.raises(UsageError, match="torchrun"):
             gen_mod.check_args(args)
+
+
+def test_tp_allreduce_option_needs_torchrun_and_a_gpu_for_symm_mem(monkeypatch):
+    import argparse
+
+    from lowbit.errors import UsageError
+    from lowbit.hf import generate as gen_mod
+
+    p = argparse.ArgumentParser()
+    gen_mod.add_parser(p.add_subparsers())
+    args = p.parse_args(["generate", "--model", "random:tiny-llama", "--tp-allreduce", "nccl"])
+    with pytest.raises(UsageError, match="torchrun"):
+        gen_mod.check_args(args)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = p.parse_args(["generate", "--model", "random:tiny-llama", "--device", "cpu", "--tp-allreduce", "symm-mem"])
+    with pytest.raises(UsageError, match="needs GPUs"):
+        gen_mod.check_args(args)
+    with pytest.raises(SystemExit):  # argparse: not one of the kinds
+        p.parse_args(["generate", "--tp-allreduce", "mpi"])
+
+
+def test_allreduce_kinds_are_checked(monkeypatch):
+    from lowbit.hf import tp
+
+    with pytest.raises(ValueError, match="nccl, symm-mem, dtensor"):
+        tp.set_allreduce("ring")
+    monkeypatch.setattr(tp, "_allreduce", "ring")  # as a bad $LOWBIT_TP_ALLREDUCE leaves it
+    with pytest.raises(ValueError, match="LOWBIT_TP_ALLREDUCE"):
+        tp.allreduce_kind()
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        tp.all_reduce(torch.ones(4), group=None, kind="symm-mem")
+
+
+def test_tp_scaling_benchmark_on_cpu(tmp_path):
+    """benchmarks/tp_scaling.py as the device runs it, on 2 gloo processes: the tiny Llama decoded whole (TP = 1),
+    then split (the bf16 LM head by vocabulary rows too) with each CPU all-reduce kind, through the fused decode
+    attention step (each rank's heads): the same logits within the fp32 bound and the same greedy tokens."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tp_scaling.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
+           str(script), "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "5", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "rows.json").read_text())
+    info, rows = res["info"], res["rows"]
+    assert "errors" not in info, info["errors"]
+    assert info["fused_attention_layers"] == 2 and info["split_modules"] == 8 and info["split_plain_linears"] == 1
+    for kind in ("nccl", "dtensor"):
+        got = info["logits_vs_tp1"][kind]
+        assert got["finite"] and got["rel_error"] <= BOUND and got["top1"] == 1.0, got
+    split = [row for row in rows if "TP=2" in row["variant"]]
+    assert {(row["allreduce"], row["batch"]) for row in split} == {(k, b) for k in ("nccl", "dtensor") for b in (1, 4)}
+    for row in split:
+        assert row["same_tokens_as_tp1"] == 5 and row["tokens_per_s"] > 0, row  # every one of the 5 tokens
