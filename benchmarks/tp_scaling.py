@@ -1,7 +1,8 @@
 """Tensor-parallel decode scaling in one torchrun launch: TP = 1 against TP = N, each all-reduce kind.
 
     torchrun --nproc-per-node 2 benchmarks/tp_scaling.py --model random:llama-3-70b --batch 1,4 --out DIR
-    torchrun --nproc-per-node 2 benchmarks/tp_scaling.py --model random:tiny-llama --device cpu --out DIR  # checks the script
+    # the script itself, on 2 CPU processes (gloo):
+    torchrun --nproc-per-node 2 benchmarks/tp_scaling.py --model random:tiny-llama --device cpu --out DIR
 
 Every rank builds the same random model (same seed) layer by layer, quantizing each layer as it is built
 (as ``lowbit generate`` does without ``--compare``). Then:
@@ -94,7 +95,8 @@ def main() -> int:
         lowbit.quantize_model(block, format=args.format, bits=args.bits, progress=False)
 
     model, _, desc = sources.load(args.model, dtype=dtype, device=device, layers=args.layers, each_layer=each_layer)
-    lowbit.quantize_model(model, format=args.format, bits=args.bits, progress=False)  # whatever is left (the head stays)
+    # whatever is left (the head stays unquantized)
+    lowbit.quantize_model(model, format=args.format, bits=args.bits, progress=False)
     info["build_s"] = time.perf_counter() - t0
     say(f"{desc}: built and quantized on each of {world} ranks in {info['build_s']:.1f} s")
     if device.type == "cpu":  # the GPU's attention path (the fused decode step; its reference op here)

@@ -251,7 +251,8 @@ def test_tp_scaling_benchmark_on_cpu(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "tp_scaling.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
-           str(script), "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "5", "--out", str(tmp_path)]
+           str(script), "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "5",
+           "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "rows.json").read_text())

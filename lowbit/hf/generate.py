@@ -459,7 +459,8 @@ def check_args(args) -> None:
     from .tp import launched_world
 
     if args.tp_allreduce and launched_world() <= 1:
-        raise UsageError("--tp-allreduce applies under torchrun (tensor parallel): torchrun --nproc-per-node N -m lowbit generate ...")
+        raise UsageError("--tp-allreduce applies under torchrun (tensor parallel): "
+                         "torchrun --nproc-per-node N -m lowbit generate ...")
     if args.tp_allreduce == "symm-mem" and args.device == "cpu":
         raise UsageError("--tp-allreduce symm-mem needs GPUs (CUDA symmetric memory); on the CPU use nccl (gloo there)")
     if launched_world() > 1 and (len(fmts) > 1 or args.load or args.save or args.method != "rtn"):

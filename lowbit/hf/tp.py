@@ -25,9 +25,8 @@ import re
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, ParallelInterface, ColwiseParallel,
-                                                      RowwiseParallel,
-                                                      TensorParallelLayer)
+from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, ColwiseParallel, ParallelInterface,
+                                                      RowwiseParallel, TensorParallelLayer)
 
 from ..nn import QuantizedModule
 from ..nn.base import tp_split_problem
@@ -155,8 +154,8 @@ def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
 
 #: ``nccl``: the process group's own ``all_reduce``, in place (NCCL on GPUs; gloo on the CPU);
 #: ``symm-mem``: torch's symmetric-memory one-shot all-reduce (each rank copies its partial sum into a buffer its
-#: peers can read over NVLink / P2P, then reads and adds theirs: one kernel, no NCCL protocol; CUDA only;
-#: messages over :data:`SYMM_MEM_MAX_BYTES` go to NCCL); ``dtensor``: transformers' own (a DTensor redistribute
+#: peers can read over NVLink / P2P, then reads and adds theirs: one kernel, no NCCL protocol; CUDA only; fp16
+#: tensors, which it does not sum, and messages over :data:`SYMM_MEM_MAX_BYTES` go to NCCL); ``dtensor``: transformers' own (a DTensor redistribute
 #: from Partial to Replicate).
 ALLREDUCE_KINDS = ("nccl", "symm-mem", "dtensor")
 #: the symmetric buffer's size per process group and dtype: a decode step's partial outputs (batch x hidden) are
@@ -191,7 +190,8 @@ def _symm_buffer(group, device: torch.device, dtype: torch.dtype) -> torch.Tenso
 
         import torch.distributed._symmetric_memory as symm_mem
 
-        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # NVLink multicast stays off (one-shot needs none)
+        # NVLink multicast stays off (the one-shot kernel needs none)
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, deprecated (a no-op) by newer
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
@@ -211,9 +211,10 @@ def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
     if kind == "symm-mem":
         if t.device.type != "cuda":
             raise ValueError(f"the symm-mem all-reduce needs CUDA tensors, got one on {t.device}; use 'nccl'")
-        if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and t.numel() * t.element_size() <= SYMM_MEM_MAX_BYTES:
-            buf = _symm_buffer(group, t.device, t.dtype)
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:t.numel()].view(t.shape), t, "sum", group.group_name)
+        fits = t.numel() * t.element_size() <= SYMM_MEM_MAX_BYTES
+        if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and fits:
+            buf = _symm_buffer(group, t.device, t.dtype)[:t.numel()].view(t.shape)
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t, "sum", group.group_name)
     dist.all_reduce(t, group=group)
     return t
 
@@ -242,7 +243,8 @@ class ReducedRowwise(RowwiseParallel):
 
 class GatheredColwise(ColwiseParallel):
     """transformers' ``colwise_gather_output`` style (the LM head) for a part run on local tensors, whose output
-    columns are gathered by the process group's ``all_gather`` (CUDA-graph capturable) unless the all-reduce kind is ``dtensor`` (transformers' own redistribute)."""
+    columns are gathered by the process group's ``all_gather`` (CUDA-graph capturable), unless the all-reduce
+    kind is ``dtensor`` (transformers' own redistribute)."""
 
     def __init__(self):
         super().__init__(output_layouts=Replicate(), use_local_output=True)
