@@ -224,6 +224,10 @@ def test_tp_allreduce_option_needs_torchrun_and_a_gpu_for_symm_mem(monkeypatch):
     args = p.parse_args(["generate", "--model", "random:tiny-llama", "--device", "cpu", "--tp-allreduce", "symm-mem"])
     with pytest.raises(UsageError, match="needs GPUs"):
         gen_mod.check_args(args)
+    if not torch.cuda.is_available():  # the default device is the CPU then
+        args = p.parse_args(["generate", "--model", "random:tiny-llama", "--tp-allreduce", "symm-mem"])
+        with pytest.raises(UsageError, match="needs GPUs"):
+            gen_mod.check_args(args)
     with pytest.raises(SystemExit):  # argparse: not one of the kinds
         p.parse_args(["generate", "--tp-allreduce", "mpi"])
 

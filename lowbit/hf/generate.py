@@ -461,7 +461,7 @@ def check_args(args) -> None:
     if args.tp_allreduce and launched_world() <= 1:
         raise UsageError("--tp-allreduce applies under torchrun (tensor parallel): "
                          "torchrun --nproc-per-node N -m lowbit generate ...")
-    if args.tp_allreduce == "symm-mem" and args.device == "cpu":
+    if args.tp_allreduce == "symm-mem" and (args.device == "cpu" or not torch.cuda.is_available()):
         raise UsageError("--tp-allreduce symm-mem needs GPUs (CUDA symmetric memory); on the CPU use nccl (gloo there)")
     if launched_world() > 1 and (len(fmts) > 1 or args.load or args.save or args.method != "rtn"):
         raise UsageError("under torchrun (tensor parallel) generate takes one --format, no --load / --save, --method rtn")
