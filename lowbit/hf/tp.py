@@ -315,8 +315,8 @@ def _style_of(name: str, plan: dict) -> str | None:
 def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
     splits colwise or rowwise, every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`), and every
-    plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise (an LM head kept in bf16: its
-    vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
+    plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise into equal parts (an LM head kept
+    in bf16: its vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
     smaller). Returns how many (quantized modules, plain linears) were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
     todo, plain = [], []
@@ -332,7 +332,10 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
         elif isinstance(mod, QuantizedModule):
             style = _style_of(name, plan)
         elif type(mod) is nn.Linear and _style_of(name, plan) in LINEAR_STYLES:
-            plain.append((mod, parent, child, _style_of(name, plan)))
+            style = _style_of(name, plan)
+            n = mod.out_features if SPLITS[style] == "colwise" else mod.in_features
+            if n % mesh.size() == 0:  # else it stays whole (a vocabulary of 32001 on 2 ranks)
+                plain.append((mod, parent, child, style))
             continue
         else:
             continue
@@ -355,11 +358,7 @@ def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mes
     whole) under transformers' style in its local-tensor path (as :func:`place` does for lowbit's parts)."""
     rank, world = mesh.get_local_rank(), mesh.size()
     split = SPLITS[style]
-    n = lin.out_features if split == "colwise" else lin.in_features
-    if n % world:
-        raise ValueError(f"lowbit: {child} ({lin.in_features} -> {lin.out_features}) cannot be split {style} over "
-                         f"{world} ranks: {n} is not a multiple of {world}")
-    part = n // world
+    part = (lin.out_features if split == "colwise" else lin.in_features) // world
     sl = slice(rank * part, (rank + 1) * part)
     w = lin.weight[sl] if split == "colwise" else lin.weight[:, sl]
     bias = lin.bias is not None
