@@ -8,10 +8,11 @@ Every rank builds the same random model (same seed) layer by layer, quantizing e
 (as ``lowbit generate`` does without ``--compare``). Then:
 
 1. TP = 1: every rank decodes the whole model on its own device (no communication); rank 0's time is the row.
-2. The reference logits of a 16-token prompt, from the whole model.
+2. The reference logits of a 16-token prompt: the whole model's; the same with each row split's summation order
+   emulated in one process (:func:`lowbit.hf.tp.emulated_row_split`); the same weights with fp32 activations.
 3. Each rank keeps its part (:func:`lowbit.hf.tp.shard_model`, the model's own TP plan).
 4. For each all-reduce kind (:func:`lowbit.hf.tp.set_allreduce`): the sharded logits of the same prompt against
-   the reference (relative L2 error, top-1 agreement), then a decode at each batch size.
+   those three (relative L2 error; top-1 agreement with the whole model's), then a decode at each batch size.
 5. The all-reduce alone: one [batch, hidden] sum per kind, timed as a CUDA graph of 64 calls (per-call latency).
 
 Every row goes to ``DIR/rows.json`` as soon as it is measured (a run stopped early keeps what it had):
@@ -35,9 +36,14 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lowbit  # noqa: E402
-from lowbit.hf import decode, sources, tp  # noqa: E402
+from lowbit.hf import decode, quality, sources, tp  # noqa: E402
 
 PROMPT_LEN = 16
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 distance of ``a`` from ``b``."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def main() -> int:
@@ -49,6 +55,7 @@ def main() -> int:
     p.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--allreduce", default=None, help="comma-separated kinds (default: every kind the device has)")
+    p.add_argument("--dtype", default=None, help="activations: bfloat16 (default on CUDA), float16, float32 (default on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decode step (then the CUDA graph)")
     p.add_argument("--device", default=None, help="cuda (default when there is one) or cpu (gloo; no graphs)")
     p.add_argument("--out", required=True, help="directory for rows.json and the log")
@@ -65,7 +72,7 @@ def main() -> int:
     device, mesh = tp.setup(device_type)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph = device.type == "cuda"
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if device.type == "cuda" else torch.float32
     batches = [int(b) for b in args.batch.split(",")]
     kinds = args.allreduce.split(",") if args.allreduce else (
         ["nccl", "symm-mem", "dtensor"] if device.type == "cuda" else ["nccl", "dtensor"])
@@ -132,8 +139,26 @@ def main() -> int:
     # -- 1. TP = 1 (each rank alone), 2. the reference logits
     say(f"TP=1 ({info['format']}, each rank decodes the whole model alone; rank 0's times)")
     tp1 = dict(run_decode(f"{info['format']} TP=1", None, None))
+    # The yardsticks for the split's logits: the whole model's, the whole model's with every row split's
+    # summation order emulated on one device (what TP changes in the arithmetic), and the same quantized weights
+    # with fp32 activations (how far this dtype's own rounding moves this model's logits).
     with torch.no_grad():
         ref = model(check_ids).logits.float()
+        with tp.emulated_row_split(model, world):
+            emulated = model(check_ids).logits.float()
+        try:
+            with quality.upcast(model):
+                fp32 = model(check_ids).logits.float()
+            again = model(check_ids).logits.float()
+            info["whole_unchanged_after_fp32"] = bool(torch.equal(again, ref))
+        except Exception:  # noqa: BLE001 -- optional: kept as an error, the run goes on
+            info.setdefault("errors", {})["fp32"] = traceback.format_exc()
+            fp32 = None
+    info["logits"] = logits = {"emulated_split_vs_whole": rel(emulated, ref)}
+    if fp32 is not None:
+        logits.update(whole_vs_fp32=rel(ref, fp32), emulated_split_vs_fp32=rel(emulated, fp32))
+    say("logits, relative L2: " + ", ".join(f"{k} {v:.2e}" for k, v in logits.items()))
+    save()
     dist.barrier()
 
     # -- 3. each rank keeps its part
@@ -147,12 +172,17 @@ def main() -> int:
             tp.set_allreduce(kind)
             with torch.no_grad():
                 y = model(check_ids).logits.float()
-            err = ((y - ref).norm() / ref.norm()).item()
+            err = rel(y, ref)
             top1 = (y.argmax(-1) == ref.argmax(-1)).float().mean().item()
             finite = bool(torch.isfinite(y).all())
-            say(f"TP={world}, all-reduce {kind}: logits vs TP=1 rel. error {err:.2e}, top-1 agreement {top1:.1%}"
+            got = {"rel_error": err, "top1": top1, "finite": finite, "vs_emulated_split": rel(y, emulated)}
+            if fp32 is not None:
+                got["vs_fp32"] = rel(y, fp32)
+            say(f"TP={world}, all-reduce {kind}: logits vs TP=1 rel. error {err:.2e}, top-1 agreement {top1:.1%}, "
+                f"vs the emulated split {got['vs_emulated_split']:.2e}"
+                + (f", vs fp32 activations {got['vs_fp32']:.2e}" if fp32 is not None else "")
                 + ("" if finite else ", NOT FINITE"))
-            info.setdefault("logits_vs_tp1", {})[kind] = {"rel_error": err, "top1": top1, "finite": finite}
+            info.setdefault("logits_vs_tp1", {})[kind] = got
             save()
             for _ in run_decode(f"{info['format']} TP={world} {kind}", kind, tp1):
                 pass

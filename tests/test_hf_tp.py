@@ -244,10 +244,7 @@ def test_allreduce_kinds_are_checked(monkeypatch):
         tp.all_reduce(torch.ones(4), group=None, kind="symm-mem")
 
 
-def test_tp_scaling_benchmark_on_cpu(tmp_path):
-    """benchmarks/tp_scaling.py as the device runs it, on 2 gloo processes: the tiny Llama decoded whole (TP = 1),
-    then split (the bf16 LM head by vocabulary rows too) with each CPU all-reduce kind, through the fused decode
-    attention step (each rank's heads): the same logits within the fp32 bound and the same greedy tokens."""
+def _tp_scaling(tmp_path, *extra) -> dict:
     import subprocess
     import sys
     from pathlib import Path
@@ -256,17 +253,65 @@ def test_tp_scaling_benchmark_on_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
            str(script), "--model", "random:tiny-llama", "--device", "cpu", "--max-new-tokens", "5",
-           "--out", str(tmp_path)]
+           "--out", str(tmp_path), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "rows.json").read_text())
+    assert "errors" not in res["info"], res["info"]["errors"]
+    return res
+
+
+def test_tp_scaling_benchmark_on_cpu(tmp_path):
+    """benchmarks/tp_scaling.py as the device runs it, on 2 gloo processes: the tiny Llama decoded whole (TP = 1),
+    then split (the bf16 LM head by vocabulary rows too) with each CPU all-reduce kind, through the fused decode
+    attention step (each rank's heads): the same logits within the fp32 bound, exactly the one-process emulation
+    of the split's summation order, and the same greedy tokens."""
+    res = _tp_scaling(tmp_path)
     info, rows = res["info"], res["rows"]
-    assert "errors" not in info, info["errors"]
     assert info["fused_attention_layers"] == 2 and info["split_modules"] == 8 and info["split_plain_linears"] == 1
+    assert info["whole_unchanged_after_fp32"] and info["logits"]["emulated_split_vs_whole"] <= BOUND
     for kind in ("nccl", "dtensor"):
         got = info["logits_vs_tp1"][kind]
         assert got["finite"] and got["rel_error"] <= BOUND and got["top1"] == 1.0, got
+        assert got["vs_emulated_split"] <= 1e-6, got  # the same partial sums, added in the same order
     split = [row for row in rows if "TP=2" in row["variant"]]
     assert {(row["allreduce"], row["batch"]) for row in split} == {(k, b) for k in ("nccl", "dtensor") for b in (1, 4)}
     for row in split:
         assert row["same_tokens_as_tp1"] == 5 and row["tokens_per_s"] > 0, row  # every one of the 5 tokens
+
+
+def test_tp_split_in_bf16_is_its_summation_order(tmp_path):
+    """In bf16 a rank's partial sums are rounded before they are added, so the split's logits move further from
+    the whole model's than fp32's bound; they must equal the one-process emulation of that summation order
+    (tp.emulated_row_split) and stay as close to fp32 activations as the whole bf16 model is."""
+    info = _tp_scaling(tmp_path, "--dtype", "bfloat16", "--layers", "4", "--allreduce", "nccl", "--batch", "1")["info"]
+    got, logits = info["logits_vs_tp1"]["nccl"], info["logits"]
+    assert got["finite"] and got["vs_emulated_split"] <= 1e-6, got
+    assert got["vs_fp32"] <= 2 * logits["whole_vs_fp32"], (got, logits)
+
+
+def test_emulated_row_split_and_upcast_leave_the_model_as_it_was():
+    """tp.emulated_row_split sums each rowwise module's parts only inside its block (o_proj and down_proj of every
+    layer); quality.upcast computes in fp32 inside its block and gives every tensor its own dtype back, the rotary
+    frequencies' fp32 included, so the model's logits after both are bit-identical to before."""
+    import lowbit
+    from lowbit.hf import quality, tp
+
+    model = build("llama", 5, inter=256)
+    lowbit.quantize_model(model, progress=False)
+    model.to(torch.bfloat16)
+    inv_freq = model.model.rotary_emb.inv_freq
+    inv_freq.data = inv_freq.data.float()  # as transformers keeps it
+    ids = torch.tensor([[3, 17, 99, 250, 7, 64]])
+    with torch.no_grad():
+        before = model(ids).logits
+        with tp.emulated_row_split(model, 2) as n:
+            split = model(ids).logits
+        with quality.upcast(model):
+            assert model.lm_head.weight.dtype == torch.float32
+            fp32 = model(ids).logits
+        after = model(ids).logits
+    assert n == 2 * model.config.num_hidden_layers
+    assert torch.equal(before, after) and inv_freq.dtype == torch.float32 and model.lm_head.weight.dtype == torch.bfloat16
+    assert fp32.dtype == torch.float32 and not torch.equal(split, before)  # the parts are rounded before the sum
+    assert torch.isfinite(split).all() and ((split.float() - before.float()).norm() / before.float().norm()) < 0.05

@@ -29,34 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lowbit  # noqa: E402
-from lowbit.hf import sources  # noqa: E402
-from lowbit.nn import QuantizedModule  # noqa: E402
-
-
-def split_rowwise(model, world: int) -> list:
-    """Make every quantized o_proj / down_proj compute the sum of its ``world`` row-split parts; returns the
-    undo list for :func:`unsplit`."""
-    undo = []
-    for name, mod in list(model.named_modules()):
-        if isinstance(mod, QuantizedModule) and name.rsplit(".", 1)[-1] in ("o_proj", "down_proj"):
-            parts = [mod.tp_shard("rowwise", r, world) for r in range(world)]
-            k = mod.in_features // world
-
-            def forward(x, parts=parts, k=k):
-                out = None
-                for r, p in enumerate(parts):
-                    y = p(x[..., r * k:(r + 1) * k])
-                    out = y if out is None else out + y  # in the activation dtype, in rank order
-                return out
-
-            mod.forward = forward
-            undo.append(mod)
-    return undo
-
-
-def unsplit(undo: list) -> None:
-    for mod in undo:
-        del mod.forward  # back to the class's forward
+from lowbit.hf import quality, sources, tp  # noqa: E402
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -82,26 +55,29 @@ def main() -> int:
 
         cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=3584, num_hidden_layers=80,
                                        num_attention_heads=8, num_key_value_heads=1, head_dim=128)
-        model = transformers.AutoModelForCausalLM.from_config(cfg).to(args.device, torch.float32).eval()
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # built as sources.load builds a random model
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(cfg).to(args.device).eval()
+        finally:
+            torch.set_default_dtype(prev)
         lowbit.quantize_model(model, bits=4, progress=False)
         desc = "Llama-3-70B depth at 1/8 width (random init, 80 layers, hidden 1024)"
     else:  # built layer by layer, each quantized before the next: 70B shapes fit one GPU
-        model, _, desc = sources.load(args.model, dtype=torch.float32, device=args.device, layers=args.layers,
+        model, _, desc = sources.load(args.model, dtype=dtype, device=args.device, layers=args.layers,
                                       each_layer=lambda block: lowbit.quantize_model(block, bits=4, progress=False))
     ids = torch.randint(0, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(1))
     ids = ids.to(args.device)
     with torch.no_grad():
-        try:  # the same quantized weights with fp32 activations (where the kernels take fp32)
-            fp32 = model(ids).logits.float().cpu()
+        whole = model(ids).logits.float().cpu()
+        with tp.emulated_row_split(model, args.world) as n:
+            parts = model(ids).logits.float().cpu()
+        try:  # the same quantized weights with fp32 activations
+            with quality.upcast(model):
+                fp32 = model(ids).logits.float().cpu()
         except Exception as e:  # noqa: BLE001
             print(f"fp32 activations: {type(e).__name__}: {e}")
             fp32 = None
-        model.to(dtype)
-        whole = model(ids).logits.float().cpu()
-        undo = split_rowwise(model, args.world)
-        n = len(undo)
-        parts = model(ids).logits.float().cpu()
-        unsplit(undo)
     res = {"model": desc, "dtype": args.dtype, "world": args.world, "split_modules": n, "device": args.device,
            "split_vs_whole": rel(parts, whole), "dtype_vs_fp32": fp32 is not None and rel(whole, fp32),
            "split_vs_fp32": fp32 is not None and rel(parts, fp32),

@@ -9,6 +9,7 @@ the results).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import sys
@@ -68,3 +69,23 @@ def compare(ref_logits: torch.Tensor, q_logits: torch.Tensor, targets: torch.Ten
         "kl": float(kl.mean()),
         "top1": float((ref.argmax(-1) == q.argmax(-1)).float().mean()),
     }
+
+
+@contextlib.contextmanager
+def upcast(model, dtype: torch.dtype = torch.float32):
+    """Inside the block every floating parameter and buffer of ``model`` is in ``dtype`` (activations follow:
+    the same quantized weights computed in fp32, the yardstick for a half-precision model's own rounding);
+    after it each tensor is back in its own dtype, exactly (fp16 / bf16 -> fp32 -> back is lossless), buffers
+    kept in fp32 on purpose (rotary frequencies) included."""
+    saved = []
+    for mod in model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for t in store.values():
+                if t is not None and t.is_floating_point() and t.dtype != dtype:
+                    saved.append((t, t.dtype))
+                    t.data = t.data.to(dtype)
+    try:
+        yield model
+    finally:
+        for t, old in saved:
+            t.data = t.data.to(old)

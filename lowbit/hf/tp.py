@@ -19,6 +19,7 @@ A model quantized in one process (``lowbit generate`` under ``torchrun``) is spl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -369,6 +370,34 @@ def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mes
     new._hf_quantized_needs_local_tp = True
     setattr(parent, child, new)
     _style(style).install_forward(new, mesh)
+
+
+@contextlib.contextmanager
+def emulated_row_split(model: nn.Module, world: int):
+    """Inside the block, every quantized linear that the model's TP plan splits rowwise computes, on its own
+    device, the sum of its ``world`` parts (:meth:`~lowbit.nn.QuantizedModule.tp_shard`), each rounded to the
+    activation dtype and added in rank order, as a row split's all-reduce adds them: what the summation order
+    alone does to a model's outputs, in one process. Yields how many modules it split."""
+    plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
+    changed = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, QuantizedModule) and not isinstance(mod, FusedParts) and _style_of(name, plan) == "rowwise":
+            parts = [mod.tp_shard("rowwise", r, world) for r in range(world)]
+            k = mod.in_features // world
+
+            def forward(x, parts=parts, k=k):
+                out = parts[0](x[..., :k])
+                for r in range(1, len(parts)):
+                    out = out + parts[r](x[..., r * k:(r + 1) * k])
+                return out
+
+            mod.forward = forward
+            changed.append(mod)
+    try:
+        yield len(changed)
+    finally:
+        for mod in changed:
+            del mod.forward  # the class's forward again
 
 
 def launched_world() -> int:
