@@ -120,6 +120,8 @@ def main() -> int:
 
     def run_decode(label: str, kind: str | None, tp1: dict | None):
         for b in batches:
+            if args.compile:  # a fresh compile per variant and batch: Dynamo stops recompiling one function after a few
+                torch._dynamo.reset()
             r = decode.greedy_decode(model, prompts[b], args.max_new_tokens, graph=graph, compile=args.compile)
             row = {"variant": label, "batch": b, "tokens_per_s": r.tokens_per_s(), "ms_per_step": r.ms_per_step(),
                    "allreduce": kind}
