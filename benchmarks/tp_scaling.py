@@ -57,6 +57,8 @@ def main() -> int:
     p.add_argument("--allreduce", default=None, help="comma-separated kinds (default: every kind the device has)")
     p.add_argument("--dtype", default=None, help="activations: bfloat16 (default on CUDA), float16, float32 (default on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decode step (then the CUDA graph)")
+    p.add_argument("--profile", action="store_true",
+                   help="also a per-step kernel breakdown of each variant at the first batch size (graph replays)")
     p.add_argument("--device", default=None, help="cuda (default when there is one) or cpu (gloo; no graphs)")
     p.add_argument("--out", required=True, help="directory for rows.json and the log")
     args = p.parse_args()
@@ -135,6 +137,14 @@ def main() -> int:
                 tokens_tp1[b] = r.tokens
             say(f"  {label:24s} batch {b}: {row['tokens_per_s']:8.1f} tok/s  {row['ms_per_step']:7.3f} ms/step"
                 + (f"  {row['speedup_vs_tp1']:.2f}x TP=1" if tp1 else ""))
+            if args.profile and graph and b == batches[0]:  # kernel time per step by category, from graph replays
+                if args.compile:
+                    torch._dynamo.reset()
+                prof = decode.greedy_decode(model, prompts[b], 8, graph=True, compile=args.compile, profile=True,
+                                            profile_graph=True).breakdown
+                row["breakdown"] = prof
+                say("    " + ", ".join(f"{k} {v:.3f}" for k, v in prof["ms_per_step_by_category"].items())
+                    + f" (ms per step; kernels {prof['kernel_ms_per_step']:.3f})")
             save(row)
             yield b, row["tokens_per_s"]
 

@@ -192,3 +192,16 @@ def test_random_model_built_layer_by_layer():
     with torch.no_grad():
         y = model(torch.tensor([[1, 2, 3]])).logits
     assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name,category", [
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "all-reduce / all-gather (tensor parallel)"),
+    ("void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(...)",
+     "all-reduce / all-gather (tensor parallel)"),
+    ("kbit_gemv_streamk<4, 1>", "kbit GEMV (lowbit)"),
+    ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "other (norms, rope, activations, routing, argmax)"),
+])
+def test_decode_breakdown_names_the_collectives(name, category):
+    from lowbit.hf.decode import kernel_category
+
+    assert kernel_category(name) == category

@@ -43,6 +43,8 @@ def kernel_category(name: str) -> str:
     n = name.lower()
     if n.startswith("triton"):  # inductor's fused glue (its names can mention the ops around it, e.g. kbit_gemv)
         return "other (norms, rope, activations, routing, argmax)"
+    if n.startswith("nccl") or any(k in n for k in ("all_reduce", "allreduce", "all_gather", "allgather")):
+        return "all-reduce / all-gather (tensor parallel)"
     if "kbit" in n:
         return "kbit GEMV (lowbit)"
     if "dense_gemv" in n:
