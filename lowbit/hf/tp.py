@@ -155,8 +155,9 @@ def recorded(modules: list[nn.Module], what: str) -> tuple[str, object] | None:
 
 #: ``nccl``: the process group's own ``all_reduce``, in place (NCCL on GPUs; gloo on the CPU);
 #: ``symm-mem``: torch's symmetric-memory one-shot all-reduce (each rank copies its partial sum into a buffer its
-#: peers can read over NVLink / P2P, then reads and adds theirs: one kernel, no NCCL protocol; CUDA only; fp16
-#: tensors, which it does not sum, and messages over :data:`SYMM_MEM_MAX_BYTES` go to NCCL); ``dtensor``: transformers' own (a DTensor redistribute
+#: peers can read over NVLink / P2P, then reads and adds theirs: one kernel with a barrier at each end, no NCCL
+#: protocol; CUDA only; fp16 tensors, which it does not sum, sizes that are not whole 16-byte vectors and messages
+#: over :data:`SYMM_MEM_MAX_BYTES` go to NCCL); ``dtensor``: transformers' own (a DTensor redistribute
 #: from Partial to Replicate).
 ALLREDUCE_KINDS = ("nccl", "symm-mem", "dtensor")
 #: the symmetric buffer's size per process group and dtype: a decode step's partial outputs (batch x hidden) are
@@ -212,8 +213,12 @@ def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
     if kind == "symm-mem":
         if t.device.type != "cuda":
             raise ValueError(f"the symm-mem all-reduce needs CUDA tensors, got one on {t.device}; use 'nccl'")
-        fits = t.numel() * t.element_size() <= SYMM_MEM_MAX_BYTES
-        if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and fits:
+        nbytes = t.numel() * t.element_size()
+        # The kernel takes 16-byte vectors when the buffer and the input both allow them, and refuses a mismatch.
+        # Allocations are 512-byte aligned, so the storage offset says it (data_ptr() would stop torch.compile).
+        aligned = nbytes % 16 == 0 and (t.storage_offset() * t.element_size()) % 16 == 0
+        small = nbytes <= SYMM_MEM_MAX_BYTES
+        if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and aligned and small:
             buf = _symm_buffer(group, t.device, t.dtype)[:t.numel()].view(t.shape)
             return torch.ops.symm_mem.one_shot_all_reduce_copy(buf, t, "sum", group.group_name)
     dist.all_reduce(t, group=group)
