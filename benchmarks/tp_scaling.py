@@ -55,7 +55,8 @@ def main() -> int:
     p.add_argument("--batch", default="1,4", help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--allreduce", default=None, help="comma-separated kinds (default: every kind the device has)")
-    p.add_argument("--dtype", default=None, help="activations: bfloat16 (default on CUDA), float16, float32 (default on CPU)")
+    p.add_argument("--dtype", default=None,
+                   help="activations: bfloat16 (default on CUDA), float16, float32 (default on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decode step (then the CUDA graph)")
     p.add_argument("--profile", action="store_true",
                    help="also a per-step kernel breakdown of each variant at the first batch size (graph replays)")
@@ -122,7 +123,7 @@ def main() -> int:
 
     def run_decode(label: str, kind: str | None, tp1: dict | None):
         for b in batches:
-            if args.compile:  # a fresh compile per variant and batch: Dynamo stops recompiling one function after a few
+            if args.compile:  # a fresh compile per variant and batch: Dynamo stops recompiling a function after a few
                 torch._dynamo.reset()
             r = decode.greedy_decode(model, prompts[b], args.max_new_tokens, graph=graph, compile=args.compile)
             row = {"variant": label, "batch": b, "tokens_per_s": r.tokens_per_s(), "ms_per_step": r.ms_per_step(),
