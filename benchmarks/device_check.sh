@@ -5,7 +5,7 @@
 #   SUITE=a|b|c|d|e the whole `pytest -m gpu` takes five calls of up to 10 minutes (-n 4): a = kbit GEMV
 #                 (+ `pytest -m timing` alone); d = dense GEMV, dequantize, bench harness; b = kbit GEMM, NVFP4 tiled;
 #                 c = decode formats, models, NVFP4 checkpoint-layout GEMV, GPTQ, the transformers quantizer, input checks; e = SBVR, decode
-#                 attention, MoE router
+#                 attention, MoE router, tensor parallelism on NCCL (2 GPUs; skipped on one)
 #   TESTS=...     instead of SUITE: these test paths
 #   E2E=1         also `lowbit generate --model random:llama-3-8b --compile --compare --format kbit,nvfp4`
 set -uo pipefail
@@ -18,7 +18,8 @@ case "${SUITE:-}" in
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
   c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py tests/gpu/test_gptq_gpu.py
             tests/gpu/test_hf_quantizer_gpu.py tests/test_input_checks.py" ;;
-  e) FILES="tests/gpu/test_sbvr_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_router_gpu.py" ;;
+  e) FILES="tests/gpu/test_sbvr_gpu.py tests/gpu/test_attention_gpu.py tests/gpu/test_router_gpu.py
+            tests/gpu/test_hf_tp_gpu.py" ;;
   *) FILES="${TESTS:-tests/gpu/test_decode_formats_gpu.py tests/test_input_checks.py}" ;;
 esac
 {
