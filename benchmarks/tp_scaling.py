@@ -36,14 +36,10 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lowbit  # noqa: E402
+from lowbit.bench.runner import rel_err  # noqa: E402
 from lowbit.hf import decode, quality, sources, tp  # noqa: E402
 
 PROMPT_LEN = 16
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative L2 distance of ``a`` from ``b``."""
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def main() -> int:
@@ -167,9 +163,9 @@ def main() -> int:
         except Exception:  # noqa: BLE001 -- optional: kept as an error, the run goes on
             info.setdefault("errors", {})["fp32"] = traceback.format_exc()
             fp32 = None
-    info["logits"] = logits = {"emulated_split_vs_whole": rel(emulated, ref)}
+    info["logits"] = logits = {"emulated_split_vs_whole": rel_err(emulated, ref)}
     if fp32 is not None:
-        logits.update(whole_vs_fp32=rel(ref, fp32), emulated_split_vs_fp32=rel(emulated, fp32))
+        logits.update(whole_vs_fp32=rel_err(ref, fp32), emulated_split_vs_fp32=rel_err(emulated, fp32))
     say("logits, relative L2: " + ", ".join(f"{k} {v:.2e}" for k, v in logits.items()))
     save()
     dist.barrier()
@@ -185,12 +181,12 @@ def main() -> int:
             tp.set_allreduce(kind)
             with torch.no_grad():
                 y = model(check_ids).logits.float()
-            err = rel(y, ref)
+            err = rel_err(y, ref)
             top1 = (y.argmax(-1) == ref.argmax(-1)).float().mean().item()
             finite = bool(torch.isfinite(y).all())
-            got = {"rel_error": err, "top1": top1, "finite": finite, "vs_emulated_split": rel(y, emulated)}
+            got = {"rel_error": err, "top1": top1, "finite": finite, "vs_emulated_split": rel_err(y, emulated)}
             if fp32 is not None:
-                got["vs_fp32"] = rel(y, fp32)
+                got["vs_fp32"] = rel_err(y, fp32)
             say(f"TP={world}, all-reduce {kind}: logits vs TP=1 rel. error {err:.2e}, top-1 agreement {top1:.1%}, "
                 f"vs the emulated split {got['vs_emulated_split']:.2e}"
                 + (f", vs fp32 activations {got['vs_fp32']:.2e}" if fp32 is not None else "")

@@ -29,11 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lowbit  # noqa: E402
+from lowbit.bench.runner import rel_err  # noqa: E402
 from lowbit.hf import quality, sources, tp  # noqa: E402
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def main() -> int:
@@ -79,8 +76,8 @@ def main() -> int:
             print(f"fp32 activations: {type(e).__name__}: {e}")
             fp32 = None
     res = {"model": desc, "dtype": args.dtype, "world": args.world, "split_modules": n, "device": args.device,
-           "split_vs_whole": rel(parts, whole), "dtype_vs_fp32": fp32 is not None and rel(whole, fp32),
-           "split_vs_fp32": fp32 is not None and rel(parts, fp32),
+           "split_vs_whole": rel_err(parts, whole), "dtype_vs_fp32": fp32 is not None and rel_err(whole, fp32),
+           "split_vs_fp32": fp32 is not None and rel_err(parts, fp32),
            "top1_split_vs_whole": (parts.argmax(-1) == whole.argmax(-1)).float().mean().item()}
     print(json.dumps(res, indent=1))
     if args.json:

@@ -39,7 +39,8 @@ class Row:
         return asdict(self)
 
 
-def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """||y - ref|| / ||ref|| in float64; NaN if ``y`` holds a NaN or an infinity."""
     y, ref = y.double(), ref.double()
     if not torch.isfinite(y).all():
         return float("nan")
@@ -72,7 +73,7 @@ class Runner:
             ref = method.reference(x, state)
         else:
             ref = x.float() @ w.float().t()
-        err = _rel_err(y, ref)
+        err = rel_err(y, ref)
         ok = err == err and err <= method.tolerance and tuple(y.shape) == (x.shape[0], w.shape[0])
         return ok, err, "" if ok else f"FAIL: rel err {err:.3g} > {method.tolerance:g} (or NaN/shape)"
 
@@ -223,7 +224,7 @@ class Runner:
                 x_i = xs[lin.k_in][off:off + c]
                 ref = method.reference(x_i, s_i) if method.is_lowbit else x_i.float() @ w_i.float().t()
                 got = y[off:off + c] if y.dim() == 2 else y[i, :c]
-                err = _rel_err(got, ref)
+                err = rel_err(got, ref)
                 row.rel_err = max(row.rel_err or 0.0, err) if err == err else err
                 if not (err == err and err <= method.tolerance):
                     row.status = f"FAIL: grouped rel err {err:.3g} > {method.tolerance:g} ({lin.name}, expert {i})"

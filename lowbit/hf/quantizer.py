@@ -183,8 +183,9 @@ class LowbitHfQuantizer(HfQuantizer):
 
     def _slice_loads(self, model, files) -> None:
         """Under TP, a module whose saved tensors can be read in slices (``tp_read_slices``: kbit and NVFP4
-        linears, kbit expert blocks) gives those buffers up before loading: transformers leaves those keys alone and :meth:`_check_loaded` reads this
-        rank's slices of them (:class:`_SliceReader`), so no rank reads the whole of a split weight."""
+        linears, kbit expert blocks) gives those buffers up before loading: transformers leaves those keys alone
+        and :meth:`_check_loaded` reads this rank's slices of them (:class:`_SliceReader`), so no rank reads the
+        whole of a split weight."""
         self._sliced, self._files = {}, list(files or [])
         world = self._tp_size(model)
         if world <= 1 or not self._files:

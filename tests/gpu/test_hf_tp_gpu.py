@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ..test_hf_tp import _port, paths  # noqa: F401 -- the gloo tests' models, saved once per module
+from ..tiny_models import rel_err
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -26,10 +27,6 @@ WORLD = 2
 BOUND = 3e-2
 KINDS = ("nccl", "symm-mem", "dtensor")
 CASES = ("kbit", "nvfp4", "saved", "moe")
-
-
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def _worker(rank: int, port: int, models: dict, out: str) -> None:
@@ -78,13 +75,13 @@ def _case(case: str, rank: int, models: dict) -> dict:
         if case != "moe":  # expert blocks split by intermediate features, which the emulation does not cover
             with tp.emulated_row_split(ref, WORLD):
                 emulated = ref(ids).logits
-            result["emulated_vs_whole"] = _rel(emulated, whole)
+            result["emulated_vs_whole"] = rel_err(emulated, whole)
         for kind in KINDS:
             tp.set_allreduce(kind)
             y = m(ids).logits
-            got = {"vs_whole": _rel(y, whole), "finite": bool(torch.isfinite(y).all())}
+            got = {"vs_whole": rel_err(y, whole), "finite": bool(torch.isfinite(y).all())}
             if case != "moe":
-                got["vs_emulated"] = _rel(y, emulated)
+                got["vs_emulated"] = rel_err(y, emulated)
             result[kind] = got
             result.setdefault("logits", {})[kind] = y.float().cpu().tolist()
     tp.set_allreduce("nccl")
