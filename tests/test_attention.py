@@ -201,8 +201,8 @@ def test_fused_decode_attention_in_a_model(name, compiled, gen):
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
 def test_l2_prefetch_plan(name, monkeypatch):
-    """Each fused attention layer asks for the MLP's fused gate|up first (not a routed MoE's experts), then
-    its output projection, within the budget, each module's share spread by tensor size."""
+    """Each fused attention layer asks for its output projection's weights first, then the MLP's fused
+    gate|up (not a routed MoE's experts), within the budget, each module's share spread by tensor size."""
     from .tiny_models import build
 
     monkeypatch.setattr(hf_attention, "_MIN_PREFETCH_TENSOR", 512)  # the tiny model's codes and scales, not codebooks
@@ -213,15 +213,17 @@ def test_l2_prefetch_plan(name, monkeypatch):
     hf_attention.use_fused_decode_attention(model)
     layer = model.model.layers[0]
     o = layer.self_attn.o_proj
-    first = layer.mlp.lowbit_fused_gate_proj_up_proj if name == "llama" else o  # routed experts: unknown before the router
-    nbytes = sum(t.numel() * t.element_size() for t in (first.qweight, first.qabsmax))
+    o_bytes = sum(t.numel() * t.element_size() for t in (o.qweight, o.qabsmax))
     plan = layer.self_attn._lowbit_prefetch
-    assert [m for m, _, _ in plan[:2]] == [first, first] and {n for _, n, _ in plan[:2]} == {"qweight", "qabsmax"}
-    assert [m for m, _, _ in plan[2:]] == ([o, o] if name == "llama" else [])
-    # a budget smaller than the first module: only its share, spread over its two tensors by size
-    assert hf_attention.plan_l2_prefetch(model, budget=nbytes // 2) <= nbytes // 2
+    assert [m for m, _, _ in plan[:2]] == [o, o] and {n for _, n, _ in plan[:2]} == {"qweight", "qabsmax"}
+    if name == "llama":
+        assert len(plan) == 4 and plan[2][0] is layer.mlp.lowbit_fused_gate_proj_up_proj
+    else:
+        assert len(plan) == 2  # routed experts: unknown until the router runs
+    # a budget smaller than the output projection: only its share, spread over its two tensors by size
+    assert hf_attention.plan_l2_prefetch(model, budget=o_bytes // 2) <= o_bytes // 2
     plan = layer.self_attn._lowbit_prefetch
-    assert len(plan) == 2 and plan[0][0] is first and plan[0][2] > plan[1][2] > 0
+    assert len(plan) == 2 and plan[0][2] > plan[1][2] > 0
     assert hf_attention.plan_l2_prefetch(model, budget=0) == 0 and layer.self_attn._lowbit_prefetch == ()
     monkeypatch.setenv("LOWBIT_L2_PREFETCH_MB", "lots")
     with pytest.raises(ValueError, match="LOWBIT_L2_PREFETCH_MB"):

@@ -136,6 +136,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (pf.n) {
+        const uint32_t cta = (uint32_t(b) * hkv + h) * chunks + c;
+        l2_prefetch(pf, cta * blockDim.x + threadIdx.x, uint32_t(chunks) * hkv * gridDim.z * blockDim.x);
+    }
     pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
     pdl_launch_dependents();
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
@@ -180,12 +184,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     }
     const int p_first = p_begin + warp * kStep;
     if (p_first < p_end) load_step(p_first);
-    // the prefetch queues behind this CTA's own loads (a decode cache's K/V rows are one step per warp),
-    // not in front of them: prefetched first, it delayed attention by ~4 us at 24 MB
-    if (pf.n) {
-        const uint32_t cta = (uint32_t(b) * hkv + h) * chunks + c;
-        l2_prefetch(pf, cta * blockDim.x + threadIdx.x, uint32_t(chunks) * hkv * gridDim.z * blockDim.x);
-    }
     // APPEND: the CTA's one read of the position is done once the barrier passes; thread 0 then arrives on
     // the grid's counter (it wraps to 0 at the last arrival: ready for the next launch). The count it gets
     // back is only looked at after the main loop, so its latency hides behind the K/V loads.

@@ -209,23 +209,21 @@ def _weights(mod) -> list[tuple[str, int]]:
 
 
 def _after_attention(layer) -> list:
-    """The modules a decoder layer runs after attention whose weights do not depend on the token, in the order
-    they are worth prefetching: the MLP's input projection(s) (one fused gate|up, or gate and up; not when the
-    MLP routes tokens to experts), then the output projection -- it runs right after attention and its GEMV
-    starts loading its weights during attention anyway (programmatic launch)."""
+    """The modules a decoder layer runs after attention, in order, whose weights do not depend on the token:
+    the output projection, then the MLP's input projection(s) (one fused gate|up, or gate and up) unless the
+    MLP routes tokens to experts."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    mods = []
+    mods = [getattr(attn, "o_proj", None)]
     if mlp is not None and not hasattr(mlp, "experts"):
         fused = [m for name, m in mlp.named_children() if name.startswith("lowbit_fused_")]
         mods += fused or [getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)]
-    mods.append(getattr(attn, "o_proj", None))
     return [m for m in mods if m is not None]
 
 
 def plan_l2_prefetch(model, budget: int | None = None) -> int:
     """Give every fused attention layer of ``model`` its L2 prefetch list: ``budget`` bytes (default
-    :func:`l2_prefetch_budget`) of the weights its decoder layer reads next (:func:`_after_attention`'s
-    order), each module's share spread over its tensors by size. The attention
+    :func:`l2_prefetch_budget`) of the weights its decoder layer reads next -- the output projection first,
+    then the MLP's input projection, each module's share spread over its tensors by size. The attention
     kernel leaves DRAM idle for ~9 us a layer; those projections then read part of their weights from L2.
     Returns the bytes planned per layer (the largest)."""
     from ..ops import MAX_PREFETCH
