@@ -9,8 +9,6 @@ input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the m
 unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
 the whole step compiled (torch.compile, unless ``--no-compile``) and captured in a CUDA graph.
-A ``+pf<MB>`` suffix sets the fused attention step's L2 prefetch budget for that variant
-(``lowbit.hf.attention.L2_PREFETCH_MB``; ``+pf0``: off; default: the library's).
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 """
@@ -85,14 +83,6 @@ def convert(model, variant):
     raise ValueError(variant)
 
 
-def split_prefetch(variant: str) -> tuple[str, float | None]:
-    """``"kbit4+fuse+pf16"`` -> ``("kbit4+fuse", 16.0)``; no suffix: ``(variant, None)``."""
-    parts = variant.split("+")
-    if len(parts) > 1 and parts[-1].startswith("pf"):
-        return "+".join(parts[:-1]), float(parts[-1][2:])
-    return variant, None
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="llama-3-8b")
@@ -148,8 +138,7 @@ def main():
             torch.manual_seed(0)
             model, _, desc = sources.load(f"random:{args.model}", dtype=torch.bfloat16, device="cuda", layers=args.layers)
             t0 = time.perf_counter()
-            kind, hf_attention.L2_PREFETCH_MB = split_prefetch(variant)
-            convert(model, kind)
+            convert(model, variant)
             torch.cuda.synchronize()
             conv_s = time.perf_counter() - t0
             ids = torch.randint(0, model.config.vocab_size, (args.batch, args.context), generator=torch.Generator().manual_seed(1))
@@ -159,13 +148,12 @@ def main():
                                      fused_attention=not args.no_fused_attention,
                                      profile_trace=f"{args.trace_dir}/{variant.replace('+', '_')}.trace.json" if args.trace_dir else None)
             tps = r.tokens_per_s()
-            base = base or (tps if kind == "bf16" else None)
+            base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
-                   "router": "torch" if args.torch_router else "lowbit",
-                   "l2_prefetch_mb": hf_attention.l2_prefetch_budget(torch.device("cuda")) / 2**20, "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
+                   "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
                    "first_tokens": r.tokens[0, :8].tolist()}

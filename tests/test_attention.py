@@ -123,7 +123,7 @@ def test_append_op_is_rope_then_cache_write_then_attention(gen):
 
     q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
     kc0, vc0 = kc.clone(), vc.clone()
-    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, [], [])
+    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2)
     assert pos.tolist() == [6]  # advanced, as the static cache's length
     qr, kr = apply_rotary_pos_emb(q[:, :, None], k_new[:, :, None], cos[:, None], sin[:, None])
     want_k, want_v = kc0.clone(), vc0.clone()
@@ -138,16 +138,16 @@ def test_append_op_errors(gen):
     q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
     op = lowbit.ops.decode_attention_append
     with pytest.raises(ValueError, match="one cache index"):
-        op(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([1, 2]), mask, 0.2, [], [])
+        op(q, k_new, v_new, cos, sin, kc, vc, torch.tensor([1, 2]), mask, 0.2)
     with pytest.raises(TypeError, match="int64"):
-        op(q, k_new, v_new, cos, sin, kc, vc, pos.int(), mask, 0.2, [], [])
+        op(q, k_new, v_new, cos, sin, kc, vc, pos.int(), mask, 0.2)
     with pytest.raises(ValueError, match="cos must be"):
-        op(q, k_new, v_new, cos[:1], sin, kc, vc, pos, mask, 0.2, [], [])
+        op(q, k_new, v_new, cos[:1], sin, kc, vc, pos, mask, 0.2)
     with pytest.raises(ValueError, match="KV heads"):
-        op(q, k_new[:, :1], v_new[:, :1], cos, sin, kc, vc, pos, mask, 0.2, [], [])
+        op(q, k_new[:, :1], v_new[:, :1], cos, sin, kc, vc, pos, mask, 0.2)
     past = torch.tensor([12])
     with pytest.raises(IndexError):
-        op(q, k_new, v_new, cos, sin, kc, vc, past, mask, 0.2, [], [])  # past the cache: the reference raises
+        op(q, k_new, v_new, cos, sin, kc, vc, past, mask, 0.2)  # past the cache: the reference raises
     assert past.tolist() == [12]
 
 
@@ -195,58 +195,3 @@ def test_fused_decode_attention_in_a_model(name, compiled, gen):
         torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-5)
         assert int(a.cumulative_length) == int(b.cumulative_length) == 10
-
-
-# ---- L2 prefetch of the next projections' weights during the fused attention step
-
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
-def test_l2_prefetch_plan(name, monkeypatch):
-    """Each fused attention layer asks for its output projection's weights first, then the MLP's fused
-    gate|up (not a routed MoE's experts), within the budget, each module's share spread by tensor size."""
-    from .tiny_models import build
-
-    monkeypatch.setattr(hf_attention, "_MIN_PREFETCH_TENSOR", 512)  # the tiny model's codes and scales, not codebooks
-    model = build(name, 0)
-    lowbit.quantize_model(model, bits=4, fuse=True, progress=False)
-    model.set_attn_implementation("sdpa")
-    hf_attention.use_gqa_sdpa(model)
-    hf_attention.use_fused_decode_attention(model)
-    layer = model.model.layers[0]
-    o = layer.self_attn.o_proj
-    o_bytes = sum(t.numel() * t.element_size() for t in (o.qweight, o.qabsmax))
-    plan = layer.self_attn._lowbit_prefetch
-    assert [m for m, _, _ in plan[:2]] == [o, o] and {n for _, n, _ in plan[:2]} == {"qweight", "qabsmax"}
-    if name == "llama":
-        assert len(plan) == 4 and plan[2][0] is layer.mlp.lowbit_fused_gate_proj_up_proj
-    else:
-        assert len(plan) == 2  # routed experts: unknown until the router runs
-    # a budget smaller than the output projection: only its share, spread over its two tensors by size
-    assert hf_attention.plan_l2_prefetch(model, budget=o_bytes // 2) <= o_bytes // 2
-    plan = layer.self_attn._lowbit_prefetch
-    assert len(plan) == 2 and plan[0][2] > plan[1][2] > 0
-    assert hf_attention.plan_l2_prefetch(model, budget=0) == 0 and layer.self_attn._lowbit_prefetch == ()
-    monkeypatch.setenv("LOWBIT_L2_PREFETCH_MB", "lots")
-    with pytest.raises(ValueError, match="LOWBIT_L2_PREFETCH_MB"):
-        hf_attention.plan_l2_prefetch(model)
-    monkeypatch.setenv("LOWBIT_L2_PREFETCH_MB", "-1")
-    with pytest.raises(ValueError, match=">= 0"):
-        hf_attention.plan_l2_prefetch(model)
-
-
-def test_prefetch_ranges_and_checks():
-    """The launcher's (address, bytes, bytes to fetch) triples: whole 16-byte storage, the request capped at
-    it, nothing for an empty request or a misaligned view; the op refuses a malformed list everywhere."""
-    from lowbit.kernels.attention import prefetch_ranges
-
-    w = torch.zeros(1001, dtype=torch.float32)  # 4004 bytes: 4000 prefetchable
-    arr, n = prefetch_ranges([w, w, w[1:], w], [10 ** 9, 100, 64, 0])
-    assert n == 2 and list(arr) == [w.data_ptr(), 4000, 4000, w.data_ptr(), 4000, 100]
-    assert prefetch_ranges([], []) == (None, 0)
-    q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(torch.Generator().manual_seed(0))
-    op = lowbit.ops.decode_attention_append
-    with pytest.raises(ValueError, match="one byte count per tensor"):
-        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, [w], [])
-    with pytest.raises(ValueError, match="at most 4"):
-        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, [w] * 5, [1] * 5)
-    with pytest.raises(ValueError, match=">= 0"):
-        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, [w], [-1])

@@ -48,7 +48,7 @@ def main():
             q[i].view(b, hq, d), k[i], v[i], mask[:, 0, 0, :].expand(b, L), d ** -0.5).view(b, hq, 1, d),
         # (this one also rotates q and the new k and writes the new row: its |diff| column is not comparable)
         "lowbit decode_attention_append(mask)": lambda i: lowbit.ops.decode_attention_append(
-            q[i].view(b, hq, d), kn[i], vn[i], cos, sin, k[i], v[i], pos, mask, d ** -0.5, [], []).view(b, hq, 1, d),
+            q[i].view(b, hq, d), kn[i], vn[i], cos, sin, k[i], v[i], pos, mask, d ** -0.5).view(b, hq, 1, d),
     }
     from lowbit.kernels import attention as kattn
 

@@ -34,7 +34,6 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "prefetch.cuh"
 
 namespace lowbit {
 namespace attention {
@@ -132,14 +131,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
     float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2,
-    const Append<T> ap, const L2Prefetch pf) {
+    const Append<T> ap) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (pf.n) {
-        const uint32_t cta = (uint32_t(b) * hkv + h) * chunks + c;
-        l2_prefetch(pf, cta * blockDim.x + threadIdx.x, uint32_t(chunks) * hkv * gridDim.z * blockDim.x);
-    }
     pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
     pdl_launch_dependents();
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
@@ -356,7 +351,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 template <typename T, int D, int G>
 int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,
            const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,
-           int L, int chunk, float scale, int flags, const Append<T>& ap, const L2Prefetch& pf, void* stream) {
+           int L, int chunk, float scale, int flags, const Append<T>& ap, void* stream) {
     if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535)
         return static_cast<int>(cudaErrorInvalidValue);
     const int chunks = (L + chunk - 1) / chunk;
@@ -378,7 +373,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     auto go = [&](auto kernel) {
         return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
-                                  mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap, pf);
+                                  mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap);
     };
     const cudaError_t err = append ? go(decode_attention_kernel<T, D, G, true>) : go(decode_attention_kernel<T, D, G, false>);
     if (err != cudaSuccess) return static_cast<int>(err);
@@ -395,23 +390,21 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 // counters: int [batch * hkv (+ 1 in APPEND mode)], zero; ceil(L / chunk) <= 2 D.
 // flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
 // cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
-// (written). prefetch: n_prefetch triples (address, bytes, bytes to fetch), host memory (prefetch.cuh: L2Prefetch).
+// (written).
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
         const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,   \
         int L, int chunk, float scale, int flags, const void* k_new, const void* v_new, const void* cos,          \
         const void* sin, int64_t q_sb, int64_t kn_sb, int64_t vn_sb, int64_t cs_sb, int64_t* position,            \
-        const int64_t* prefetch, int n_prefetch, void* stream) {                                                  \
-        lowbit::L2Prefetch pf;                                                                                    \
-        if (!lowbit::make_l2_prefetch(prefetch, n_prefetch, pf)) return static_cast<int>(cudaErrorInvalidValue); \
+        void* stream) {                                                                                           \
         const lowbit::attention::Append<TYPE> ap{                                                                 \
             static_cast<const TYPE*>(k_new), static_cast<const TYPE*>(v_new), static_cast<const TYPE*>(cos),      \
             static_cast<const TYPE*>(sin), q_sb, kn_sb, vn_sb, cs_sb, position,                                    \
             static_cast<TYPE*>(const_cast<void*>(k)), static_cast<TYPE*>(const_cast<void*>(v))};                 \
         return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
                                                      counters, batch, hkv, kv_div, L, chunk, scale, flags, ap,   \
-                                                     pf, stream);                                                     \
+                                                     stream);                                                     \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
     LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \

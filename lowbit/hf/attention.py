@@ -17,8 +17,6 @@ Llama-3-8B decode attention call (28.2 -> 13.9 us per layer at a 590-token cache
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 NAME = "lowbit_sdpa"
@@ -157,11 +155,7 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
         q, k = self.q_norm(q), self.k_norm(k)
     # cos, sin and the mask go in as the model made them, once for every layer; the op advances the layer's
     # length as StaticLayer.update does
-    plan = getattr(self, "_lowbit_prefetch", ())
-    prefetch = [getattr(mod, name) for mod, name, _ in plan] if keys.is_cuda else []
-    nbytes = [n for _, _, n in plan] if prefetch else []
-    out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling),
-                                  prefetch, nbytes)
+    out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling))
     return self.o_proj(out.view(b, 1, -1))
 
 
@@ -173,88 +167,11 @@ def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask
     return out, None
 
 
-#: L2 prefetch budget of a fused attention step, MB (None: ``$LOWBIT_L2_PREFETCH_MB``, else
-#: :data:`DEFAULT_L2_PREFETCH_MB`); at most half the GPU's L2 is used; 0 turns it off
-L2_PREFETCH_MB: float | None = None
-DEFAULT_L2_PREFETCH_MB = 24.0
-
-#: a module's tensors smaller than this are not worth a prefetch slot (codebooks, tensor scales)
-_MIN_PREFETCH_TENSOR = 1 << 16
-
-
-def l2_prefetch_budget(device: torch.device) -> int:
-    """Bytes one fused attention step asks L2 for (see :data:`L2_PREFETCH_MB`)."""
-    mb = L2_PREFETCH_MB
-    if mb is None:
-        env = os.environ.get("LOWBIT_L2_PREFETCH_MB")
-        try:
-            mb = float(env) if env else DEFAULT_L2_PREFETCH_MB
-        except ValueError:
-            raise ValueError(f"LOWBIT_L2_PREFETCH_MB must be a number of MB, got {env!r}") from None
-    if mb < 0:
-        raise ValueError(f"the L2 prefetch budget must be >= 0 MB, got {mb}")
-    budget = int(mb * 2**20)
-    if device.type == "cuda":
-        budget = min(budget, torch.cuda.get_device_properties(device).L2_cache_size // 2)
-    return budget
-
-
-def _weights(mod) -> list[tuple[str, int]]:
-    """(name, bytes) of a module's own large tensors (a quantized linear's codes and scales, a linear's
-    weight), largest first."""
-    out = [(name, t.numel() * t.element_size()) for name, t in [*mod.named_buffers(recurse=False),
-                                                               *mod.named_parameters(recurse=False)]
-           if t is not None and t.numel() * t.element_size() >= _MIN_PREFETCH_TENSOR]
-    return sorted(out, key=lambda x: -x[1])
-
-
-def _after_attention(layer) -> list:
-    """The modules a decoder layer runs after attention, in order, whose weights do not depend on the token:
-    the output projection, then the MLP's input projection(s) (one fused gate|up, or gate and up) unless the
-    MLP routes tokens to experts."""
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    mods = [getattr(attn, "o_proj", None)]
-    if mlp is not None and not hasattr(mlp, "experts"):
-        fused = [m for name, m in mlp.named_children() if name.startswith("lowbit_fused_")]
-        mods += fused or [getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)]
-    return [m for m in mods if m is not None]
-
-
-def plan_l2_prefetch(model, budget: int | None = None) -> int:
-    """Give every fused attention layer of ``model`` its L2 prefetch list: ``budget`` bytes (default
-    :func:`l2_prefetch_budget`) of the weights its decoder layer reads next -- the output projection first,
-    then the MLP's input projection, each module's share spread over its tensors by size. The attention
-    kernel leaves DRAM idle for ~9 us a layer; those projections then read part of their weights from L2.
-    Returns the bytes planned per layer (the largest)."""
-    from ..ops import MAX_PREFETCH
-
-    most = 0
-    for layer in model.modules():
-        attn = getattr(layer, "self_attn", None)
-        if attn is None or type(attn) not in _fused_classes.values():
-            continue
-        device = next(attn.parameters(), torch.empty(0)).device
-        left = l2_prefetch_budget(device) if budget is None else budget
-        plan = []
-        for mod in _after_attention(layer):
-            tensors = _weights(mod)
-            total = sum(n for _, n in tensors)
-            share = min(total, left)
-            if share <= 0 or len(plan) + len(tensors) > MAX_PREFETCH:
-                break
-            plan += [(mod, name, share * n // total) for name, n in tensors]
-            left -= share
-        attn._lowbit_prefetch = tuple(plan)
-        most = max(most, sum(n for _, _, n in plan))
-    return most
-
-
 def use_fused_decode_attention(model) -> int:
     """Give every attention layer of ``model`` listed in :data:`FUSED_CLASSES` a subclass whose decode step
     (one token, a filled static cache, lowbit's attention function) runs the rotary embedding, the cache
     append and attention as one op; every other call runs the layer's own forward. Parameters and state
-    dict names stay; returns how many layers it switched. Each layer's step also prefetches the next
-    projections' weights into L2 (:func:`plan_l2_prefetch`; planned again on every call)."""
+    dict names stay; returns how many layers it switched."""
     n = 0
     for mod in model.modules():
         cls = type(mod)
@@ -264,5 +181,4 @@ def use_fused_decode_attention(model) -> int:
                     "forward": _fused_forward, "_lowbit_qk_norm": FUSED_CLASSES[cls.__name__], "__module__": __name__})
             mod.__class__ = _fused_classes[cls]
             n += 1
-    plan_l2_prefetch(model)
     return n

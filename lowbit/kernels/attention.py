@@ -14,10 +14,9 @@ from .device import pdl_supported
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 register_signatures({
     # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, head groups, kv_div, L, chunk,
-    # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; the L2
-    # prefetch ranges (host int64 triples) and their count; stream
+    # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; stream
     "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I,
-                         _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _I, _P],
+                         _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P],
 })
 
 
@@ -66,23 +65,8 @@ def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
 FLAG_APPEND = 2
 
 
-def prefetch_ranges(prefetch, prefetch_bytes):
-    """The kernel's L2 prefetch list: (address, bytes, bytes to fetch) per tensor, as a ctypes int64 array (or
-    None) and its length. A tensor's storage from its first element on, rounded down to 16 bytes; tensors
-    that are empty, not contiguous or not 16-byte aligned (the bulk prefetch's rule) are left out: a hint."""
-    vals = []
-    for t, want in zip(prefetch, prefetch_bytes):
-        nbytes = t.numel() * t.element_size() // 16 * 16
-        if want <= 0 or nbytes == 0 or not t.is_contiguous() or t.data_ptr() % 16:
-            continue
-        vals += [t.data_ptr(), nbytes, min(int(want), nbytes)]
-    n = len(vals) // 3
-    return ((ctypes.c_int64 * len(vals))(*vals) if vals else None), n
-
-
-def _launch(lib, q, k, v, mask, scale, append=None, prefetch=(), prefetch_bytes=()):
-    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position) for the append mode; ``prefetch``,
-    ``prefetch_bytes``: see :func:`lowbit.ops.decode_attention_append`."""
+def _launch(lib, q, k, v, mask, scale, append=None):
+    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position) for the append mode."""
     b, hq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -103,12 +87,10 @@ def _launch(lib, q, k, v, mask, scale, append=None, prefetch=(), prefetch_bytes=
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
                  cos.stride(0), ptr(position)]
         flags = FLAG_APPEND
-    ranges, n_ranges = prefetch_ranges(prefetch, prefetch_bytes)
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
         0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,
-        _pdl_arg(pdl_supported(q.device), flags), *extra, ranges, n_ranges, stream_of(q.device)],
-        dtype=q.dtype, d=d, g=g)
+        _pdl_arg(pdl_supported(q.device), flags), *extra, stream_of(q.device)], dtype=q.dtype, d=d, g=g)
     return out
 
 
@@ -127,11 +109,10 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 @ops.decode_attention_append.register_kernel("cuda")
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, prefetch, prefetch_bytes):
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
     ops.check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    ops.check_prefetch(prefetch, prefetch_bytes, q.device)
     lib = library_or_none(q.device)
     if (lib is None or not supported(q, k_cache)
             or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache))):
         return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position), prefetch, prefetch_bytes)
+    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position))

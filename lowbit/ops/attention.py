@@ -4,7 +4,6 @@ K/V row once). The reference is the fp32 softmax; CUDA: ``csrc/attention/decode.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -113,25 +112,6 @@ def check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, positi
     return b, hq, hkv, length, d
 
 
-#: most tensors one decode attention call prefetches into L2 (csrc/prefetch.cuh: kMaxPrefetch)
-MAX_PREFETCH = 4
-
-
-def check_prefetch(prefetch, prefetch_bytes, device) -> None:
-    """A prefetch list: tensors on ``device`` with one byte count (>= 0) each, at most :data:`MAX_PREFETCH`."""
-    if len(prefetch) != len(prefetch_bytes):
-        raise ValueError("prefetch and prefetch_bytes go together, one byte count per tensor")
-    if len(prefetch) > MAX_PREFETCH:
-        raise ValueError(f"at most {MAX_PREFETCH} tensors can be prefetched, got {len(prefetch)}")
-    for i, (t, n) in enumerate(zip(prefetch, prefetch_bytes)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"prefetch[{i}] must be a tensor, got {type(t).__name__}")
-        if t.device != device:
-            raise ValueError(f"prefetch[{i}] is on {t.device}, the attention on {device}")
-        if int(n) < 0:
-            raise ValueError(f"prefetch_bytes[{i}] must be >= 0, got {n}")
-
-
 def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate-half rotary embedding of ``x [B, H, D]`` with ``cos, sin [B, D]`` or ``[B, 1, D]`` (transformers'
     ``apply_rotary_pos_emb``), in fp32, rounded to x's dtype."""
@@ -145,21 +125,15 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 @torch.library.custom_op("lowbit::decode_attention_append", mutates_args=("k_cache", "v_cache", "position"),
                          tags=(torch.Tag.flexible_layout,))
 def decode_attention_append(q: Tensor, k_new: Tensor, v_new: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
-                            v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float,
-                            prefetch: Sequence[Tensor], prefetch_bytes: Sequence[int]) -> Tensor:
+                            v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """One decode step of a rotary-embedding attention layer: rotate ``q [B, Hq, D]`` and the new token's
     ``k_new [B, Hkv, D]`` with ``cos, sin [B, D]`` (or transformers' ``[B, 1, D]``) (:func:`rope_reference`), write ``k_new`` (rotated) and ``v_new`` into row
     ``position`` (int64, one element, on the device) of the caches ``k_cache, v_cache [B, Hkv, L, D]``
     (in place), then :func:`decode_attention` of the rotated q against the caches, and advances
     ``position`` by one (in place, as transformers' static cache layer advances its length). A position
     outside the cache raises here; the CUDA kernel (which cannot raise without a synchronization) writes
-    nothing, leaves the position and returns NaN.
-
-    ``prefetch`` (up to :data:`MAX_PREFETCH` tensors, with ``prefetch_bytes``: how many bytes of each; ``[], []``
-    for none) changes no result: the CUDA kernel asks L2 for that share of each tensor, spread evenly over it, while it runs --
-    the weights of the projections that follow attention, read from L2 instead of DRAM."""
+    nothing, leaves the position and returns NaN."""
     check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    check_prefetch(prefetch, prefetch_bytes, q.device)
     return decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
 
 
@@ -173,7 +147,6 @@ def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cach
 
 
 @decode_attention_append.register_fake
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, prefetch, prefetch_bytes):
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
     check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    check_prefetch(prefetch, prefetch_bytes, q.device)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)

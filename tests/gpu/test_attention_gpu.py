@@ -186,7 +186,7 @@ def _append_check(args, scale, dtype):
     ref_kc, ref_vc = kc.clone(), vc.clone()
     want = lowbit.ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, ref_kc, ref_vc, position.clone(),
                                                          mask, scale)
-    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale, [], [])
+    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale)
     assert position.tolist() == [pos + 1]  # advanced once, by the grid's last CTA
     # the cache rows: the written one within one rounding of the reference's rotation, every other row untouched
     others = torch.ones(kc.shape[2], dtype=torch.bool)
@@ -226,7 +226,7 @@ def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
     kc0, vc0 = kc.clone(), vc.clone()
     for bad in (300, 10 ** 6, -1):
         position = torch.tensor([bad], device="cuda")
-        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, 0.09, [], [])
+        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, 0.09)
         assert out.isnan().all()
         assert torch.equal(kc, kc0) and torch.equal(vc, vc0) and position.tolist() == [bad]
 
@@ -243,7 +243,7 @@ def test_append_in_graph_steps_the_position(gen):
     def run_steps(kc, vc, pos, graph_steps):
         def step():
             mask = (ar <= pos)[None]
-            a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088, [], [])
+            a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088)
             return o(a.view(1, 4096))
 
         outs = []
@@ -306,25 +306,3 @@ def test_transformers_fused_decode_steps(name, gen):
     for a, b in zip(got_cache.layers, want_cache.layers):
         assert ((a.keys.float() - b.keys.float()).norm() / b.keys.float().norm()).item() < 1e-2
         assert int(a.cumulative_length) == 13
-
-
-def test_append_prefetch_changes_nothing(gen):
-    """The L2 prefetch list is a hint: with every kind of range (all of a tensor, a share, more than it
-    holds, a misaligned view the launcher leaves out, four at once) the output, the caches and the position
-    are bit-equal to a call without it."""
-    args = _append_inputs(gen, 1, 32, 8, 590, 128, torch.bfloat16, 300)
-    w = torch.randint(0, 255, (48 << 20,), dtype=torch.uint8, device="cuda")  # 48 MB: a layer's next weights
-    small = torch.randn(1000, device="cuda")
-    cases = ([], []), ([w], [w.numel()]), ([w], [7 << 20]), ([w, small], [1 << 40, 5]), \
-        ([w[3:], small, w[:4096], small], [1 << 20, 4000, 2048, 0])
-    outs = []
-    for prefetch, nbytes in cases:
-        q, k_new, v_new, cos, sin, kc, vc, position, mask = [t.clone() for t in args]
-        out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, 0.09, prefetch, nbytes)
-        outs.append((out, kc, vc, position))
-    for out, kc, vc, position in outs[1:]:
-        assert not out.isnan().any()
-        for a, b in zip((out, kc, vc, position), outs[0]):
-            assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="at most 4"):
-        lowbit.ops.decode_attention_append(*args, 0.09, [small] * 5, [1] * 5)
