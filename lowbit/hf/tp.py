@@ -215,8 +215,11 @@ def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
             raise ValueError(f"the symm-mem all-reduce needs CUDA tensors, got one on {t.device}; use 'nccl'")
         nbytes = t.numel() * t.element_size()
         # The kernel takes 16-byte vectors when the buffer and the input both allow them, and refuses a mismatch.
-        # Allocations are 512-byte aligned, so the storage offset says it (data_ptr() would stop torch.compile).
-        aligned = nbytes % 16 == 0 and (t.storage_offset() * t.element_size()) % 16 == 0
+        # Allocations are 512-byte aligned, so the storage offset says it. torch.compile traces neither data_ptr()
+        # nor (torch 2.11) storage_offset(): compiled, the input is taken as what the row splits pass, a module's
+        # fresh output (offset 0); a view into the middle of a tensor would make the kernel raise, not misread.
+        offset_ok = torch.compiler.is_compiling() or (t.storage_offset() * t.element_size()) % 16 == 0
+        aligned = nbytes % 16 == 0 and offset_ok
         small = nbytes <= SYMM_MEM_MAX_BYTES
         if t.is_contiguous() and t.dtype in (torch.bfloat16, torch.float32) and aligned and small:
             buf = _symm_buffer(group, t.device, t.dtype)[:t.numel()].view(t.shape)
