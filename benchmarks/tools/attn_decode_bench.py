@@ -1,7 +1,7 @@
 """Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it,
 and lowbit's decode attention kernel (lowbit.ops.decode_attention).
 
-    python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--kv-heads 8] [--splits 1,2,4]
+    python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--batch 4] [--kv-heads 8] [--splits 1,2,4] [--chunks 64,128]
 
 CUDA-graph timed (100 replays of 32 calls, one per Llama-3-8B layer), H100 numbers in BENCHMARKS.md (issue 12).
 """
@@ -19,6 +19,7 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads (32 query heads); Qwen3-30B-A3B: 4")
     p.add_argument("--splits", default="", help="also time lowbit's kernel with these head splits, e.g. 1,2,4")
+    p.add_argument("--chunks", default="", help="and with these positions per CTA (multiples of 64), each split count")
     a = p.parse_args()
     dev, dt = "cuda", torch.bfloat16
     b, hq, hkv, d, L = a.batch, 32, a.kv_heads, 128, a.cache
@@ -52,14 +53,18 @@ def main():
     }
     from lowbit.kernels import attention as kattn
 
-    for n in filter(None, a.splits.split(",")):
-        def split_fn(i, n=int(n)):
-            kattn.HEAD_SPLITS = n
-            try:
-                return ways["lowbit decode_attention(mask)"](i)
-            finally:
-                kattn.HEAD_SPLITS = None
-        ways[f"lowbit decode_attention(mask), {n} head splits"] = split_fn
+    for c in [None, *map(int, filter(None, a.chunks.split(",")))]:
+        for n in [None, *map(int, filter(None, a.splits.split(",")))]:
+            if c is None and n is None:
+                continue
+
+            def split_fn(i, n=n, c=c):
+                kattn.HEAD_SPLITS, kattn.CHUNK = n, c
+                try:
+                    return ways["lowbit decode_attention(mask)"](i)
+                finally:
+                    kattn.HEAD_SPLITS = kattn.CHUNK = None
+            ways["lowbit decode_attention(mask)" + (f", chunk {c}" if c else "") + (f", {n} head splits" if n else "")] = split_fn
     ref = ways["repeat_kv + sdpa(mask) [transformers today]"](0)
     for name, fn in ways.items():
         try:

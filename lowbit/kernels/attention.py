@@ -31,6 +31,9 @@ def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) 
     return chunk
 
 
+#: positions per CTA, a multiple of 64 (None: :func:`chunk_size` decides; benchmarks set it)
+CHUNK: int | None = None
+
 #: query heads of a KV head split over this many CTAs (None: :func:`head_splits` decides; benchmarks set it)
 HEAD_SPLITS: int | None = None
 
@@ -71,7 +74,7 @@ def _launch(lib, q, k, v, mask, scale, append=None):
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    chunk = chunk_size(b, hkv, length, d, sms)
+    chunk = CHUNK or chunk_size(b, hkv, length, d, sms)
     chunks = -(-length // chunk)
     splits = head_splits(b, hkv, g, chunks, d, sms)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
