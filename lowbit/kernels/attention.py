@@ -20,38 +20,49 @@ register_signatures({
 })
 
 
-def chunk_size(batch: int, kv_heads: int, length: int, head_dim: int, sms: int) -> int:
-    """Positions per CTA: a multiple of 64 (8 warps x 8 positions per step), as few as fill about two
-    CTAs per SM, at most 2 x head_dim chunks (the merge's shared memory): a short cache still spreads
-    over the GPU, a long one does not make thousands of partial states."""
-    want_chunks = min(max(1, -(-2 * sms // (batch * kv_heads))), 2 * head_dim)
-    chunk = -(-max(64, -(-length // want_chunks)) // 64) * 64
-    while -(-length // chunk) > 2 * head_dim:
-        chunk += 64
-    return chunk
-
-
 #: positions per CTA, a multiple of 64 (None: :func:`chunk_size` decides; benchmarks set it)
 CHUNK: int | None = None
 
 #: query heads of a KV head split over this many CTAs (None: :func:`head_splits` decides; benchmarks set it)
 HEAD_SPLITS: int | None = None
 
+#: query heads per CTA the grid plan aims for: the kernel is bound by each warp's serial instruction latency per
+#: head (IPC 0.8), so heads cost more than CTAs do while the grid fits one wave. Batch 4, a 590-position cache,
+#: Llama-3-8B heads: 4 heads per CTA in 160 CTAs 21.0 us, 2 heads in 256 CTAs 13.1 us (H100,
+#: benchmarks/journal/2026-11-25_attention_grid_at_batch_4.md)
+TARGET_GROUP = 2
+#: CTAs per SM one wave of the grid holds (256 threads of up to 128 registers)
+CTAS_PER_SM = 2
 
-def head_splits(batch: int, kv_heads: int, group: int, chunks: int, head_dim: int, sms: int) -> int:
+
+def head_splits(batch: int, kv_heads: int, group: int, head_dim: int, sms: int) -> int:
     """CTAs sharing one KV head's query heads: each takes ``group / splits`` of them and reads the K/V rows
-    itself (the second reader mostly from L2). A CTA's time is its heads' arithmetic (the kernel is bound by
-    instruction latency, not bytes), so when a (sequence, KV head, chunk) grid leaves SMs idle -- few KV
-    heads, batch 1 -- the heads are split until the grid fills the GPU once; a power of two that divides
-    the group and leaves a compiled group size."""
-    splits = HEAD_SPLITS
-    if splits is None:
+    itself (the second reader mostly from L2). The heads are split down to :data:`TARGET_GROUP` per CTA while
+    one chunk per (sequence, head group) still fits one wave of the GPU; a power of two that divides the group
+    and leaves a compiled group size."""
+    if HEAD_SPLITS is not None:
+        splits = HEAD_SPLITS
+    else:
         splits = 1
-        while batch * kv_heads * chunks * splits < sms and group % (2 * splits) == 0:
+        while (group // splits > TARGET_GROUP and group % (2 * splits) == 0
+               and batch * kv_heads * 2 * splits <= CTAS_PER_SM * sms
+               and (head_dim, group // (2 * splits)) in ops.DECODE_ATTENTION_SHAPES):
             splits *= 2
     if group % splits or (head_dim, group // splits) not in ops.DECODE_ATTENTION_SHAPES:
         return 1
     return splits
+
+
+def chunk_size(batch: int, groups: int, length: int, head_dim: int, sms: int) -> int:
+    """Positions per CTA for ``groups`` CTA head groups per sequence: a multiple of 64 (8 warps x 8 positions per
+    step), the smallest whose grid still fits one wave (:data:`CTAS_PER_SM`), at most 2 x head_dim chunks (the
+    merge's shared memory): a short cache still spreads over the GPU, a long one does not make thousands of
+    partial states, and no CTA waits for a second wave."""
+    want_chunks = min(max(1, CTAS_PER_SM * sms // (batch * groups)), 2 * head_dim)
+    chunk = -(-max(64, -(-length // want_chunks)) // 64) * 64
+    while -(-length // chunk) > 2 * head_dim:
+        chunk += 64
+    return chunk
 
 
 def supported_shape(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -74,9 +85,9 @@ def _launch(lib, q, k, v, mask, scale, append=None):
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    chunk = CHUNK or chunk_size(b, hkv, length, d, sms)
+    splits = head_splits(b, hkv, g, d, sms)
+    chunk = CHUNK or chunk_size(b, hkv * splits, length, d, sms)
     chunks = -(-length // chunk)
-    splits = head_splits(b, hkv, g, chunks, d, sms)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
