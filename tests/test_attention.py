@@ -85,27 +85,38 @@ def test_cpu_attention_still_sdpa(gen):
     assert out.shape == (1, 1, 4, 32)
 
 
+#: resident CTAs per SM of the D = 128 instances on the H100 (their registers: 93, 128, 153, 194 for 1, 2, 4, 8 heads)
+H100_D128 = {1: 2, 2: 2, 4: 1, 8: 1}.get
+
+
 def test_head_split_rule():
-    assert kattn.head_splits(1, 8, 4, 128, 132) == 2  # Llama-3-8B, batch 1: 2 heads per CTA
-    assert kattn.head_splits(4, 8, 4, 128, 132) == 2  # batch 4: 64 head groups still fit one wave (264)
-    assert kattn.head_splits(1, 4, 8, 128, 132) == 4  # Qwen3-30B-A3B
-    assert kattn.head_splits(64, 8, 4, 128, 132) == 1  # 512 head groups: already past one wave
-    assert kattn.head_splits(1, 8, 1, 128, 132) == 1  # one query head per KV head: nothing to split
-    assert kattn.head_splits(1, 2, 6, 128, 132) == 1  # 6 = 2 x 3: groups of 3 are not compiled
+    def splits(b, hkv, g):
+        return kattn.head_splits(b, hkv, g, 128, 132, H100_D128)
+
+    assert splits(1, 8, 4) == 2  # Llama-3-8B, batch 1: 2 heads per CTA
+    assert splits(4, 8, 4) == 2  # batch 4: 64 head groups, still one wave
+    assert splits(1, 4, 8) == 4  # Qwen3-30B-A3B
+    assert splits(64, 8, 4) == 2  # 512 CTAs of one per SM or 1024 of two: 4 waves either way, half the heads each
+    assert splits(40, 8, 4) == 2  # 320 CTAs of one per SM or 640 of two: 3 waves either way
+    assert splits(1, 8, 1) == 1  # one query head per KV head: nothing to split
+    assert splits(1, 2, 6) == 1  # 6 = 2 x 3: groups of 3 are not compiled
+    assert kattn.head_splits(40, 8, 4, 128, 132, {2: 2, 4: 2}.get) == 1  # equal occupancy: 320 -> 640 CTAs adds waves
 
 
 def test_chunk_size_rule():
-    assert kattn.chunk_size(1, 16, 590, 128, 132) == 64  # 10 chunks x 16 head groups: 160 CTAs
-    assert kattn.chunk_size(4, 16, 590, 128, 132) == 192  # 4 chunks x 64 head groups: 256 CTAs, one wave
-    assert kattn.chunk_size(1, 8, 1, 128, 132) == 64
-    assert kattn.chunk_size(64, 8, 512, 128, 132) == 512  # a large batch: one chunk each
+    assert kattn.chunk_size(1, 16, 590, 128, 132, 2) == 64  # 10 chunks x 16 head groups: 160 CTAs
+    assert kattn.chunk_size(4, 16, 590, 128, 132, 2) == 192  # 4 chunks x 64 head groups: 256 CTAs, one wave
+    assert kattn.chunk_size(4, 8, 590, 128, 132, 1) == 192  # one CTA per SM: 4 chunks x 32 = 128 CTAs
+    assert kattn.chunk_size(1, 8, 1, 128, 132, 2) == 64
+    assert kattn.chunk_size(64, 8, 512, 128, 132, 2) == 512  # a large batch: one chunk each
     for b, groups in ((1, 16), (4, 16), (8, 16), (2, 8)):
-        for length in (1, 63, 590, 4096, 32768):
-            c = kattn.chunk_size(b, groups, length, 128, 132)
-            chunks = -(-length // c)
-            assert c % 64 == 0 and (chunks == 1 or b * groups * chunks <= 2 * 132)
+        for per_sm in (1, 2, 3):
+            for length in (1, 63, 590, 4096, 32768):
+                c = kattn.chunk_size(b, groups, length, 128, 132, per_sm)
+                chunks = -(-length // c)
+                assert c % 64 == 0 and (chunks == 1 or b * groups * chunks <= per_sm * 132)
     for length, d in ((100000, 64), (5000, 64), (10**6, 256)):
-        c = kattn.chunk_size(1, 1, length, d, 132)
+        c = kattn.chunk_size(1, 1, length, d, 132, 2)
         assert c % 64 == 0 and -(-length // c) <= 2 * d
 
 

@@ -29,6 +29,11 @@
 // and the query copy. The last CTA to arrive on a grid-wide counter (each arrives once it has read the
 // position) advances the position by one, as transformers' cache update does: one small kernel per layer
 // less. A position outside the cache writes nothing, stays, and gives NaN.
+// EARLY (flags bit 2, with APPEND and PDL): the first step's K/V rows and the position are loaded before the
+// wait, behind the q|k|v projection's tail. Only this kernel writes the caches and the position (its new row
+// comes from registers), so the kernel in flight before it -- the projection -- cannot be writing them; the
+// mask, cos and sin may be its (or a glue kernel's) output and are read after the wait. L2-only loads: no L1
+// line of an earlier kernel is read.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -54,6 +59,19 @@ __device__ __forceinline__ RawVec<E> load_vec(const T* p) {
     if constexpr (E == 4) { const uint2 u = *reinterpret_cast<const uint2*>(p); v.r[0] = u.x; v.r[1] = u.y; }
     if constexpr (E == 8) {
         const uint4 u = *reinterpret_cast<const uint4*>(p);
+        v.r[0] = u.x; v.r[1] = u.y; v.r[2] = u.z; v.r[3] = u.w;
+    }
+    return v;
+}
+
+// The same through L2 only (ld.global.cg): for the loads issued before the PDL wait (EARLY).
+template <int E, typename T>
+__device__ __forceinline__ RawVec<E> load_vec_cg(const T* p) {
+    RawVec<E> v;
+    if constexpr (E == 2) v.r[0] = __ldcg(reinterpret_cast<const unsigned int*>(p));
+    if constexpr (E == 4) { const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p)); v.r[0] = u.x; v.r[1] = u.y; }
+    if constexpr (E == 8) {
+        const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
         v.r[0] = u.x; v.r[1] = u.y; v.r[2] = u.z; v.r[3] = u.w;
     }
     return v;
@@ -131,12 +149,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
     float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2,
-    const Append<T> ap) {
+    const Append<T> ap, const bool early) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
-    pdl_launch_dependents();
     const int p_begin = c * chunk, p_end = min(L, p_begin + chunk);
     const int kvh = h / kv_div;
     const T* kb = k + b * k_sb + kvh * k_sh + lane * E;
@@ -146,20 +162,37 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     // overlap the mask's instead of following them); a masked row's values are never used.
     RawVec<E> kr[kStep], vr[kStep];
     bool ok[kStep];
-    auto load_step = [&](int p0) {
+    auto load_rows = [&](int p0, bool cg) {
 #pragma unroll
         for (int j = 0; j < kStep; ++j) {
             const int p = p0 + j;
-            ok[j] = p < p_end && (mb == nullptr || mb[p]);
             if (p < p_end) {
-                kr[j] = load_vec<E>(kb + int64_t(p) * D);
-                vr[j] = load_vec<E>(vb + int64_t(p) * D);
+                kr[j] = cg ? load_vec_cg<E>(kb + int64_t(p) * D) : load_vec<E>(kb + int64_t(p) * D);
+                vr[j] = cg ? load_vec_cg<E>(vb + int64_t(p) * D) : load_vec<E>(vb + int64_t(p) * D);
             } else {
                 kr[j] = {};
                 vr[j] = {};
             }
         }
     };
+    auto load_ok = [&](int p0) {
+#pragma unroll
+        for (int j = 0; j < kStep; ++j) ok[j] = p0 + j < p_end && (mb == nullptr || mb[p0 + j]);
+    };
+    auto load_step = [&](int p0) {
+        load_ok(p0);
+        load_rows(p0, false);
+    };
+    const int p_first = p_begin + warp * kStep;
+    __shared__ int64_t s_pos;  // APPEND: thread 0 reads the position for the CTA (see the arrival below)
+    // EARLY (APPEND only): what no kernel but this one writes, before the wait (see the header)
+    const bool early_rows = APPEND && early;
+    if (early_rows) {
+        if (threadIdx.x == 0) s_pos = __ldcg(ap.position);
+        if (p_first < p_end) load_rows(p_first, true);
+    }
+    pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
+    pdl_launch_dependents();
     // Every independent load first -- q; APPEND: the position, the new token's k, v and cos, sin; the first
     // step's mask bytes and rows -- so the kernel waits for one memory latency, not a chain of them.
     const T* qb = APPEND ? q + b * ap.q_sb + int64_t(h) * G * D : q + (int64_t(b) * hkv * G + h * G) * D;
@@ -169,16 +202,17 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     int64_t pos = -1;
     RawVec<E> k_add, v_add;  // APPEND: the new row (k rotated below)
     float cs[E], sn[E];
-    __shared__ int64_t s_pos;  // APPEND: thread 0 reads the position for the CTA (see the arrival below)
     if constexpr (APPEND) {
-        if (threadIdx.x == 0) s_pos = *ap.position;
+        if (threadIdx.x == 0 && !early_rows) s_pos = *ap.position;
         k_add = load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E);
         v_add = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
         to_floats<E, T>(load_vec<E>(ap.cos + b * ap.cs_sb + lane * E), cs);
         to_floats<E, T>(load_vec<E>(ap.sin + b * ap.cs_sb + lane * E), sn);
     }
-    const int p_first = p_begin + warp * kStep;
-    if (p_first < p_end) load_step(p_first);
+    if (p_first < p_end) {
+        if (early_rows) load_ok(p_first);
+        else load_step(p_first);
+    }
     // APPEND: the CTA's one read of the position is done once the barrier passes; thread 0 then arrives on
     // the grid's counter (it wraps to 0 at the last arrival: ready for the next launch). The count it gets
     // back is only looked at after the main loop, so its latency hides behind the K/V loads.
@@ -370,14 +404,26 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     cfg.attrs = attr;
     cfg.numAttrs = (flags & 1) ? 1 : 0;
     const float scale_log2 = scale * 1.4426950408889634f;
+    const bool early = append && (flags & 1) && (flags & 4);  // EARLY needs the append mode and PDL
     auto go = [&](auto kernel) {
         return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
-                                  mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap);
+                                  mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap,
+                                  early);
     };
     const cudaError_t err = append ? go(decode_attention_kernel<T, D, G, true>) : go(decode_attention_kernel<T, D, G, false>);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
+}
+
+// Resident CTAs per SM of an instance (its registers decide: D = 128 with 4 heads per CTA holds one, with
+// 2 heads two), for the host's grid plan (lowbit/kernels/attention.py).
+template <typename T, int D, int G>
+int resident_ctas(int append, int* ctas) {
+    const cudaError_t err =
+        append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_attention_kernel<T, D, G, true>, kWarps * 32, 0)
+               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_attention_kernel<T, D, G, false>, kWarps * 32, 0);
+    return static_cast<int>(err);
 }
 
 }  // namespace attention
@@ -388,7 +434,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 // re-reading its K/V, mostly from L2) at k + b * k_sb + (h / kv_div) * k_sh + p * D (element strides);
 // mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
 // counters: int [batch * hkv (+ 1 in APPEND mode)], zero; ceil(L / chunk) <= 2 D.
-// flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
+// flags bit 2 (EARLY, with bits 0 and 1): see the header. flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
 // cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
 // (written).
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
@@ -405,6 +451,9 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
         return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
                                                      counters, batch, hkv, kv_div, L, chunk, scale, flags, ap,   \
                                                      stream);                                                     \
+    }                                                                                                             \
+    extern "C" int lowbit_decode_attention_ctas_##NAME##_d##D##_g##G(int append, int* ctas) {                     \
+        return lowbit::attention::resident_ctas<TYPE, D, G>(append, ctas);                                        \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
     LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \

@@ -17,6 +17,8 @@ register_signatures({
     # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; stream
     "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I,
                          _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P],
+    # append mode (0/1), out: resident CTAs per SM of that instance
+    "decode_attention_ctas": [_I, _P],
 })
 
 
@@ -27,42 +29,65 @@ CHUNK: int | None = None
 HEAD_SPLITS: int | None = None
 
 #: query heads per CTA the grid plan aims for: the kernel is bound by each warp's serial instruction latency per
-#: head (IPC 0.8), so heads cost more than CTAs do while the grid fits one wave. Batch 4, a 590-position cache,
-#: Llama-3-8B heads: 4 heads per CTA in 160 CTAs 21.0 us, 2 heads in 256 CTAs 13.1 us (H100,
+#: head (IPC 0.8), so while the grid's waves stay as many, two CTAs of 2 heads beat one of 4. Batch 4, a
+#: 590-position cache, Llama-3-8B heads: 4 heads per CTA (153 registers: one CTA per SM) in 160 CTAs 21.0 us,
+#: 2 heads (128 registers: two per SM) in 256 CTAs 13.1 us (H100,
 #: benchmarks/journal/2026-11-25_attention_grid_at_batch_4.md)
 TARGET_GROUP = 2
-#: CTAs per SM one wave of the grid holds (256 threads of up to 128 registers)
-CTAS_PER_SM = 2
 
 
-def head_splits(batch: int, kv_heads: int, group: int, head_dim: int, sms: int) -> int:
+def _waves(ctas: int, per_sm: int, sms: int) -> int:
+    return -(-ctas // (max(1, per_sm) * sms))
+
+
+def head_splits(batch: int, kv_heads: int, group: int, head_dim: int, sms: int, ctas_per_sm) -> int:
     """CTAs sharing one KV head's query heads: each takes ``group / splits`` of them and reads the K/V rows
-    itself (the second reader mostly from L2). The heads are split down to :data:`TARGET_GROUP` per CTA while
-    one chunk per (sequence, head group) still fits one wave of the GPU; a power of two that divides the group
-    and leaves a compiled group size."""
+    itself (the second reader mostly from L2). The heads are halved down to :data:`TARGET_GROUP` per CTA as
+    long as one chunk per (sequence, head group) needs no more waves of the GPU than before
+    (``ctas_per_sm(g)``: resident CTAs per SM of the instance with g heads per CTA); a power of two that divides
+    the group and leaves a compiled group size."""
     if HEAD_SPLITS is not None:
         splits = HEAD_SPLITS
     else:
         splits = 1
-        while (group // splits > TARGET_GROUP and group % (2 * splits) == 0
-               and batch * kv_heads * 2 * splits <= CTAS_PER_SM * sms
-               and (head_dim, group // (2 * splits)) in ops.DECODE_ATTENTION_SHAPES):
+        while group // splits > TARGET_GROUP and group % (2 * splits) == 0:
+            g2 = group // (2 * splits)
+            if (head_dim, g2) not in ops.DECODE_ATTENTION_SHAPES:
+                break
+            rows = batch * kv_heads
+            if _waves(rows * 2 * splits, ctas_per_sm(g2), sms) > _waves(rows * splits, ctas_per_sm(group // splits), sms):
+                break
             splits *= 2
     if group % splits or (head_dim, group // splits) not in ops.DECODE_ATTENTION_SHAPES:
         return 1
     return splits
 
 
-def chunk_size(batch: int, groups: int, length: int, head_dim: int, sms: int) -> int:
+def chunk_size(batch: int, groups: int, length: int, head_dim: int, sms: int, ctas_per_sm: int) -> int:
     """Positions per CTA for ``groups`` CTA head groups per sequence: a multiple of 64 (8 warps x 8 positions per
-    step), the smallest whose grid still fits one wave (:data:`CTAS_PER_SM`), at most 2 x head_dim chunks (the
-    merge's shared memory): a short cache still spreads over the GPU, a long one does not make thousands of
-    partial states, and no CTA waits for a second wave."""
-    want_chunks = min(max(1, CTAS_PER_SM * sms // (batch * groups)), 2 * head_dim)
+    step), the smallest whose grid fits one wave (``ctas_per_sm`` resident CTAs per SM), at most 2 x head_dim
+    chunks (the merge's shared memory): a short cache still spreads over the GPU, a long one does not make
+    thousands of partial states, and no CTA waits for a second wave."""
+    want_chunks = min(max(1, max(1, ctas_per_sm) * sms // (batch * groups)), 2 * head_dim)
     chunk = -(-max(64, -(-length // want_chunks)) // 64) * 64
     while -(-length // chunk) > 2 * head_dim:
         chunk += 64
     return chunk
+
+
+_resident: dict[tuple, int] = {}
+
+
+def resident_ctas(lib, device: torch.device, dtype: torch.dtype, d: int, g: int, append: bool) -> int:
+    """Resident CTAs per SM of the kernel instance (its registers decide), asked of the CUDA runtime once."""
+    key = (device.index, dtype, d, g, append)
+    n = _resident.get(key)
+    if n is None:
+        out = ctypes.c_int(0)
+        with torch.cuda.device(device):
+            lib.call("decode_attention_ctas", [int(append), ctypes.addressof(out)], dtype=dtype, d=d, g=g)
+        n = _resident[key] = max(1, out.value)
+    return n
 
 
 def supported_shape(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -77,6 +102,11 @@ def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 #: launch flag of the rotary embedding + cache append mode (csrc/attention/decode.cu)
 FLAG_APPEND = 2
+#: launch flag: the append mode under PDL loads the first K/V rows and the position before waiting for the
+#: previous kernel (csrc/attention/decode.cu, EARLY)
+FLAG_EARLY = 4
+#: use FLAG_EARLY (off until measured on the GPU; the kernel's GPU tests cover both)
+EARLY_KV = False
 
 
 def _launch(lib, q, k, v, mask, scale, append=None):
@@ -85,8 +115,11 @@ def _launch(lib, q, k, v, mask, scale, append=None):
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    splits = head_splits(b, hkv, g, d, sms)
-    chunk = CHUNK or chunk_size(b, hkv * splits, length, d, sms)
+    def per_sm(g_):
+        return resident_ctas(lib, q.device, q.dtype, d, g_, append is not None)
+
+    splits = head_splits(b, hkv, g, d, sms, per_sm)
+    chunk = CHUNK or chunk_size(b, hkv * splits, length, d, sms, per_sm(g // splits))
     chunks = -(-length // chunk)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
@@ -100,7 +133,7 @@ def _launch(lib, q, k, v, mask, scale, append=None):
         k_new, v_new, cos, sin, position = append
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
                  cos.stride(0), ptr(position)]
-        flags = FLAG_APPEND
+        flags = FLAG_APPEND | (FLAG_EARLY if EARLY_KV else 0)
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
         0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,

@@ -231,10 +231,16 @@ def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
         assert torch.equal(kc, kc0) and torch.equal(vc, vc0) and position.tolist() == [bad]
 
 
-def test_append_in_graph_steps_the_position(gen):
+@pytest.mark.parametrize("early", [False, True], ids=["wait-first", "early-rows"])
+def test_append_in_graph_steps_the_position(early, gen, monkeypatch):
     """Captured in a CUDA graph with programmatic launch and a kbit GEMV reading its output (the o_proj
     pattern): each replay appends at the position a device counter holds (advanced by the op itself), and
-    matches the same steps run eagerly, bit for bit."""
+    matches the same steps run eagerly, bit for bit. early-rows: the kernel loads the cache rows and the
+    position before waiting for the mask kernel in front of it (FLAG_EARLY), reading the row the previous
+    replay's attention wrote."""
+    from lowbit.kernels import attention as kattn
+
+    monkeypatch.setattr(kattn, "EARLY_KV", early)
     length = 200
     q, k_new, v_new, cos, sin, kc, vc, _, _ = _append_inputs(gen, 1, 32, 8, length, 128, torch.bfloat16, 0)
     o = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(4096, 1024, bias=False), bits=4).to("cuda", torch.bfloat16)
@@ -306,3 +312,22 @@ def test_transformers_fused_decode_steps(name, gen):
     for a, b in zip(got_cache.layers, want_cache.layers):
         assert ((a.keys.float() - b.keys.float()).norm() / b.keys.float().norm()).item() < 1e-2
         assert int(a.cumulative_length) == 13
+
+
+def test_resident_ctas_and_the_grid_plan():
+    """The occupancy each instance reports (>= 1; fewer CTAs for more heads per CTA at one head dim) and the
+    plan built on it: the batch-4 Llama-3-8B grid fits one wave."""
+    from lowbit.kernels import attention as kattn
+    from lowbit.kernels.library import library_or_none
+
+    lib = library_or_none(torch.device("cuda"))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for dtype in (torch.float16, torch.bfloat16):
+        for append in (False, True):
+            per = {g: kattn.resident_ctas(lib, dev, dtype, 128, g, append) for g in (1, 2, 4, 8)}
+            assert all(n >= 1 for n in per.values()) and per[1] >= per[2] >= per[4] >= per[8], per
+    per_sm = lambda g: kattn.resident_ctas(lib, dev, torch.bfloat16, 128, g, True)  # noqa: E731
+    splits = kattn.head_splits(4, 8, 4, 128, sms, per_sm)
+    chunk = kattn.chunk_size(4, 8 * splits, 590, 128, sms, per_sm(4 // splits))
+    assert 4 * 8 * splits * -(-590 // chunk) <= per_sm(4 // splits) * sms
