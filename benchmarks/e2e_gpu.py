@@ -112,6 +112,9 @@ def main():
                    help="let auto pick the stream-K GEMV's CTA-local mode (default: lowbit.kernels.tiled.USE_LOCAL)")
     p.add_argument("--stage-x", action=argparse.BooleanOptionalAction, default=None,
                    help="stream-K GEMVs at K <= 3 copy x to shared memory (default: lowbit.kernels.tiled.STAGE_X)")
+    p.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
+                   help="fused attention loads its first K/V rows before the PDL wait (default: "
+                        "lowbit.kernels.attention.EARLY_KV)")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
     if args.sdpa:
@@ -122,6 +125,10 @@ def main():
     from lowbit.kernels import tiled
 
     hf_attention.DECODE_KERNEL = not args.sdpa_attention
+    from lowbit.kernels import attention as kattn
+
+    if args.early_kv is not None:
+        kattn.EARLY_KV = args.early_kv
 
     tiled.DENSE_PATH = args.kbit_path
     if args.local is not None:
@@ -150,7 +157,7 @@ def main():
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X,
+                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),

@@ -416,14 +416,15 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     return static_cast<int>(cudaGetLastError());
 }
 
-// Resident CTAs per SM of an instance (its registers decide: D = 128 with 4 heads per CTA holds one, with
-// 2 heads two), for the host's grid plan (lowbit/kernels/attention.py).
+// CTAs of an instance that fit on one SM (its registers decide: D = 128 with 4 heads per CTA holds one, with
+// 2 heads two), for the host's grid plan (lowbit/kernels/attention.py); 0 if the runtime cannot say.
 template <typename T, int D, int G>
-int resident_ctas(int append, int* ctas) {
+int occupancy(int append) {
+    int blocks = 0;
     const cudaError_t err =
-        append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_attention_kernel<T, D, G, true>, kWarps * 32, 0)
-               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_attention_kernel<T, D, G, false>, kWarps * 32, 0);
-    return static_cast<int>(err);
+        append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, true>, kWarps * 32, 0)
+               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, false>, kWarps * 32, 0);
+    return err == cudaSuccess ? blocks : 0;
 }
 
 }  // namespace attention
@@ -452,8 +453,8 @@ int resident_ctas(int append, int* ctas) {
                                                      counters, batch, hkv, kv_div, L, chunk, scale, flags, ap,   \
                                                      stream);                                                     \
     }                                                                                                             \
-    extern "C" int lowbit_decode_attention_ctas_##NAME##_d##D##_g##G(int append, int* ctas) {                     \
-        return lowbit::attention::resident_ctas<TYPE, D, G>(append, ctas);                                        \
+    extern "C" int lowbit_decode_attention_occupancy_##NAME##_d##D##_g##G(int append) {                           \
+        return lowbit::attention::occupancy<TYPE, D, G>(append);                                                  \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
     LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \

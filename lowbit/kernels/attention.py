@@ -17,8 +17,8 @@ register_signatures({
     # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; stream
     "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I,
                          _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P],
-    # append mode (0/1), out: resident CTAs per SM of that instance
-    "decode_attention_ctas": [_I, _P],
+    # append mode (0/1) -> CTAs of that instance per SM (0: the runtime could not say)
+    "decode_attention_occupancy": [_I],
 })
 
 
@@ -83,10 +83,11 @@ def resident_ctas(lib, device: torch.device, dtype: torch.dtype, d: int, g: int,
     key = (device.index, dtype, d, g, append)
     n = _resident.get(key)
     if n is None:
-        out = ctypes.c_int(0)
         with torch.cuda.device(device):
-            lib.call("decode_attention_ctas", [int(append), ctypes.addressof(out)], dtype=dtype, d=d, g=g)
-        n = _resident[key] = max(1, out.value)
+            n = lib.symbol("decode_attention_occupancy", dtype=dtype, d=d, g=g)(int(append))
+        if n < 1:
+            raise RuntimeError(f"lowbit: decode attention (d={d}, g={g}, {dtype}) does not fit an SM")
+        _resident[key] = n
     return n
 
 
