@@ -106,7 +106,9 @@ FLAG_APPEND = 2
 #: launch flag: the append mode under PDL loads the first K/V rows and the position before waiting for the
 #: previous kernel (csrc/attention/decode.cu, EARLY)
 FLAG_EARLY = 4
-#: use FLAG_EARLY (off until measured on the GPU; the kernel's GPU tests cover both)
+#: use FLAG_EARLY (off until measured on the GPU; the kernel's GPU tests cover both). Safe where the kernel launched
+#: right before the op writes neither the caches nor the position -- so in lowbit's fused decode step, whose
+#: caches and positions only this op writes; not for a caller that fills the cache just before calling it
 EARLY_KV = False
 
 
