@@ -44,7 +44,7 @@ namespace lowbit {
 namespace attention {
 
 constexpr int kWarps = 8;  // per CTA: one 8-position step each for a 64-position chunk
-constexpr int kStep = 8;   // positions per warp step (K and V rows in registers)
+constexpr int kStep = 8;   // positions per warp step (K and V rows in registers; warp_sum8 takes 8)
 
 // E consecutive elements of T as one 4/8/16-byte load, and their float values.
 template <int E> struct RawVec;
@@ -91,6 +91,30 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
     return v;
+}
+
+// Warp sums of the 8 per-lane partials d[0..7] (one step's 8 scores), every lane getting all 8: the butterfly
+// of warp_sum (lane ^ 16, ^ 8, ^ 4, ^ 2, ^ 1, each lane adding its partner's value to its own, so every sum is
+// bit-identical to warp_sum's), but each of the first three stages halves what a lane carries: 4 + 2 + 1 + 1
+// + 1 shuffles leave lane 4 j + r with position j's sum, 8 more hand them out -- 17 shuffles, not 8 x 5.
+__device__ __forceinline__ void warp_sum8(float (&d)[8], int lane) {
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+    float e[4], f[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // lanes with bit 4 keep positions 4..7, the others 0..3
+        const float keep = b4 ? d[i + 4] : d[i], send = b4 ? d[i] : d[i + 4];
+        e[i] = keep + __shfl_xor_sync(kFullMask, send, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float keep = b3 ? e[i + 2] : e[i], send = b3 ? e[i] : e[i + 2];
+        f[i] = keep + __shfl_xor_sync(kFullMask, send, 8);
+    }
+    float v = (b2 ? f[1] : f[0]) + __shfl_xor_sync(kFullMask, b2 ? f[0] : f[1], 4);
+    v += __shfl_xor_sync(kFullMask, v, 2);
+    v += __shfl_xor_sync(kFullMask, v, 1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[j] = __shfl_sync(kFullMask, v, 4 * j);
 }
 
 // Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
@@ -278,8 +302,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
                 float d = 0.f;
 #pragma unroll
                 for (int e = 0; e < E; ++e) d = fmaf(qf[g][e], kf[e], d);
-                d = warp_sum(d);  // uniform across the warp
-                s[j] = ok[j] ? d : -INFINITY;
+                s[j] = d;
+            }
+            warp_sum8(s, lane);  // uniform across the warp
+#pragma unroll
+            for (int j = 0; j < kStep; ++j) {
+                s[j] = ok[j] ? s[j] : -INFINITY;
                 nan |= s[j] != s[j];
                 step_max = fmaxf(step_max, s[j]);  // fmaxf drops NaN: tracked apart
             }
