@@ -2,6 +2,8 @@
 math attention, its argument checks, and the transformers glue (mask conversion, which calls it takes)."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 
 import lowbit
@@ -118,6 +120,30 @@ def test_chunk_size_rule():
     for length, d in ((100000, 64), (5000, 64), (10**6, 256)):
         c = kattn.chunk_size(1, 1, length, d, 132, 2)
         assert c % 64 == 0 and -(-length // c) <= 2 * d
+
+
+@given(batch=st.integers(1, 96), kv_heads=st.sampled_from([1, 2, 4, 8, 16]), group=st.sampled_from([1, 2, 3, 4, 6, 8]),
+       head_dim=st.sampled_from([64, 128, 256]), length=st.integers(1, 40000), sms=st.sampled_from([16, 78, 108, 132]),
+       per_sm=st.lists(st.integers(1, 4), min_size=4, max_size=4))
+def test_grid_plan_invariants(batch, kv_heads, group, head_dim, length, sms, per_sm):
+    """Whatever the shapes and occupancies: a compiled head group per CTA, splits that add no wave, chunks of
+    whole 64-position steps, at most 2 x head_dim of them, and a grid of one wave unless one chunk per head
+    group is already more."""
+    occ = dict(zip((1, 2, 4, 8), sorted(per_sm, reverse=True)))  # more heads per CTA: never more CTAs per SM
+    cap = lambda g: occ.get(g, 1)  # noqa: E731
+    splits = kattn.head_splits(batch, kv_heads, group, head_dim, sms, cap)
+    g = group // splits
+    assert group % splits == 0
+    if (head_dim, group) in lowbit.ops.DECODE_ATTENTION_SHAPES:
+        assert (head_dim, g) in lowbit.ops.DECODE_ATTENTION_SHAPES
+        if splits > 1:
+            rows = batch * kv_heads
+            assert kattn._waves(rows * splits, cap(g), sms) <= kattn._waves(rows, cap(group), sms)
+    chunk = kattn.chunk_size(batch, kv_heads * splits, length, head_dim, sms, cap(g))
+    chunks = -(-length // chunk)
+    assert chunk % 64 == 0 and chunk >= 64 and chunks <= 2 * head_dim
+    if chunks > 1 and chunks < 2 * head_dim:
+        assert batch * kv_heads * splits * chunks <= cap(g) * sms
 
 
 # ---- rotary embedding + cache append + attention in one op

@@ -55,7 +55,8 @@ def head_splits(batch: int, kv_heads: int, group: int, head_dim: int, sms: int, 
             if (head_dim, g2) not in ops.DECODE_ATTENTION_SHAPES:
                 break
             rows = batch * kv_heads
-            if _waves(rows * 2 * splits, ctas_per_sm(g2), sms) > _waves(rows * splits, ctas_per_sm(group // splits), sms):
+            now = _waves(rows * splits, ctas_per_sm(group // splits), sms)
+            if _waves(rows * 2 * splits, ctas_per_sm(g2), sms) > now:
                 break
             splits *= 2
     if group % splits or (head_dim, group // splits) not in ops.DECODE_ATTENTION_SHAPES:
