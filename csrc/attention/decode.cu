@@ -44,7 +44,8 @@ namespace lowbit {
 namespace attention {
 
 constexpr int kWarps = 8;  // per CTA: one 8-position step each for a 64-position chunk
-constexpr int kStep = 8;   // positions per warp step (K and V rows in registers; warp_sum8 takes 8)
+constexpr int kStep = 8;   // positions per warp step (K and V rows in registers)
+static_assert(kStep == 8, "warp_sum8 reduces one step's 8 scores");
 
 // E consecutive elements of T as one 4/8/16-byte load, and their float values.
 template <int E> struct RawVec;
@@ -87,16 +88,11 @@ __device__ __forceinline__ void to_floats(const RawVec<E>& v, float (&f)[E]) {
     }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-    return v;
-}
-
 // Warp sums of the 8 per-lane partials d[0..7] (one step's 8 scores), every lane getting all 8: the butterfly
-// of warp_sum (lane ^ 16, ^ 8, ^ 4, ^ 2, ^ 1, each lane adding its partner's value to its own, so every sum is
-// bit-identical to warp_sum's), but each of the first three stages halves what a lane carries: 4 + 2 + 1 + 1
-// + 1 shuffles leave lane 4 j + r with position j's sum, 8 more hand them out -- 17 shuffles, not 8 x 5.
+// of a one-value warp sum (lane ^ 16, ^ 8, ^ 4, ^ 2, ^ 1, each lane adding its partner's value to its own, so
+// every sum is bit-identical to one such sum per score), but each of the first three stages halves what a lane
+// carries: 4 + 2 + 1 + 1 + 1 shuffles leave lane 4 j + r with position j's sum, 8 more hand them out -- 17
+// shuffles, not 8 x 5.
 __device__ __forceinline__ void warp_sum8(float (&d)[8], int lane) {
     const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
     float e[4], f[2];
