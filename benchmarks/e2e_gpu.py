@@ -115,6 +115,8 @@ def main():
     p.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
                    help="fused attention loads its first K/V rows before the PDL wait (default: "
                         "lowbit.kernels.attention.EARLY_KV)")
+    p.add_argument("--reduce-each", action="store_true",
+                   help="attention reduces each score on its own, as before warp_sum8 (A/B timing)")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
     if args.sdpa:
@@ -129,6 +131,7 @@ def main():
 
     if args.early_kv is not None:
         kattn.EARLY_KV = args.early_kv
+    kattn.REDUCE_EACH = args.reduce_each
 
     tiled.DENSE_PATH = args.kbit_path
     if args.local is not None:
@@ -157,7 +160,7 @@ def main():
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
-                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV,
+                   "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),

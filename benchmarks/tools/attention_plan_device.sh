@@ -4,7 +4,8 @@
 #   1. the attention GPU tests (both EARLY settings, the occupancy the plan reads);
 #   2. the plan against the old one alone: batch 4, batch 8, a 4096-position cache (the default row is the
 #      plan, "chunk 128, 1 head splits" the old choice);
-#   3. Llama-3-8B end to end: batch 4, then batch 1 with and without EARLY.
+#   3. warp_sum8 against the one-score-at-a-time reduction (--reduce-each), alone;
+#   4. Llama-3-8B end to end: batch 4, batch 1, then kbit4 at batch 1 with --reduce-each and with --early-kv.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
@@ -16,12 +17,19 @@ OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
     echo "== attn_decode_bench.py $args --chunks 128 --splits 1"
     timeout 60 python3 benchmarks/tools/attn_decode_bench.py $args --chunks 128 --splits 1 2>&1 | grep lowbit
   done
+  for args in "--batch 1" "--batch 4"; do  # warp_sum8 against the reduction it replaced
+    echo "== attn_decode_bench.py $args --reduce-each"
+    timeout 60 python3 benchmarks/tools/attn_decode_bench.py $args --reduce-each 2>&1 | grep lowbit
+  done
   echo "== e2e batch 4"
   timeout 200 python3 benchmarks/e2e_gpu.py --model llama-3-8b --batch 4 --variants bf16,kbit4+fuse \
       --out "$OUT/e2e_b4.json" 2>&1 | grep -E "===|tok/s"
-  for early in no-early-kv early-kv; do
-    echo "== e2e batch 1, --$early"
-    timeout 200 python3 benchmarks/e2e_gpu.py --model llama-3-8b --variants bf16,kbit4+fuse --$early \
-        --out "$OUT/e2e_b1_$early.json" 2>&1 | grep -E "===|tok/s"
+  echo "== e2e batch 1"
+  timeout 200 python3 benchmarks/e2e_gpu.py --model llama-3-8b --variants bf16,kbit4+fuse \
+      --out "$OUT/e2e_b1.json" 2>&1 | grep -E "===|tok/s"
+  for opt in --reduce-each --early-kv; do
+    echo "== e2e batch 1, kbit4 $opt"
+    timeout 150 python3 benchmarks/e2e_gpu.py --model llama-3-8b --variants kbit4+fuse $opt \
+        --out "$OUT/e2e_b1_${opt#--}.json" 2>&1 | grep -E "===|tok/s"
   done
 } 2>&1 | tee "$OUT/attention_plan_device.log"

@@ -20,6 +20,8 @@ def main():
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads (32 query heads); Qwen3-30B-A3B: 4")
     p.add_argument("--splits", default="", help="also time lowbit's kernel with these head splits, e.g. 1,2,4")
     p.add_argument("--chunks", default="", help="and with these positions per CTA (multiples of 64), each split count")
+    p.add_argument("--reduce-each", action="store_true",
+                   help="also time lowbit's kernels with each score reduced on its own (as before warp_sum8)")
     a = p.parse_args()
     dev, dt = "cuda", torch.bfloat16
     b, hq, hkv, d, L = a.batch, 32, a.kv_heads, 128, a.cache
@@ -53,6 +55,15 @@ def main():
     }
     from lowbit.kernels import attention as kattn
 
+    if a.reduce_each:
+        for name in [n for n in ways if n.startswith("lowbit")]:
+            def each_fn(i, fn=ways[name]):
+                kattn.REDUCE_EACH = True
+                try:
+                    return fn(i)
+                finally:
+                    kattn.REDUCE_EACH = False
+            ways[name + ", scores reduced one by one"] = each_fn
     for c in [None, *map(int, filter(None, a.chunks.split(",")))]:
         for n in [None, *map(int, filter(None, a.splits.split(",")))]:
             if c is None and n is None:

@@ -113,6 +113,15 @@ __device__ __forceinline__ void warp_sum8(float (&d)[8], int lane) {
     for (int j = 0; j < 8; ++j) d[j] = __shfl_sync(kFullMask, v, 4 * j);
 }
 
+// The reduction warp_sum8 replaced, one score at a time (5 shuffles each), kept for A/B timing (flags bit 3).
+__device__ __forceinline__ void warp_sum_each(float (&d)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) d[j] += __shfl_xor_sync(kFullMask, d[j], o);
+    }
+}
+
 // Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
 __device__ __forceinline__ float merge_weight(float m, float m_all) {
     return m == -INFINITY ? 0.f : exp2f(m - m_all);
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
     float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2,
-    const Append<T> ap, const bool early) {
+    const Append<T> ap, const bool early, const bool each) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -300,7 +309,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
                 for (int e = 0; e < E; ++e) d = fmaf(qf[g][e], kf[e], d);
                 s[j] = d;
             }
-            warp_sum8(s, lane);  // uniform across the warp
+            if (each) warp_sum_each(s);  // uniform across the warp (each: the A/B reference)
+            else warp_sum8(s, lane);
 #pragma unroll
             for (int j = 0; j < kStep; ++j) {
                 s[j] = ok[j] ? s[j] : -INFINITY;
@@ -433,7 +443,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
         return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
                                   mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap,
-                                  early);
+                                  early, (flags & 8) != 0);
     };
     const cudaError_t err = append ? go(decode_attention_kernel<T, D, G, true>) : go(decode_attention_kernel<T, D, G, false>);
     if (err != cudaSuccess) return static_cast<int>(err);
@@ -459,7 +469,8 @@ int occupancy(int append) {
 // re-reading its K/V, mostly from L2) at k + b * k_sb + (h / kv_div) * k_sh + p * D (element strides);
 // mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
 // counters: int [batch * hkv (+ 1 in APPEND mode)], zero; ceil(L / chunk) <= 2 D.
-// flags bit 2 (EARLY, with bits 0 and 1): see the header. flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
+// flags bit 2 (EARLY, with bits 0 and 1): see the header. flags bit 3: scores reduced one at a time (A/B of
+// warp_sum8). flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
 // cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
 // (written).
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \

@@ -111,6 +111,10 @@ FLAG_EARLY = 4
 #: right before the op writes neither the caches nor the position -- so in lowbit's fused decode step, whose
 #: caches and positions only this op writes; not for a caller that fills the cache just before calling it
 EARLY_KV = False
+#: launch flag: each score reduced on its own (5 shuffles each), as before warp_sum8 -- for A/B timing only
+FLAG_REDUCE_EACH = 8
+#: use FLAG_REDUCE_EACH (benchmarks set it; the results are bit-identical either way)
+REDUCE_EACH = False
 
 
 def _launch(lib, q, k, v, mask, scale, append=None):
@@ -138,6 +142,7 @@ def _launch(lib, q, k, v, mask, scale, append=None):
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
                  cos.stride(0), ptr(position)]
         flags = FLAG_APPEND | (FLAG_EARLY if EARLY_KV else 0)
+    flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
         0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,

@@ -331,3 +331,24 @@ def test_resident_ctas_and_the_grid_plan():
     splits = kattn.head_splits(4, 8, 4, 128, sms, per_sm)
     chunk = kattn.chunk_size(4, 8 * splits, 590, 128, sms, per_sm(4 // splits))
     assert 4 * 8 * splits * -(-590 // chunk) <= per_sm(4 // splits) * sms
+
+
+@pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
+def test_one_tree_for_eight_scores_is_bit_identical(d, g, gen, monkeypatch):
+    """warp_sum8 (one butterfly for a step's 8 scores) against the reduction it replaced, one score at a time
+    (FLAG_REDUCE_EACH): the same additions in the same order, so the outputs are equal bit for bit -- with a
+    mask, a partial last step and a NaN row."""
+    from lowbit.kernels import attention as kattn
+
+    b, hkv, length = 2, 2, 203
+    q = torch.randn(b, hkv * g, d, generator=gen).to(torch.bfloat16).cuda()
+    k = torch.randn(b, hkv, length, d, generator=gen).to(torch.bfloat16).cuda()
+    v = torch.randn(b, hkv, length, d, generator=gen).to(torch.bfloat16).cuda()
+    v[1, :, 17] = float("nan")
+    mask = torch.rand(b, length, generator=gen).cuda() < 0.8
+    outs = []
+    for each in (False, True):
+        monkeypatch.setattr(kattn, "REDUCE_EACH", each)
+        outs.append(lowbit.ops.decode_attention(q, k, v, mask, d ** -0.5))
+    assert torch.equal(outs[0].nan_to_num(7.0), outs[1].nan_to_num(7.0))
+    assert outs[0][0].isfinite().all()
