@@ -123,7 +123,8 @@ def _launch(lib, q, k, v, mask, scale, append=None):
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    def per_sm(g_):
+
+    def per_sm(g_):  # CTAs per SM of the instance with g_ heads per CTA
         return resident_ctas(lib, q.device, q.dtype, d, g_, append is not None)
 
     splits = head_splits(b, hkv, g, d, sms, per_sm)
