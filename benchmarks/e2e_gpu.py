@@ -11,6 +11,8 @@ unquantized), then decodes with
 the whole step compiled (torch.compile, unless ``--no-compile``) and captured in a CUDA graph.
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
+A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
+``@no-layers`` / ``@layers`` (lowbit's decoder-layer step, ``lowbit.hf.layer``), ``@early-kv`` / ``@no-early-kv``.
 """
 
 import argparse
@@ -115,6 +117,8 @@ def main():
     p.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
                    help="fused attention loads its first K/V rows before the PDL wait (default: "
                         "lowbit.kernels.attention.EARLY_KV)")
+    p.add_argument("--no-fused-layers", action="store_true",
+                   help="keep transformers' decoder-layer forward (norms, SiLU-mul, residual adds by torch.compile)")
     p.add_argument("--reduce-each", action="store_true",
                    help="attention reduces each score on its own, as before warp_sum8 (A/B timing)")
     p.add_argument("--out", default="e2e.json")
@@ -138,12 +142,23 @@ def main():
         tiled.USE_LOCAL = args.local
     if args.stage_x is not None:
         tiled.STAGE_X = args.stage_x
+    from lowbit.hf import layer as hf_layer
+
+    switches = {"layers": ("DECODE_LAYER", True), "no-layers": ("DECODE_LAYER", False),
+                "early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False)}
+    defaults = {"DECODE_LAYER": not args.no_fused_layers, "EARLY_KV": kattn.EARLY_KV}
     rows = []
     base = None
-    for variant in args.variants.split(","):
+    for name in args.variants.split(","):
+        variant, *opts = name.split("@")
+        setting = dict(defaults)
+        for o in opts:
+            key, value = switches[o]
+            setting[key] = value
+        hf_layer.DECODE_LAYER, kattn.EARLY_KV = setting["DECODE_LAYER"], setting["EARLY_KV"]
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-        print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {variant}", flush=True)
+        print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {name}", flush=True)
         try:
             torch.manual_seed(0)
             model, _, desc = sources.load(f"random:{args.model}", dtype=torch.bfloat16, device="cuda", layers=args.layers)
@@ -153,15 +168,17 @@ def main():
             conv_s = time.perf_counter() - t0
             ids = torch.randint(0, model.config.vocab_size, (args.batch, args.context), generator=torch.Generator().manual_seed(1))
             r = decode.greedy_decode(model, ids, args.tokens, compile=not args.no_compile,
-                                     profile=variant in args.profile.split(","), profile_graph=args.profile_graph,
+                                     profile=name in args.profile.split(","), profile_graph=args.profile_graph,
                                      pdl=False if args.no_pdl else None, lowbit_router=not args.torch_router,
                                      fused_attention=not args.no_fused_attention,
-                                     profile_trace=f"{args.trace_dir}/{variant.replace('+', '_')}.trace.json" if args.trace_dir else None)
+                                     profile_trace=f"{args.trace_dir}/{name.replace('+', '_').replace('@', '_')}.trace.json"
+                                     if args.trace_dir else None)
             tps = r.tokens_per_s()
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
-                   "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": variant, "pdl": not args.no_pdl and not args.no_compile,
+                   "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
+                   "fused_layers": hf_layer.DECODE_LAYER, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
@@ -177,7 +194,7 @@ def main():
             del model
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            rows.append({"model": args.model, "batch": args.batch, "variant": variant, "error": repr(e)})
+            rows.append({"model": args.model, "batch": args.batch, "variant": name, "error": repr(e)})
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1, default=str)
 
