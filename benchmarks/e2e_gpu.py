@@ -12,7 +12,8 @@ the whole step compiled (torch.compile, unless ``--no-compile``) and captured in
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
-``@no-layers`` / ``@layers`` (lowbit's decoder-layer step, ``lowbit.hf.layer``), ``@early-kv`` / ``@no-early-kv``.
+``@no-layers`` / ``@layers`` (lowbit's decoder-layer step, ``lowbit.hf.layer``), ``@early-kv`` / ``@no-early-kv``,
+``@no-early-trigger`` / ``@early-trigger`` (``lowbit.hf.layer.EARLY_TRIGGER``).
 """
 
 import argparse
@@ -145,8 +146,9 @@ def main():
     from lowbit.hf import layer as hf_layer
 
     switches = {"layers": ("DECODE_LAYER", True), "no-layers": ("DECODE_LAYER", False),
-                "early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False)}
-    defaults = {"DECODE_LAYER": not args.no_fused_layers, "EARLY_KV": kattn.EARLY_KV}
+                "early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False),
+                "early-trigger": ("EARLY_TRIGGER", True), "no-early-trigger": ("EARLY_TRIGGER", False)}
+    defaults = {"DECODE_LAYER": not args.no_fused_layers, "EARLY_KV": kattn.EARLY_KV, "EARLY_TRIGGER": hf_layer.EARLY_TRIGGER}
     rows = []
     base = None
     for name in args.variants.split(","):
@@ -156,6 +158,7 @@ def main():
             key, value = switches[o]
             setting[key] = value
         hf_layer.DECODE_LAYER, kattn.EARLY_KV = setting["DECODE_LAYER"], setting["EARLY_KV"]
+        hf_layer.EARLY_TRIGGER = setting["EARLY_TRIGGER"]
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {name}", flush=True)
@@ -178,7 +181,7 @@ def main():
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
-                   "fused_layers": hf_layer.DECODE_LAYER, "pdl": not args.no_pdl and not args.no_compile,
+                   "fused_layers": hf_layer.DECODE_LAYER, "early_trigger": hf_layer.EARLY_TRIGGER, "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,

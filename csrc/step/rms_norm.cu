@@ -30,9 +30,10 @@ __device__ __forceinline__ float cta_sum(float v) {
 // VEC: rows of a multiple of 8 elements at 16-byte aligned addresses, read 8 at a time.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                T* __restrict__ y, int n, float eps) {
+                                                                T* __restrict__ y, int n, float eps, bool early) {
+    if (early) pdl_launch_dependents();  // step.cuh: only where the next kernel waits for this one
     pdl_wait();  // x is the previous kernel's output
-    pdl_launch_dependents();
+    if (!early) pdl_launch_dependents();
     const T* xr = x + int64_t(blockIdx.x) * n;
     T* yr = y + int64_t(blockIdx.x) * n;
     float ss = 0.f;
@@ -80,9 +81,9 @@ int launch_rms_norm(const void* x, const void* w, void* y, int rows, int n, floa
     const bool vec = n % 8 == 0 && aligned16(x, w, y);
     Launch1 l(rows, kNormThreads, stream, flags & 1);
     const cudaError_t err = vec ? cudaLaunchKernelEx(&l.cfg, rms_norm_kernel<T, true>, static_cast<const T*>(x),
-                                                     static_cast<const T*>(w), static_cast<T*>(y), n, eps)
+                                                     static_cast<const T*>(w), static_cast<T*>(y), n, eps, (flags & 2) != 0)
                                 : cudaLaunchKernelEx(&l.cfg, rms_norm_kernel<T, false>, static_cast<const T*>(x),
-                                                     static_cast<const T*>(w), static_cast<T*>(y), n, eps);
+                                                     static_cast<const T*>(w), static_cast<T*>(y), n, eps, (flags & 2) != 0);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -90,7 +91,8 @@ int launch_rms_norm(const void* x, const void* w, void* y, int rows, int n, floa
 }  // namespace step
 }  // namespace lowbit
 
-// x, w, y: [rows, n] rows back to back (w: [n]), fp16/bf16; flags bit 0: launch with PDL.
+// x, w, y: [rows, n] rows back to back (w: [n]), fp16/bf16; flags bit 0: launch with PDL, bit 1: trigger the
+// next kernel at entry (step.cuh).
 #define LOWBIT_DEFINE_RMS_NORM(NAME, TYPE)                                                                       \
     extern "C" int lowbit_rms_norm_##NAME(const void* x, const void* w, void* y, int rows, int n, float eps,      \
                                           int flags, void* stream) {                                             \

@@ -15,9 +15,10 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // VEC: n a multiple of 8 and 16-byte aligned rows: 8 outputs per thread.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kSiluThreads) silu_mul_kernel(const T* __restrict__ x, T* __restrict__ y, int rows,
-                                                                int n) {
+                                                                int n, bool early) {
+    if (early) pdl_launch_dependents();  // step.cuh: only where the next kernel waits for this one
     pdl_wait();  // x is the previous kernel's output
-    pdl_launch_dependents();
+    if (!early) pdl_launch_dependents();
     constexpr int E = VEC ? 8 : 1;
     const int per_row = n / E;
     const int64_t total = int64_t(rows) * per_row;
@@ -51,9 +52,9 @@ int launch_silu_mul(const void* x, void* y, int rows, int n, int flags, void* st
     const unsigned grid = static_cast<unsigned>(work / kSiluThreads + 1 < 4096 ? work / kSiluThreads + 1 : 4096);
     Launch1 l(grid, kSiluThreads, stream, flags & 1);
     const cudaError_t err = vec ? cudaLaunchKernelEx(&l.cfg, silu_mul_kernel<T, true>, static_cast<const T*>(x),
-                                                     static_cast<T*>(y), rows, n)
+                                                     static_cast<T*>(y), rows, n, (flags & 2) != 0)
                                 : cudaLaunchKernelEx(&l.cfg, silu_mul_kernel<T, false>, static_cast<const T*>(x),
-                                                     static_cast<T*>(y), rows, n);
+                                                     static_cast<T*>(y), rows, n, (flags & 2) != 0);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -61,7 +62,8 @@ int launch_silu_mul(const void* x, void* y, int rows, int n, int flags, void* st
 }  // namespace step
 }  // namespace lowbit
 
-// x: [rows, 2 n] (gate | up, rows back to back), y: [rows, n]; fp16/bf16; flags bit 0: launch with PDL.
+// x: [rows, 2 n] (gate | up, rows back to back), y: [rows, n]; fp16/bf16; flags bit 0: launch with PDL, bit 1:
+// trigger the next kernel at entry (step.cuh).
 #define LOWBIT_DEFINE_SILU_MUL(NAME, TYPE)                                                                      \
     extern "C" int lowbit_silu_mul_##NAME(const void* x, void* y, int rows, int n, int flags, void* stream) {   \
         return lowbit::step::launch_silu_mul<TYPE>(x, y, rows, n, flags, stream);                               \

@@ -12,7 +12,11 @@ __device__ __forceinline__ uint32_t pack2(T lo, T hi) {
 }
 
 // A 1-D launch, with the programmatic-serialization attribute when pdl. The kernels wait for their
-// predecessor first and trigger their dependents right after (common.cuh: pdl_wait).
+// predecessor first and trigger their dependents right after (common.cuh: pdl_wait) -- or, "early", trigger
+// at entry: the next kernel then starts while this one's predecessor still runs (a GEMV loads its first
+// weights during the previous GEMV's tail instead of during this short kernel only). Safe only when the next
+// kernel waits for this one before it touches anything written before (lowbit's GEMVs do: they read only
+// constant weights before their wait), since this one completes only after its own wait.
 struct Launch1 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];

@@ -26,6 +26,9 @@ FUSED_LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2Decoder
 
 #: take decode steps through lowbit's kernels (False: the layer's own forward; benchmarks compare the two)
 DECODE_LAYER = True
+#: the norms and SiLU-mul trigger the GEMV after them at entry, so that it starts during the previous GEMV's
+#: tail (each is followed by one of lowbit's GEMVs here, which wait before reading anything but weights)
+EARLY_TRIGGER = True
 
 _layer_classes: dict[type, type] = {}
 
@@ -83,10 +86,11 @@ def _layer_step(self, hidden_states, attention_mask, past_key_values, position_e
     plan = fused_plan(attn, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs)
     if plan is None:
         return None
-    x = rms_norm(hidden_states, self.input_layernorm.weight, eps1)
+    early = EARLY_TRIGGER
+    x = rms_norm(hidden_states, self.input_layernorm.weight, eps1, early)
     h = fused_run(attn, x, plan, residual=hidden_states)
-    x = rms_norm(h, self.post_attention_layernorm.weight, eps2)
-    return linear_residual(mlp.down_proj, silu_mul(gate_up(x)), h)
+    x = rms_norm(h, self.post_attention_layernorm.weight, eps2, early)
+    return linear_residual(mlp.down_proj, silu_mul(gate_up(x), early), h)
 
 
 def _layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,

@@ -23,8 +23,12 @@ register_signatures({
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
+#: launch flag: trigger the next kernel at entry (csrc/step/step.cuh)
+FLAG_EARLY = 2
+
+
 @ops.rms_norm.register_kernel("cuda")
-def _(x, weight, eps):
+def _(x, weight, eps, trigger_early=False):
     n = ops.check_rms_norm_args(x, weight, eps)
     lib = library_or_none(x.device)
     rows = x.numel() // n
@@ -33,13 +37,14 @@ def _(x, weight, eps):
     x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty_like(x)
     if rows:
-        lib.call("rms_norm", [ptr(x), ptr(weight), ptr(y), rows, n, eps, _pdl_arg(pdl_supported(x.device)),
+        lib.call("rms_norm", [ptr(x), ptr(weight), ptr(y), rows, n, eps,
+                              _pdl_arg(pdl_supported(x.device), FLAG_EARLY if trigger_early else 0),
                               stream_of(x.device)], dtype=x.dtype)
     return y
 
 
 @ops.silu_mul.register_kernel("cuda")
-def _(x):
+def _(x, trigger_early=False):
     i = ops.check_silu_mul_args(x)
     lib = library_or_none(x.device)
     rows = x.numel() // (2 * i)
@@ -48,6 +53,6 @@ def _(x):
     x = x.contiguous()
     y = x.new_empty((*x.shape[:-1], i))
     if rows:
-        lib.call("silu_mul", [ptr(x), ptr(y), rows, i, _pdl_arg(pdl_supported(x.device)), stream_of(x.device)],
-                 dtype=x.dtype)
+        lib.call("silu_mul", [ptr(x), ptr(y), rows, i, _pdl_arg(pdl_supported(x.device), FLAG_EARLY if trigger_early else 0),
+                              stream_of(x.device)], dtype=x.dtype)
     return y

@@ -26,16 +26,18 @@ def check_rms_norm_args(x, weight, eps) -> int:
 
 
 @torch.library.custom_op("lowbit::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, trigger_early: bool = False) -> Tensor:
     """``weight * (x * rsqrt(mean(x^2, -1) + eps))`` over the last dim, as transformers' LlamaRMSNorm computes
     it: in fp32, the normalized value rounded to x's dtype, then multiplied by ``weight`` (x's dtype) and
-    rounded again. Returns a tensor of x's shape and dtype."""
+    rounded again. Returns a tensor of x's shape and dtype. ``trigger_early`` (CUDA, under programmatic launch):
+    let the next kernel start before this one waits for its predecessor -- only when the next kernel is one of
+    lowbit's GEMVs, which wait for this one before reading anything but their weights (csrc/step/step.cuh)."""
     check_rms_norm_args(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
 @rms_norm.register_fake
-def _(x, weight, eps):
+def _(x, weight, eps, trigger_early=False):
     check_rms_norm_args(x, weight, eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -55,16 +57,16 @@ def check_silu_mul_args(x) -> int:
 
 
 @torch.library.custom_op("lowbit::silu_mul", mutates_args=())
-def silu_mul(x: Tensor) -> Tensor:
+def silu_mul(x: Tensor, trigger_early: bool = False) -> Tensor:
     """``silu(gate) * up`` of a fused gate|up projection's output ``x [..., 2 I]`` (gate first), as transformers'
     gated MLPs compute ``act_fn(gate_proj(x)) * up_proj(x)``: SiLU in fp32 rounded to x's dtype, the product
-    rounded again. Returns ``[..., I]`` in x's dtype."""
+    rounded again. Returns ``[..., I]`` in x's dtype. ``trigger_early``: as :func:`rms_norm`'s."""
     check_silu_mul_args(x)
     return silu_mul_reference(x)
 
 
 @silu_mul.register_fake
-def _(x):
+def _(x, trigger_early=False):
     i = check_silu_mul_args(x)
     return x.new_empty((*x.shape[:-1], i))
 
