@@ -12,8 +12,7 @@ the whole step compiled (torch.compile, unless ``--no-compile``) and captured in
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
-``@no-layers`` / ``@layers`` (lowbit's decoder-layer step, ``lowbit.hf.layer``), ``@early-kv`` / ``@no-early-kv``,
-``@no-early-trigger`` / ``@early-trigger`` (``lowbit.hf.layer.EARLY_TRIGGER``).
+``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``).
 """
 
 import argparse
@@ -118,8 +117,6 @@ def main():
     p.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
                    help="fused attention loads its first K/V rows before the PDL wait (default: "
                         "lowbit.kernels.attention.EARLY_KV)")
-    p.add_argument("--no-fused-layers", action="store_true",
-                   help="keep transformers' decoder-layer forward (norms, SiLU-mul, residual adds by torch.compile)")
     p.add_argument("--reduce-each", action="store_true",
                    help="attention reduces each score on its own, as before warp_sum8 (A/B timing)")
     p.add_argument("--out", default="e2e.json")
@@ -143,12 +140,8 @@ def main():
         tiled.USE_LOCAL = args.local
     if args.stage_x is not None:
         tiled.STAGE_X = args.stage_x
-    from lowbit.hf import layer as hf_layer
-
-    switches = {"layers": ("DECODE_LAYER", True), "no-layers": ("DECODE_LAYER", False),
-                "early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False),
-                "early-trigger": ("EARLY_TRIGGER", True), "no-early-trigger": ("EARLY_TRIGGER", False)}
-    defaults = {"DECODE_LAYER": not args.no_fused_layers, "EARLY_KV": kattn.EARLY_KV, "EARLY_TRIGGER": hf_layer.EARLY_TRIGGER}
+    switches = {"early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False)}
+    defaults = {"EARLY_KV": kattn.EARLY_KV}
     rows = []
     base = None
     for name in args.variants.split(","):
@@ -157,8 +150,7 @@ def main():
         for o in opts:
             key, value = switches[o]
             setting[key] = value
-        hf_layer.DECODE_LAYER, kattn.EARLY_KV = setting["DECODE_LAYER"], setting["EARLY_KV"]
-        hf_layer.EARLY_TRIGGER = setting["EARLY_TRIGGER"]
+        kattn.EARLY_KV = setting["EARLY_KV"]
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {name}", flush=True)
@@ -181,7 +173,7 @@ def main():
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
-                   "fused_layers": hf_layer.DECODE_LAYER, "early_trigger": hf_layer.EARLY_TRIGGER, "pdl": not args.no_pdl and not args.no_compile,
+                   "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,

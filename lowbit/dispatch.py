@@ -388,22 +388,18 @@ def nvfp4_grouped_op(x2, offsets, experts, check_offsets: bool = True) -> torch.
 
 
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,
-                         bias: torch.Tensor | None = None, rotation: int = 0,
-                         residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K_in] @ W^T (+ bias) (+ residual [M, N])`` for a weight held in the tiled layout, through the
-    custom ops. ``rotation=32``: the weight holds ``W H``; the GEMV rotates x in its registers, the other paths
-    take ``x H`` from :func:`lowbit.formats.kbit.rotation.rotate` (prefill: one small matmul). The GEMV adds the
-    residual before its one rounding; the other paths add it to their rounded output."""
+                         bias: torch.Tensor | None = None, rotation: int = 0) -> torch.Tensor:
+    """``x2 [M, K_in] @ W^T (+ bias)`` for a weight held in the tiled layout, through the custom ops.
+    ``rotation=32``: the weight holds ``W H``; the GEMV rotates x in its registers, the other paths
+    take ``x H`` from :func:`lowbit.formats.kbit.rotation.rotate` (prefill: one small matmul)."""
     path = kbit_path(x2, n)
     if path == "gemv":
-        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
+        return ops.kbit_gemv(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     if rotation:
         x2 = kbit_rotation.rotate(x2)
     if path == "gemm":
-        y = ops.kbit_gemm(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    else:
-        y = ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    return y if residual is None else y + residual
+        return ops.kbit_gemm(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    return ops.kbit_tiled_linear(x2, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, n: int, k_in: int,

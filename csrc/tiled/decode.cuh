@@ -233,11 +233,6 @@ template <typename T>
 __device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row) {
     return bias == nullptr ? 0.f : to_float(bias[row]);
 }
-// The same where the bias may hold one row per token (token_stride = n: a residual stream) or one for all (0).
-template <typename T>
-__device__ __forceinline__ float bias_of(const T* __restrict__ bias, int row, int tok, int token_stride) {
-    return bias == nullptr ? 0.f : to_float(bias[int64_t(tok) * token_stride + row]);
-}
 
 // Allow `smem` bytes of dynamic shared memory (needed above 48 KB); a cudaError_t as int.
 template <typename K>

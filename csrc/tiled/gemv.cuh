@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
-    int n_warps, StreamK sk, bool local, StreamK tiles, int bias_stride) {
+    int n_warps, StreamK sk, bool local, StreamK tiles) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -390,8 +390,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n)
-                y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row, tok, bias_stride));
+            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
         }
     };
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
@@ -523,7 +522,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
-    int n_tiles, int n_groups, int split, const SplitPlan plan, int bias_stride) {
+    int n_tiles, int n_groups, int split, const SplitPlan plan) {
     constexpr int S_ = kSplitStages;
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
@@ -550,8 +549,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
             if (tok < m && row < n)
-                y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale
-                                                                 + bias_of(ebias, row, tok0 + tok, bias_stride));
+                y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale + bias_of(ebias, row));
         }
     };
 
@@ -628,9 +626,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 
 // The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
-// keeps the stream-K kernel's x in global memory (no shared copy; for comparisons), bit 4 reads `bias` as
-// [m, n] (one row per token: a residual stream added in the epilogue, before the one rounding; dense only).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagTokenBias = 16;
+// keeps the stream-K kernel's x in global memory (no shared copy; for comparisons).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -687,7 +684,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
         codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
-        n_groups, n_warps, sk, local, tiles, flags & kFlagTokenBias ? n : 0);
+        n_groups, n_warps, sk, local, tiles);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -713,7 +710,6 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
-    if ((flags & kFlagTokenBias) && offsets != nullptr) return static_cast<int>(cudaErrorInvalidValue);
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
@@ -740,7 +736,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
-        n_experts, n, k_in, n_tiles, n_groups, split, plan, flags & kFlagTokenBias ? n : 0);
+        n_experts, n, k_in, n_tiles, n_groups, split, plan);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }

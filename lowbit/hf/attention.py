@@ -112,13 +112,14 @@ FUSED_CLASSES = {"LlamaAttention": False, "MistralAttention": False, "Qwen2Atten
 _fused_classes: dict[type, type] = {}
 
 
-def fused_plan(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
-    """What :func:`fused_run` needs for this call of attention layer ``self`` (a :data:`FUSED_CLASSES` layer
-    switched by :func:`use_fused_decode_attention`), or None when the call is not one it takes (prefill, a
-    cache other than a filled static layer, extra attention arguments, ...). Reads shapes only."""
+def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
+    """The decode step through :func:`lowbit.ops.decode_attention_append`, or None when this call is not
+    one it takes (prefill, a cache other than a filled static layer, extra attention arguments, ...)."""
     from transformers.cache_utils import StaticLayer
 
+    from ..kernels import attention as kattn
     from ..kernels.attention import supported_shape
+    from ..ops import decode_attention_append
 
     if (not DECODE_KERNEL or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1
             or getattr(self.config, "_attn_implementation", None) != NAME or position_embeddings is None
@@ -133,7 +134,7 @@ def fused_plan(self, hidden_states, position_embeddings, attention_mask, past_ke
         return None
     b, d = hidden_states.shape[0], self.head_dim
     cos, sin = position_embeddings
-    keys = layer.keys
+    keys, values = layer.keys, layer.values
     if (cos.shape != (b, 1, d) or sin.shape != (b, 1, d) or keys.dim() != 4 or keys.shape[0] != b
             or keys.shape[-1] != d or hidden_states.dtype != keys.dtype):
         return None
@@ -147,18 +148,7 @@ def fused_plan(self, hidden_states, position_embeddings, attention_mask, past_ke
         return None
     if decode_mask(attention_mask, b, keys.shape[2]) is False:
         return None
-    return layer, heads, kv_heads, cos, sin, attention_mask
-
-
-def fused_run(self, hidden_states, plan, residual=None):
-    """The decode step of attention layer ``self`` as :func:`fused_plan` planned it: q/k/v projections, the
-    rotary embedding + cache append + attention op, o_proj; ``residual``: added to o_proj's output (in its
-    GEMV where the module can, :func:`lowbit.nn.linear_residual`)."""
-    from ..nn import linear_residual
-    from ..ops import decode_attention_append
-
-    layer, heads, kv_heads, cos, sin, mask = plan
-    b, d = hidden_states.shape[0], self.head_dim
+    mask = attention_mask
     q = self.q_proj(hidden_states).view(b, heads, d)
     k = self.k_proj(hidden_states).view(b, kv_heads, d)
     v = self.v_proj(hidden_states).view(b, kv_heads, d)
@@ -166,16 +156,11 @@ def fused_run(self, hidden_states, plan, residual=None):
         q, k = self.q_norm(q), self.k_norm(k)
     # cos, sin and the mask go in as the model made them, once for every layer; the op advances the layer's
     # length as StaticLayer.update does
-    out = decode_attention_append(q, k, v, cos, sin, layer.keys, layer.values, layer.cumulative_length, mask,
-                                  float(self.scaling)).view(b, 1, -1)
-    return self.o_proj(out) if residual is None else linear_residual(self.o_proj, out, residual)
-
-
-def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
-    """The decode step through :func:`lowbit.ops.decode_attention_append`, or None when this call is not
-    one it takes."""
-    plan = fused_plan(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs)
-    return None if plan is None else fused_run(self, hidden_states, plan)
+    # the kernel before this op is the q|k|v projection (q/k norms included), which writes neither the cache nor
+    # its length: the op may read them before waiting for it
+    out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling),
+                                  kattn.EARLY_KV)
+    return self.o_proj(out.view(b, 1, -1))
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
@@ -184,11 +169,6 @@ def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask
         return super(type(self), self).forward(hidden_states, position_embeddings=position_embeddings,
                                                attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
     return out, None
-
-
-def is_fused_attention(mod) -> bool:
-    """Whether ``mod`` is an attention layer :func:`use_fused_decode_attention` switched."""
-    return type(mod) in _fused_classes.values()
 
 
 def use_fused_decode_attention(model) -> int:

@@ -107,17 +107,18 @@ FLAG_APPEND = 2
 #: launch flag: the append mode under PDL loads the first K/V rows and the position before waiting for the
 #: previous kernel (csrc/attention/decode.cu, EARLY)
 FLAG_EARLY = 4
-#: use FLAG_EARLY (off until measured on the GPU; the kernel's GPU tests cover both). Safe where the kernel launched
-#: right before the op writes neither the caches nor the position -- so in lowbit's fused decode step, whose
-#: caches and positions only this op writes; not for a caller that fills the cache just before calling it
-EARLY_KV = False
+#: lowbit's fused decode step asks for FLAG_EARLY (``decode_attention_append(..., early_kv=True)``): there the kernel
+#: launched right before the op is the q|k|v projection, which writes neither the caches nor the position (only
+#: this op does). Llama-3-8B batch 1: +2.0% tokens/s on an H100, +1.3% and +1.1% in one-process A/B rows on an H200
+#: (benchmarks/journal/2026-11-25_attention_grid_at_batch_4.md); benchmarks turn it off to compare
+EARLY_KV = True
 #: launch flag: each score reduced on its own (5 shuffles each), as before warp_sum8 -- for A/B timing only
 FLAG_REDUCE_EACH = 8
 #: use FLAG_REDUCE_EACH (benchmarks set it; the results are bit-identical either way)
 REDUCE_EACH = False
 
 
-def _launch(lib, q, k, v, mask, scale, append=None):
+def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
     """Run the kernel; ``append``: (k_new, v_new, cos, sin, position) for the append mode."""
     b, hq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]
@@ -142,7 +143,7 @@ def _launch(lib, q, k, v, mask, scale, append=None):
         k_new, v_new, cos, sin, position = append
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
                  cos.stride(0), ptr(position)]
-        flags = FLAG_APPEND | (FLAG_EARLY if EARLY_KV else 0)
+        flags = FLAG_APPEND | (FLAG_EARLY if early_kv else 0)
     flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
@@ -166,10 +167,10 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 @ops.decode_attention_append.register_kernel("cuda")
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False):
     ops.check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
     lib = library_or_none(q.device)
     if (lib is None or not supported(q, k_cache)
             or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache))):
         return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position))
+    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position), early_kv)

@@ -13,7 +13,7 @@ from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, check_offsets_on_device,
-                    fusable_bias, kbit_format, tiled_signatures, with_bias)
+                    kbit_format, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -60,18 +60,13 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
 
 
 @ops.kbit_gemv.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, residual=None):
-    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    ops.check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     lib = library_or_none(x.device)
     if lib is None:
-        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
+        return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in, rotation)
-    shape = (x.shape[0], n)
-    if residual is not None:
-        if bias is not None and not fusable_bias(bias, x):
-            return launch(x, x.shape[0], shape, residual=residual).add_(bias)
-        return launch(x, x.shape[0], shape, bias, residual)
-    return with_bias(lambda b: launch(x, x.shape[0], shape, b), x, bias)
+    return with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")

@@ -86,9 +86,7 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-#: The GEMV reads its bias pointer as ``[M, N]``: a residual stream added before the one rounding (dense only).
-FLAG_TOKEN_BIAS = 16
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(16))  # bits 1-3: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -307,9 +305,7 @@ class GemvLauncher(_Launcher):
     kernel symbols are called without ctypes argtypes, every fixed argument pre-wrapped.
     Call: ``launcher(x, m, out_shape, bias=None)`` with x contiguous, ``m = x.numel() // K_in`` in
     1..8 rows of fp16/bf16 on the weight's device; returns y of ``out_shape`` (``m * N`` elements).
-    ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding, and so is
-    ``residual`` (``[M, N]`` elements, x's dtype, contiguous: the residual stream the output joins); given both,
-    the residual is added to the rounded output (the kernel takes one of them).
+    ``bias`` (``[N]``, x's dtype, contiguous) is added in fp32 before the output's one rounding.
     ``rotation=32`` (kbit): the weight holds ``W H`` and the kernel multiplies by ``x H``
     (lowbit/formats/kbit/rotation.py), rotating x in its registers.
     """
@@ -349,8 +345,7 @@ class GemvLauncher(_Launcher):
         self._plans[(dtype, m)] = plan
         return plan
 
-    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None) -> torch.Tensor:
         dtype = x.dtype
         plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
         if x.data_ptr() % 16:
@@ -358,27 +353,20 @@ class GemvLauncher(_Launcher):
         y = torch.empty(out_shape, dtype=dtype, device=self.device)
         vp = ctypes.c_void_p
         stream = vp(_current_stream(self.index))
-        token_bias = 0
-        if residual is not None and bias is None:
-            residual, token_bias = residual.contiguous(), FLAG_TOKEN_BIAS
-            b = vp(residual.data_ptr())
-        else:
-            b = None if bias is None else vp(bias.data_ptr())
+        b = None if bias is None else vp(bias.data_ptr())
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
-                          _pdl_arg(self.pdl_ok, plan[3] | token_bias), stream)
+                          _pdl_arg(self.pdl_ok, plan[3]), stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             # workspace (global mode): alive until the launch is queued, like y
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device) if plan[4] else None
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(None if ws is None else ws.data_ptr()), cnt, m_, n, k,
-                          warps, _pdl_arg(self.pdl_ok, plan[5] | token_bias), stream)
+                          warps, _pdl_arg(self.pdl_ok, plan[5]), stream)
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
-        if residual is not None and bias is not None:
-            y.add_(residual.view(out_shape))
         return y
 
 

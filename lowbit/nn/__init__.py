@@ -7,14 +7,14 @@ Every module of this package is imported here; each ``QuantizedModule`` subclass
 import importlib as _importlib
 import pkgutil as _pkgutil
 
-from .base import REGISTRY, QuantizedModule, formats, linear_class, linear_residual, plain_call
+from .base import REGISTRY, QuantizedModule, formats, linear_class
 from .experts import KbitMoeExperts, fused_experts_layout
 from .fused import FusedKbitLinear, FusedParts, KbitLinearPart, LinearPart, fuse_linears
 from .linear import KbitLinear
 from .nvfp4 import NvFp4Linear
 
-__all__ = ["REGISTRY", "QuantizedModule", "formats", "linear_class", "linear_residual", "plain_call",
-           "FusedKbitLinear", "FusedParts", "KbitLinear", "KbitLinearPart", "LinearPart", "KbitMoeExperts", "NvFp4Linear", "fuse_linears",
+__all__ = ["REGISTRY", "QuantizedModule", "formats", "linear_class", "FusedKbitLinear", "FusedParts", "KbitLinear",
+           "KbitLinearPart", "LinearPart", "KbitMoeExperts", "NvFp4Linear", "fuse_linears",
            "fused_experts_layout"]
 
 for _info in _pkgutil.iter_modules(__path__):

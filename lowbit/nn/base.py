@@ -11,23 +11,6 @@ from torch import nn
 REGISTRY: dict[str, type["QuantizedModule"]] = {}
 
 
-def plain_call(mod: nn.Module) -> bool:
-    """Whether calling ``mod`` runs its forward and nothing else: no forward hooks (tensor parallelism's
-    all-reduce, offloading), no tensor-parallel wrapping."""
-    return not (mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "_hf_quantized_needs_local_tp", False)
-                or getattr(mod, "_lowbit_tp", None) is not None)
-
-
-def linear_residual(mod: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """``residual + mod(x)`` with the add inside the module's GEMV where it can (``takes_residual``: one
-    rounding instead of two and no add kernel between it and the next one); a module whose call does more than
-    its forward (:func:`plain_call`: e.g. a tensor-parallel row split summed over ranks by a hook) gets the
-    residual added after the call."""
-    if getattr(mod, "takes_residual", False) and plain_call(mod):
-        return mod(x, residual=residual)
-    return residual + mod(x)
-
-
 def describe(mod: nn.Module | None) -> str:
     """``Linear(4096 -> 1024, bias=False)``: a module as load errors name it."""
     if mod is None:

@@ -134,19 +134,10 @@ class KbitLinear(QuantizedModule):
         self._launcher = self._cpu_weight = None
 
     # -- forward ---------------------------------------------------------------------------
-    #: forward takes ``residual=`` and adds it in the GEMV's epilogue (:func:`lowbit.nn.linear_residual`)
-    takes_residual = True
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ W^T (+ bias)``; ``residual`` (x's shape but ``out_features`` wide, x's dtype): added too, in
-        the decode GEMV before its one rounding (elsewhere to the rounded output)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.in_features
         if x.shape[-1] != k:
             raise ValueError(f"x must have shape [..., in_features={k}], got {tuple(x.shape)}")
-        out_shape = (*x.shape[:-1], self.out_features)
-        if residual is not None and (tuple(residual.shape) != out_shape or residual.dtype != x.dtype):
-            raise ValueError(f"residual must be {out_shape} of x's dtype {x.dtype}, got {tuple(residual.shape)} "
-                             f"{residual.dtype}")
         if not x.is_contiguous():
             x = x.contiguous()
         if x.is_cuda and not torch.compiler.is_compiling():
@@ -158,10 +149,11 @@ class KbitLinear(QuantizedModule):
                     launch = self._launcher = dispatch.eager_launcher("gemv", self._buffers, self.bits, self.out_features,
                                                                       k, x, self.rotation)
                 if launch is not None:
+                    out_shape = (*x.shape[:-1], self.out_features)
                     bias = self.bias
                     if bias is None or dispatch.fusable_bias(bias, x):
-                        return launch(x, m, out_shape, bias, residual)  # bias, residual added in the kernel
-                    return launch(x, m, out_shape, residual=residual).add_(bias)
+                        return launch(x, m, out_shape, bias)  # bias added in the kernel, one rounding
+                    return launch(x, m, out_shape).add_(bias)
         b = self._buffers
         if not x.is_floating_point():
             raise TypeError(f"x must have dtype in (float16, bfloat16, float32), got {str(x.dtype).removeprefix('torch.')}")
@@ -172,14 +164,12 @@ class KbitLinear(QuantizedModule):
             if cached is None or cached[0] is not b["qweight"]:
                 cached = self._cpu_weight = (b["qweight"], self.dequantize(torch.float32))
             bias = None if self.bias is None else self.bias.to(torch.float32)
-            y = torch.nn.functional.linear(x.to(torch.float32), cached[1], bias)
-            return (y if residual is None else y + residual.to(torch.float32)).to(x.dtype)
+            return torch.nn.functional.linear(x.to(torch.float32), cached[1], bias).to(x.dtype)
         # rotation: the GEMV rotates x in registers, the other paths in PyTorch (dispatch); the CPU path
         # above decodes W itself
         y = dispatch.kbit_tiled_linear_op(x.reshape(-1, k), b["qweight"], b["qabsmax"], b["codebook"], b["scale"],
-                                          self.bits, self.out_features, k, self.bias, self.rotation,
-                                          None if residual is None else residual.reshape(-1, self.out_features))
-        return y.view(out_shape)
+                                          self.bits, self.out_features, k, self.bias, self.rotation)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the reference decodes it (rotated back to x's space

@@ -125,14 +125,17 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 @torch.library.custom_op("lowbit::decode_attention_append", mutates_args=("k_cache", "v_cache", "position"),
                          tags=(torch.Tag.flexible_layout,))
 def decode_attention_append(q: Tensor, k_new: Tensor, v_new: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
-                            v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+                            v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float,
+                            early_kv: bool = False) -> Tensor:
     """One decode step of a rotary-embedding attention layer: rotate ``q [B, Hq, D]`` and the new token's
     ``k_new [B, Hkv, D]`` with ``cos, sin [B, D]`` (or transformers' ``[B, 1, D]``) (:func:`rope_reference`), write ``k_new`` (rotated) and ``v_new`` into row
     ``position`` (int64, one element, on the device) of the caches ``k_cache, v_cache [B, Hkv, L, D]``
     (in place), then :func:`decode_attention` of the rotated q against the caches, and advances
     ``position`` by one (in place, as transformers' static cache layer advances its length). A position
     outside the cache raises here; the CUDA kernel (which cannot raise without a synchronization) writes
-    nothing, leaves the position and returns NaN."""
+    nothing, leaves the position and returns NaN. ``early_kv`` (CUDA, under programmatic launch): read the first
+    cache rows and the position before waiting for the kernel launched just before -- only when that kernel
+    writes neither the caches nor the position (in a decode step: the q|k|v projection)."""
     check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
     return decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
 
@@ -147,6 +150,6 @@ def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cach
 
 
 @decode_attention_append.register_fake
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False):
     check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -27,16 +27,6 @@ def check_bias(bias, n, x) -> None:
 
 
 
-def check_residual(residual, m, n, x) -> None:
-    """A residual stream the GEMV adds to its output: ``[M, N]``, x's dtype."""
-    if residual is None:
-        return
-    check_tensor("residual", residual, dtypes=(x.dtype,), dim=2, contiguous=False)
-    if tuple(residual.shape) != (m, n):
-        raise ValueError(f"residual must have shape [M={m}, N={n}], got {tuple(residual.shape)}")
-    check_same_device(x=x, residual=residual)
-
-
 def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
     """The grouped references: rows ``[off[e], off[e+1])`` of x through ``linear(e, rows)`` expert by expert."""
     off = check_offsets_values(expert_offsets, x.shape[0])

@@ -10,7 +10,7 @@ from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
 from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
-from .common import GEMV_MAX_M, _check_out_dtype, check_bias, check_residual, per_expert
+from .common import GEMV_MAX_M, _check_out_dtype, check_bias, per_expert
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
     kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
@@ -106,29 +106,25 @@ def _check_kernel_x_args(op, rows, x, qweight, qabsmax, codebook, scale, bits, n
     return x.shape[0]
 
 
-def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0,
-                         residual=None) -> int:
+def check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0) -> int:
     kbit_rotation.check_rotation(rotation)
-    m = _check_kernel_x_args("kbit_gemv", (1, GEMV_MAX_M), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    check_residual(residual, m, n, x)
-    return m
+    return _check_kernel_x_args("kbit_gemv", (1, GEMV_MAX_M), x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
 @torch.library.custom_op("lowbit::kbit_gemv", mutates_args=())
 def kbit_gemv(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int, k_in: int,
-              bias: Tensor | None = None, rotation: int = 0, residual: Tensor | None = None) -> Tensor:
-    """Decode GEMV ``x[M<=8, K_in] @ W^T (+ bias) (+ residual)`` from the tiled layout; fp16/bf16 in and out,
-    fp32 accumulation, the bias ``[N]`` and the residual ``[M, N]`` (x's dtype: a residual stream the output
-    joins) added in fp32 before the one rounding. ``rotation=32``: the weight holds
+              bias: Tensor | None = None, rotation: int = 0) -> Tensor:
+    """Decode GEMV ``x[M<=8, K_in] @ W^T (+ bias)`` from the tiled layout; fp16/bf16 in and out, fp32
+    accumulation, the bias added in fp32 before the one rounding. ``rotation=32``: the weight holds
     ``W H`` (block-32 Hadamard, :mod:`lowbit.formats.kbit.rotation`) and the product is ``(x H) (W H)^T``;
     the kernel rotates x in registers (x H rounded once to x's dtype), the reference in fp32."""
-    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
-    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
+    check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    return gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
 
 
 @kbit_gemv.register_fake
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, residual=None):
-    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, residual)
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     return x.new_empty((m, n))
 
 
@@ -249,20 +245,19 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
     return x.new_empty((x.shape[0], n))
 
 
-def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, residual=None):
-    x32 = kbit_rotation.rotate(x.to(torch.float32)) if rotation else x
-    return tiled_linear_reference(x32, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, residual).to(x.dtype)
+def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
+    if rotation:
+        x32 = kbit_rotation.rotate(x.to(torch.float32))
+        return tiled_linear_reference(x32, qweight, qabsmax, codebook, scale, bits, n, k_in, bias).to(x.dtype)
+    return tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
 
 
-def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, residual=None):
-    """``x @ W^T (+ bias) (+ residual)`` in fp32 from the tiled layout, rounded once to x's dtype
-    (= kbit.linear_reference)."""
+def tiled_linear_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
+    """``x @ W^T (+ bias)`` in fp32 from the tiled layout, rounded once to x's dtype (= kbit.linear_reference)."""
     w = kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in)
     y = x.to(torch.float32) @ w.t()
     if bias is not None:
         y = y + bias.to(torch.float32)
-    if residual is not None:
-        y = y + residual.to(torch.float32)
     return y.to(x.dtype)
 
 

@@ -232,15 +232,12 @@ def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["wait-first", "early-rows"])
-def test_append_in_graph_steps_the_position(early, gen, monkeypatch):
+def test_append_in_graph_steps_the_position(early, gen):
     """Captured in a CUDA graph with programmatic launch and a kbit GEMV reading its output (the o_proj
     pattern): each replay appends at the position a device counter holds (advanced by the op itself), and
     matches the same steps run eagerly, bit for bit. early-rows: the kernel loads the cache rows and the
     position before waiting for the mask kernel in front of it (FLAG_EARLY), reading the row the previous
     replay's attention wrote."""
-    from lowbit.kernels import attention as kattn
-
-    monkeypatch.setattr(kattn, "EARLY_KV", early)
     length = 200
     q, k_new, v_new, cos, sin, kc, vc, _, _ = _append_inputs(gen, 1, 32, 8, length, 128, torch.bfloat16, 0)
     o = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(4096, 1024, bias=False), bits=4).to("cuda", torch.bfloat16)
@@ -249,7 +246,7 @@ def test_append_in_graph_steps_the_position(early, gen, monkeypatch):
     def run_steps(kc, vc, pos, graph_steps):
         def step():
             mask = (ar <= pos)[None]
-            a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088)
+            a = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.088, early)
             return o(a.view(1, 4096))
 
         outs = []
@@ -278,26 +275,37 @@ def test_append_in_graph_steps_the_position(early, gen, monkeypatch):
     assert torch.equal(kc_g[:, :, 100:106], kc_e[:, :, 100:106]) and torch.equal(vc_g[:, :, 100:106], vc_e[:, :, 100:106])
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
-def test_transformers_fused_decode_steps(name, gen):
-    """A tiny Llama (head_dim 32) and Qwen3-MoE (per-head q/k norms), bf16 on the GPU: 4 decode steps after a
-    9-token prompt with the fused op give the model's own logits within bf16 rounding and the same caches."""
+@pytest.mark.parametrize("name,kw", [("llama", {}), ("llama", {"hidden": 256, "inter": 512}), ("qwen3_moe", {})],
+                         ids=["llama-d32", "llama-d64", "qwen3_moe-d32"])
+def test_transformers_fused_decode_steps(name, kw, gen, monkeypatch):
+    """A tiny Llama (head_dim 32 and 64) and Qwen3-MoE (per-head q/k norms), bf16 on the GPU, under programmatic
+    launch: 4 decode steps after a 9-token prompt with the fused op (with its early cache reads) give the model's
+    own logits within bf16 rounding and the same caches. head_dim 64 takes the fused op on every layer and step;
+    32 has no compiled kernel and keeps the layers' own forward."""
     from transformers import StaticCache
 
     from lowbit.hf.attention import use_fused_decode_attention, use_gqa_sdpa
 
     from ..tiny_models import build
 
-    model = build(name, 0, dtype=torch.bfloat16, device="cuda")
+    model = build(name, 0, dtype=torch.bfloat16, device="cuda", **kw)
     model.set_attn_implementation("sdpa")
     assert use_gqa_sdpa(model)
     ids = torch.randint(0, 320, (2, 9), generator=gen).cuda()
     steps = torch.randint(0, 320, (4, 2, 1), generator=gen).cuda()
+    calls = []
+    op = lowbit.ops.decode_attention_append
+
+    def counted(*args):
+        calls.append(args[-1])  # early_kv
+        return op(*args)
+
+    monkeypatch.setattr(lowbit.ops, "decode_attention_append", counted)
 
     def run():
         cache = StaticCache(config=model.config, max_cache_len=40)
         out = []
-        with torch.no_grad():
+        with torch.no_grad(), lowbit.programmatic_launch():
             model(ids, past_key_values=cache, position_ids=torch.arange(9).expand(2, -1).cuda(), use_cache=True)
             for i, tok in enumerate(steps):
                 out.append(model(tok, past_key_values=cache, position_ids=torch.full((2, 1), 9 + i).cuda(),
@@ -307,6 +315,7 @@ def test_transformers_fused_decode_steps(name, gen):
     want, want_cache = run()
     assert use_fused_decode_attention(model) == 2
     got, got_cache = run()
+    assert calls == ([True] * 8 if model.config.hidden_size // model.config.num_attention_heads == 64 else [])
     assert torch.isfinite(got).all()
     assert ((got - want).norm() / want.norm()).item() < 2e-2
     for a, b in zip(got_cache.layers, want_cache.layers):
