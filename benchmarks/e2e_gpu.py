@@ -4,7 +4,7 @@
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
 Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS, except in ``kbit<K>+lm_head<B>`` variants; ``nvfp4[+fuse]``: NVFP4 linears: the lm_head at B bits; ``+fuse``: projections of one
+cuBLAS, except in ``kbit<K>+lm_head<B>`` variants; ``nvfp4[+fuse]``: NVFP4 linears); ``+fuse``: projections of one
 input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the modules named <name>
 unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
@@ -79,8 +79,8 @@ def convert(model, variant):
         skip = lowbit.model.quantize.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
         lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
         return
-    if variant in ("nvfp4", "nvfp4+fuse"):  # quantize_model's own choice of fusing (None) for +fuse
-        lowbit.quantize_model(model, format="nvfp4", fuse=None if "+fuse" in variant else False, progress=False)
+    if variant in ("nvfp4", "nvfp4+fuse"):  # as kbit: plain rows quantize each linear alone
+        lowbit.quantize_model(model, format="nvfp4", fuse="+fuse" in variant, progress=False)
         return
     raise ValueError(variant)
 

@@ -155,16 +155,16 @@ def test_round_semantics_any_call_sequence(calls, seed):
         assert torch.equal(getattr(parent, f"p{part}")(x), want)
 
 
-# ------------------------------------------------------------------ NVFP4 (fusing is opt-in there)
-def test_nvfp4_fuses_only_when_asked(gen):
+# ------------------------------------------------------------------ NVFP4 (fused by default too)
+def test_nvfp4_fuses_by_default(gen):
     from lowbit.nn import FusedNvFp4Linear, LinearPart, NvFp4Linear
 
     seed = _seed(gen)
     plain = build("llama", seed)
-    lowbit.quantize_model(plain, format="nvfp4", progress=False)
+    lowbit.quantize_model(plain, format="nvfp4", fuse=False, progress=False)
     assert not any(isinstance(m, FusedNvFp4Linear) for m in plain.modules())
     model = build("llama", seed)
-    report = lowbit.quantize_model(model, format="nvfp4", fuse=True, progress=False)
+    report = lowbit.quantize_model(model, format="nvfp4", progress=False)
     att = model.model.layers[0].self_attn
     fused = att.lowbit_fused_q_proj_k_proj_v_proj
     assert isinstance(fused, FusedNvFp4Linear) and isinstance(att.q_proj, LinearPart) and fused.out_sizes == (128, 64, 64)

@@ -91,7 +91,7 @@ def test_quantize_model_nvfp4_refuses_kbit_options():
     for kw in ({"bits": 3}, {"codebook": "fit"}, {"bits_for": {"3": 5}}):
         with pytest.raises(ValueError, match="kbit options"):
             quantize_model(_mlp(torch.Generator().manual_seed(0)), format="nvfp4", **kw)
-    with pytest.raises(ValueError, match="has no fused module"):  # NVFP4 fuses (opt-in, test_fused.py); SBVR does not
+    with pytest.raises(ValueError, match="has no fused module"):  # NVFP4 fuses (test_fused.py); SBVR does not
         quantize_model(_mlp(torch.Generator().manual_seed(0)), format="sbvr", fuse=True)
     with pytest.raises(ValueError, match="format must be one of kbit, nvfp4"):
         quantize_model(_mlp(torch.Generator().manual_seed(0)), format="int4")

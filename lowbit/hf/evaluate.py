@@ -69,6 +69,8 @@ def _variants(bits_list, fit: bool, baselines: bool, lm_head: int | None = None,
                 out += [(f"{f}{b}{tag}", ("format", f, b, method)) for b in bits_list if _takes_bits(cls, b)]
             else:
                 out.append((f + tag, ("format", f, None, method)))
+                if fuse and cls.fused_class is not None:
+                    out.append((f"{f}+fuse{tag}", ("format-fuse", f, None, method)))
     if baselines:
         from ..bench.baselines import BASELINES
 
@@ -103,8 +105,9 @@ def _apply(model, spec, tok=None, gptq=None, rotation=0):
         return lowbit.quantize_model(model, bits=a, bits_for={"lm_head": b}, fuse=False, **kw)
     if kind == "kbit-fuse":
         return lowbit.quantize_model(model, bits=a, fuse=True, **kw)
-    if kind == "format":
-        return lowbit.quantize_model(model, format=a, **({"bits": b} if b is not None else {}), **kw)
+    if kind in ("format", "format-fuse"):  # "format": each linear alone, as for kbit rows
+        return lowbit.quantize_model(model, format=a, **({"bits": b} if b is not None else {}),
+                                     fuse=kind == "format-fuse", **kw)
     fn = BASELINES[a][0]
     with torch.no_grad():
         for name, mod in model.named_modules():
@@ -308,7 +311,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--lm-head", type=int, default=None, choices=(2, 3, 4, 5), metavar="B",
                    help="also kbit<b>+lm_head<B> rows: the output projection quantized too, to B bits")
-    p.add_argument("--fuse", action="store_true", help="also kbit<b>+fuse rows (quantize_model(fuse=True))")
+    p.add_argument("--fuse", action="store_true",
+                   help="also kbit<b>+fuse and <format>+fuse rows (quantize_model(fuse=True): q|k|v and gate|up as one weight)")
     p.add_argument("--encoder", action="store_true", help="also all-MiniLM-L6-v2: embedding cosine vs unquantized")
     p.add_argument("--only", default=None, metavar="ROWS",
                    help="comma-separated row names to score (e.g. sbvr3,sbvr3-gptq); the others are left out")

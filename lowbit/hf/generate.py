@@ -358,7 +358,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, help="save the quantized model to this directory")
     p.add_argument("--layers", type=_positive, default=None, help="random:<name> models: number of layers")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
-                   help="one weight (one launch) for q|k|v, gate|up, ... (kbit's default, NVFP4 opt-in; --no-fuse: each linear alone)")
+                   help="one weight (one launch) for q|k|v, gate|up, ... (kbit's and NVFP4's default; --no-fuse: each linear alone)")
     p.add_argument("--lm-head-bits", type=int, default=None, choices=(2, 3, 4, 5),
                    help="quantize the output projection too, to this many bits (default: keep it)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text (no chat template)")

@@ -325,8 +325,9 @@ def quantize_model(
     * ``fuse`` (kbit, NVFP4): quantize sibling linears that read the same input as one weight (one kernel launch;
       :mod:`lowbit.nn.fused`). ``True`` fuses ``DEFAULT_FUSE_GROUPS`` (q/k/v, gate/up, w1/w3, ...), ``False``
       quantizes every linear alone, or pass the groups of child names; None: the format's default
-      (``fuse_by_default``: kbit fuses, NVFP4 not yet: its fused decode has no GPU measurement). Measured on the
-      H100: Llama-3-8B decode 269 -> 310 tok/s, same quality (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md). A group is fused
+      (``fuse_by_default``: kbit and NVFP4 fuse). Measured on the H100, Llama-3-8B decode: kbit4 269 -> 310 tok/s
+      (benchmarks/journal/2026-11-23_round_2_what_the_small_gemv.md), NVFP4 312 -> 345; the same quality
+      (journal 2026-11-26_nvfp4_fused_by_default.md). A group is fused
       where all its members are quantized linears of one parent with the same input size, bias presence,
       dtype, device and bits; else each stays alone.
     * Each layer is quantized on the device its weight is on (a model on the GPU quantizes there).

@@ -220,6 +220,4 @@ class FusedNvFp4Linear(FusedParts, NvFp4Linear):
 
 
 NvFp4Linear.fused_class = FusedNvFp4Linear
-# opt-in (quantize_model(fuse=True), lowbit generate --fuse): the kernels are NvFp4Linear's, but the fused
-# decode step has not been timed on a GPU yet, so unmeasured speed is not the default
-NvFp4Linear.fuse_by_default = False
+NvFp4Linear.fuse_by_default = True
