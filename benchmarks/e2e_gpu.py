@@ -140,17 +140,17 @@ def main():
         tiled.USE_LOCAL = args.local
     if args.stage_x is not None:
         tiled.STAGE_X = args.stage_x
-    switches = {"early-kv": ("EARLY_KV", True), "no-early-kv": ("EARLY_KV", False)}
-    defaults = {"EARLY_KV": kattn.EARLY_KV}
+    early_kv = kattn.EARLY_KV
+    names = args.variants.split(",")
+    for name in names:  # refuse an unknown @switch before any model is built
+        for o in name.split("@")[1:]:
+            if o not in ("early-kv", "no-early-kv"):
+                p.error(f"variant {name!r}: unknown switch @{o} (known: @early-kv, @no-early-kv)")
     rows = []
     base = None
-    for name in args.variants.split(","):
+    for name in names:
         variant, *opts = name.split("@")
-        setting = dict(defaults)
-        for o in opts:
-            key, value = switches[o]
-            setting[key] = value
-        kattn.EARLY_KV = setting["EARLY_KV"]
+        kattn.EARLY_KV = early_kv if not opts else opts[-1] == "early-kv"
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {name}", flush=True)
