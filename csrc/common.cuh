@@ -7,6 +7,12 @@
 
 #include <type_traits>
 
+// Timeline probe: a kernel marks its steps with LOWBIT_TRACE(event); a no-op unless a tool defines it
+// before including lowbit's headers (benchmarks/tools/gemv_timeline.cu records %globaltimer per warp).
+#ifndef LOWBIT_TRACE
+#define LOWBIT_TRACE(event) ((void)0)
+#endif
+
 namespace lowbit {
 
 constexpr unsigned kFullMask = 0xffffffffu;

@@ -276,6 +276,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
                 if (u + S - 1 < u_end)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
                 compute_group<BITS, QUAD, T, XSRC, FP4, ROT>(acc, buf[i], ctx, grp);
+                LOWBIT_TRACE(3 + (u - u_begin < 16 ? int(u - u_begin) : 15));  // unit decoded
                 ++u;
                 if (++grp == n_groups || u == u_end) {
                     flush(acc, tile, g0, grp);
@@ -359,6 +360,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         n_warps = kStreamWarps;
     }
     const int u_begin = unit_base + sk.begin(w), u_end = unit_base + sk.begin(w + 1);
+    LOWBIT_TRACE(0);  // entry
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
     // Start the first groups' loads before building the table: their latency hides the build.
@@ -375,11 +377,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         stage_x(xs, x, m, k_in);
     }
     __syncthreads();
+    LOWBIT_TRACE(1);  // table built
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
     if constexpr (!XS) {
         pdl_wait();
         pdl_launch_dependents();
     }
+    LOWBIT_TRACE(2);  // past the PDL wait
     const LaneCtx<T> ctx = XS ? lane_ctx<BITS, QUAD, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
                               : lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     constexpr int XSRC = XS ? kXShared : kXCoherent;
@@ -428,9 +432,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     };
     run_units<BITS, QUAD, T, S, XSRC, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                                 u_begin - first_tile * n_groups, n_groups, flush);
+    LOWBIT_TRACE(19);  // units done
     if (!local) return;
     // CTA-local: each tile shared by warps w_first..w_last is summed in warp order by one warp.
     __syncthreads();
+    LOWBIT_TRACE(20);  // partials published
     for (int j = warp; j < cta_tiles; j += kStreamWarps) {
         const int w_first = sk.warp_of(j * n_groups), w_last = sk.warp_of((j + 1) * n_groups - 1);
         if (w_first == w_last) continue;  // one warp's whole tile: already written
@@ -442,6 +448,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         }
         store(sum, unit_base / n_groups + j);
     }
+    LOWBIT_TRACE(21);  // done
 }
 
 // Split-K inside one CTA, for grouped (MoE) GEMV and for dense shapes too small to fill the GPU
