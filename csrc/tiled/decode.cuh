@@ -20,6 +20,12 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
 }
+// A constant (codebook) value; volatile, so that it stays ahead of the weight loads issued after it.
+__device__ __forceinline__ float ld_const(const float* p) {
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t& a, uint32_t& b) {
     asm volatile("ld.shared.v2.b32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(addr));
 }
@@ -114,30 +120,44 @@ struct Lut {
     }
 
     // Build it with THREADS threads: 16-byte stores (4 replicas of a 4-byte entry, or 2 of an
-    // 8-byte one), consecutive threads on consecutive chunks (no bank conflicts), codebook values
-    // straight from global memory (L1/L2): no staging barrier, and the fully unrolled loop issues
-    // all its loads at once, which matters for small GEMVs whose whole run time is a few us.
+    // 8-byte one), consecutive threads on consecutive chunks (no bank conflicts), no staging barrier.
+    // In two steps: fetch() loads one codebook value per lane (lane l: value l mod 2^K), store() gets
+    // each chunk's values by warp shuffles and writes the chunks. A kernel fetches before it requests
+    // any weights: behind a unit's weight loads the codebook's load waited for their DRAM round trip,
+    // and the table's barrier with it (benchmarks/journal/2026-11-26_gemv_startup.md).
+    static constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
+    static constexpr int kChunks = kEntries * kChunksPerEntry;
+    static_assert((1 << BITS) <= 32, "one codebook value per lane");
+
+    static __device__ __forceinline__ float fetch(const float* __restrict__ codebook) {
+        return ld_const(codebook + (threadIdx.x & ((1 << BITS) - 1)));
+    }
+
     template <int THREADS, typename T>
-    static __device__ __forceinline__ void build(const float* __restrict__ codebook) {
-        constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
-        constexpr int kChunks = kEntries * kChunksPerEntry;
+    static __device__ __forceinline__ void store(float cb) {
         constexpr int kMask = (1 << BITS) - 1;
+        auto value = [cb](int code) { return __shfl_sync(kFullMask, cb, code); };
 #pragma unroll
         for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
             const int c = i * THREADS + threadIdx.x;
-            if (kChunks % THREADS == 0 || c < kChunks) {
-                const int e = c / kChunksPerEntry, part = c % kChunksPerEntry;
-                uint4* dst = reinterpret_cast<uint4*>(g_table + (size_t(e) << kRowShift)) + part;
-                if constexpr (QUAD) {  // e = pair0 | pair1 << 4, each pair = code0 | code1 << 2
-                    const uint32_t v0 = Pack2<T>::pack(__ldg(codebook + (e & 3)), __ldg(codebook + ((e >> 2) & 3)));
-                    const uint32_t v1 = Pack2<T>::pack(__ldg(codebook + ((e >> 4) & 3)), __ldg(codebook + (e >> 6)));
-                    *dst = make_uint4(v0, v1, v0, v1);
-                } else {  // e = code0 | code1 << K
-                    const uint32_t v = Pack2<T>::pack(__ldg(codebook + (e & kMask)), __ldg(codebook + (e >> BITS)));
-                    *dst = make_uint4(v, v, v, v);
-                }
+            const int e = c / kChunksPerEntry, part = c % kChunksPerEntry;
+            uint4 chunk;
+            if constexpr (QUAD) {  // e = pair0 | pair1 << 4, each pair = code0 | code1 << 2
+                const uint32_t v0 = Pack2<T>::pack(value(e & 3), value((e >> 2) & 3));
+                const uint32_t v1 = Pack2<T>::pack(value((e >> 4) & 3), value((e >> 6) & 3));
+                chunk = make_uint4(v0, v1, v0, v1);
+            } else {  // e = code0 | code1 << K
+                const uint32_t v = Pack2<T>::pack(value(e & kMask), value((e >> BITS) & kMask));
+                chunk = make_uint4(v, v, v, v);
             }
+            if (kChunks % THREADS == 0 || c < kChunks)  // after the shuffles: every lane takes part in them
+                reinterpret_cast<uint4*>(g_table + (size_t(e) << kRowShift))[part] = chunk;
         }
+    }
+
+    template <int THREADS, typename T>
+    static __device__ __forceinline__ void build(const float* __restrict__ codebook) {
+        store<THREADS, T>(fetch(codebook));
     }
 };
 

@@ -363,12 +363,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     LOWBIT_TRACE(0);  // entry
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
-    // Start the first groups' loads before building the table: their latency hides the build.
+    // The codebook first (see Lut::fetch), then the first groups' loads, whose latency hides the table build.
+    const float cb = Lut<BITS, QUAD>::fetch(codebook);
     constexpr int S = kStreamStages(BITS);
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
-    Lut<BITS, QUAD>::template build<kStreamWarps * 32, T>(codebook);
+    Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
     m = m < MAXM ? m : MAXM;
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
     if constexpr (XS) {
@@ -565,6 +566,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         const bool has_tile = warp_used && tile < n_tiles;
         const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x, k_in, m_dense, k_in);
+        const float cb = Lut<BITS, false>::fetch(codebook);  // before the weights (Lut::fetch)
         GroupData<BITS> d;
         uint4 xv[kGroupBlocks];
         if (has_tile) {
@@ -572,7 +574,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             load_x<false>(xv, ctx, g_begin);
         }
         const float scale = *scales;
-        Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
+        Lut<BITS, false>::template store<kWarps * 32, T>(cb);
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -585,6 +587,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         return;
     }
 
+    const float cb = Lut<BITS, false>::fetch(codebook);  // before the weights (Lut::fetch)
     GroupData<BITS> buf[S_];
     bool prefetched = false;
     if (expert_offsets == nullptr) {
@@ -596,7 +599,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
-    Lut<BITS, false>::template build<kWarps * 32, T>(codebook);
+    Lut<BITS, false>::template store<kWarps * 32, T>(cb);
     if constexpr (PDL) {
         pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
         pdl_launch_dependents();
