@@ -122,10 +122,9 @@ struct Lut {
     // Build it with THREADS threads: 16-byte stores (4 replicas of a 4-byte entry, or 2 of an
     // 8-byte one), consecutive threads on consecutive chunks (no bank conflicts), no staging barrier.
     // In two steps: fetch() loads one codebook value per lane (lane l: value l mod 2^K), store() gets
-    // each chunk's values by warp shuffles and writes the chunks. A kernel fetches before it requests
-    // any weights, so the table does not wait behind them. One load per thread instead of two per chunk:
-    // the split kernel lost its spills; Llama-3-8B's GEMVs ran ~1% faster (H100, M = 1;
-    // benchmarks/journal/2026-11-26_gemv_startup.md).
+    // each chunk's values by warp shuffles and writes the chunks. The GEMVs fetch before they request any
+    // weights. One load per thread instead of two per chunk: the split kernel lost its spills, and
+    // Llama-3-8B's GEMVs ran ~1% faster (H100, M = 1; benchmarks/journal/2026-11-26_gemv_startup.md).
     static constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
     static constexpr int kChunks = kEntries * kChunksPerEntry;
     static_assert((1 << BITS) <= 32, "one codebook value per lane");

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     LOWBIT_TRACE(0);  // entry
     const uint4* qw_lane = qweight + lane;
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
-    // The codebook first (see Lut::fetch), then the first groups' loads, whose latency hides the table build.
+    // The codebook's load first (Lut::fetch), then the first groups', whose latency hides the table build.
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     constexpr int S = kStreamStages(BITS);
     GroupData<BITS> buf[S];
