@@ -291,11 +291,14 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 }
 
 // The stream-K kernel's pipeline depth (groups in flight per warp: one being decoded, S - 1
-// loading). Low K moves few bytes per group, so it gets one more stage. Deeper measured slower
-// (8192x28672 K=4: 3 stages, still 128 registers, 49.3 vs 48.2 us; 4 stages, 8 warps per SM, 63.1),
-// and so did a shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM sharing
-// one table): the kernel is not short of bytes in flight (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md, ..._round_4_the_large_shape_ceiling.md).
-__host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 3 ? 3 : 2; }
+// loading). K = 2 moves the fewest bytes per group and keeps one more stage. K = 3 had it too, until a
+// two-stage K = 3 measured 3-18% faster on every shape, most on mid shapes (4096x6144 9.71 -> 8.11 us;
+// benchmarks/journal/2026-11-26_gemv_startup.md). Deeper measured slower at K = 4 (8192x28672: 3 stages,
+// still 128 registers, 49.3 vs 48.2 us; 4 stages, 8 warps per SM, 63.1; again this session on H100 and
+// H200), and so did a shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM sharing
+// one table): the kernel is not short of bytes in flight
+// (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md, ..._round_4_the_large_shape_ceiling.md).
+__host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 2 ? 3 : 2; }
 template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
 // Shared memory: the table, then (CTA-local mode) fp32 partial tiles [warp][slot][acc register][lane].
 template <int BITS> __host__ __device__ constexpr size_t stream_table_bytes() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
