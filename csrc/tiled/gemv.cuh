@@ -291,14 +291,15 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
 }
 
 // The stream-K kernel's pipeline depth (groups in flight per warp: one being decoded, S - 1
-// loading). K = 2 moves the fewest bytes per group and keeps one more stage. K = 3 had it too, until a
-// two-stage K = 3 measured 3-18% faster on every shape, most on mid shapes (4096x6144 9.71 -> 8.11 us;
-// benchmarks/journal/2026-11-26_gemv_startup.md). Deeper measured slower at K = 4 (8192x28672: 3 stages,
+// loading). K = 2 up to 3 tokens moves the fewest bytes per group and keeps one more stage. K = 3 had it
+// too, until a two-stage K = 3 measured 3-18% faster on every shape, most on mid shapes (4096x6144 9.71 ->
+// 8.11 us). Two stages at K = 2 measured 1-9% faster with 4 and 8 tokens, but 7-8% slower on 4096x28672
+// with 1 and 2 (benchmarks/journal/2026-11-26_gemv_startup.md). Deeper measured slower at K = 4 (8192x28672: 3 stages,
 // still 128 registers, 49.3 vs 48.2 us; 4 stages, 8 warps per SM, 63.1; again this session on H100 and
 // H200), and so did a shared-memory ring filled by cp.async (8/6/4/3 stages, one 16-warp CTA per SM sharing
 // one table): the kernel is not short of bytes in flight
 // (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md, ..._round_4_the_large_shape_ceiling.md).
-__host__ __device__ constexpr int kStreamStages(int bits) { return bits <= 2 ? 3 : 2; }
+__host__ __device__ constexpr int kStreamStages(int bits, int maxm) { return bits <= 2 && maxm <= 3 ? 3 : 2; }
 template <int BITS> __host__ __device__ constexpr bool kStreamQuad() { return BITS == 2; }
 // Shared memory: the table, then (CTA-local mode) fp32 partial tiles [warp][slot][acc register][lane].
 template <int BITS> __host__ __device__ constexpr size_t stream_table_bytes() { return Lut<BITS, kStreamQuad<BITS>()>::kBytes; }
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const uint4* qa_lane = scale_lane<FP4>(qabsmax, g, t);
     // The codebook's load first (Lut::fetch), then the first groups', whose latency hides the table build.
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
-    constexpr int S = kStreamStages(BITS);
+    constexpr int S = kStreamStages(BITS, MAXM);
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
