@@ -10,6 +10,7 @@ import csv
 import statistics
 import sys
 from collections import defaultdict
+from itertools import pairwise
 
 NAMES = {0: "entry", 1: "table built", 2: "past PDL wait", 19: "units done", 20: "partials published", 21: "done"}
 
@@ -21,8 +22,9 @@ def pct(vals, q):
 
 def summarize(path: str) -> None:
     ev = defaultdict(dict)  # (call, warp) -> {event: ns}
-    for r in csv.DictReader(open(path)):
-        ev[(int(r["call"]), int(r["warp"]))][int(r["event"])] = int(r["ns"])
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            ev[(int(r["call"]), int(r["warp"]))][int(r["event"])] = int(r["ns"])
     print(f"== {path}")
     ends = {}
     for call in (0, 1):
@@ -44,7 +46,7 @@ def summarize(path: str) -> None:
             units = sorted(k for k in e if 3 <= k < 19)
             if 2 in e and units:
                 inter["past wait -> unit 0"].append((e[units[0]] - e[2]) / 1e3)
-            for a, b in zip(units, units[1:]):
+            for a, b in pairwise(units):
                 inter["unit -> next unit"].append((e[b] - e[a]) / 1e3)
             if 1 in e:
                 inter["entry -> table built"].append((e[1] - e[0]) / 1e3)
