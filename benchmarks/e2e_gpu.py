@@ -12,7 +12,8 @@ the whole step compiled (torch.compile, unless ``--no-compile``) and captured in
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
-``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``).
+``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@routed`` / ``@no-routed``
+(``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert).
 """
 
 import argparse
@@ -140,17 +141,26 @@ def main():
         tiled.USE_LOCAL = args.local
     if args.stage_x is not None:
         tiled.STAGE_X = args.stage_x
-    early_kv = kattn.EARLY_KV
+    from lowbit import dispatch
+
+    # @switch -> (module, attribute, value); each variant starts from the command line's settings
+    switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
+                "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False)}
+    defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
         for o in name.split("@")[1:]:
-            if o not in ("early-kv", "no-early-kv"):
-                p.error(f"variant {name!r}: unknown switch @{o} (known: @early-kv, @no-early-kv)")
+            if o not in switches:
+                p.error(f"variant {name!r}: unknown switch @{o} (known: {', '.join('@' + k for k in switches)})")
     rows = []
     base = None
     for name in names:
         variant, *opts = name.split("@")
-        kattn.EARLY_KV = early_kv if not opts else opts[-1] == "early-kv"
+        for (mod, attr), value in defaults.items():
+            setattr(mod, attr, value)
+        for o in opts:
+            mod, attr, value = switches[o]
+            setattr(mod, attr, value)
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         print(f"\n=== {args.model} layers={args.layers} batch={args.batch} {name}", flush=True)
@@ -172,6 +182,7 @@ def main():
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
+                   "moe_routed": dispatch.MOE_ROUTED,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
                    "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",

@@ -13,7 +13,9 @@ Paths today:
 * grouped (MoE, rows sorted by expert): CUDA fp16/bf16 -> ``"grouped_gemv"`` (8 rows per expert
   per weight pass: decode) below :func:`grouped_gemm_min_rows` mean rows per expert,
   ``"grouped_gemm"`` (the tensor-core GEMM over (expert, chunk of rows) items: prefill, large
-  batches) from there; CPU and fp32 -> the reference, expert by expert.
+  batches) from there; CPU and fp32 -> the reference, expert by expert. Where the grouped GEMV
+  would run and the (token, expert) routes are few (:func:`moe_routed`), an expert block skips the
+  sort: the routed GEMV takes the router's ids as they are.
 
 NVFP4 (:func:`nvfp4_linear_op`, weights in the checkpoint layout): ``"gemv"`` -- M <= GEMV_MAX_M: the
 checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) at M = 1 on the shapes :func:`nvfp4_plain_wins`
@@ -279,6 +281,19 @@ def grouped_path(x2: torch.Tensor, experts: int) -> str:
     return choose_grouped(x2.shape[0], experts, grouped_gemm_min_rows(x2.device), _forced)
 
 
+#: MoE decode on unsorted rows (``lowbit.ops.kbit_routed_gemv``; :func:`moe_routed`); False: always sort.
+MOE_ROUTED = True
+
+
+def moe_routed(hidden_states: torch.Tensor, routes: int, experts: int) -> bool:
+    """Whether an expert block runs its ``routes`` (token, expert) rows unsorted through the routed GEMV
+    (``lowbit.nn.experts.moe_routed_forward``): CUDA fp16/bf16, at most ``ROUTED_MAX_ROUTES`` routes, and
+    where the grouped GEMV would take the sorted rows (a shape, never the routing: the same under graphs)."""
+    return (MOE_ROUTED and hidden_states.is_cuda and hidden_states.dtype in GEMV_DTYPES
+            and 0 < routes <= ops.ROUTED_MAX_ROUTES
+            and choose_grouped(routes, experts, grouped_gemm_min_rows(hidden_states.device), _forced) == "grouped_gemv")
+
+
 def choose_grouped(rows: int, experts: int, min_rows: float, forced: str | None = None) -> str:
     """The rule behind :func:`grouped_path` for a CUDA fp16/bf16 call."""
     if forced in ("gemv", "gemm"):
@@ -416,15 +431,16 @@ def kbit_grouped_op(x2, offsets, qweight, qabsmax, codebook, scales, bits: int, 
 # checked when it was built, so it keeps a launcher that calls the kernel directly;
 # ``torch.compile`` traces the custom ops instead (``*_op`` above).
 def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: torch.Tensor, rotation: int = 0):
-    """A ``GemvLauncher`` (kind "gemv"), ``GroupedLauncher`` ("grouped") or ``GroupedGemmLauncher``
-    ("grouped_gemm") for the module's buffers, or None where the compiled library is unavailable
+    """A ``GemvLauncher`` (kind "gemv"), ``GroupedLauncher`` ("grouped"), ``GroupedGemmLauncher``
+    ("grouped_gemm") or ``RoutedLauncher`` ("routed") for the module's buffers, or None where the compiled library is unavailable
     (the op path then runs)."""
     if buffers["qweight"].device != x.device:
         raise ValueError(f"x is on {x.device} but the module's weights are on {buffers['qweight'].device}")
     lib = library_or_none(x.device)
     if lib is None:
         return None
-    cls = {"gemv": tiled.GemvLauncher, "grouped": tiled.GroupedLauncher, "grouped_gemm": tiled.GroupedGemmLauncher}[kind]
+    cls = {"gemv": tiled.GemvLauncher, "grouped": tiled.GroupedLauncher, "grouped_gemm": tiled.GroupedGemmLauncher,
+           "routed": tiled.RoutedLauncher}[kind]
     scale = buffers["scale"] if kind == "gemv" else buffers["scales"]
     if rotation and kind != "gemv":
         raise ValueError(f"rotation={rotation}: only the dense GEMV rotates its input")

@@ -178,6 +178,56 @@ def test_experts_sentinel_ids_contribute_nothing(gen):
     assert rel_err(y[0], q(hidden, idx2, w2)[0]) < 1e-6
 
 
+def _stack_args(q, prefix):
+    b = q._buffers
+    return (b[f"{prefix}_qweight"], b[f"{prefix}_qabsmax"], b["codebook"], b[f"{prefix}_scales"], q.bits, *q._shape(prefix))
+
+
+@pytest.mark.parametrize("tokens,k", [(1, 2), (3, 4), (8, 3)])
+def test_routed_forward_equals_sorted_forward(tokens, k, gen):
+    """The unsorted decode block (routed op, reference on CPU) equals the sorted one: shared experts,
+    sentinels >= E and a negative id included."""
+    from lowbit import ops
+    from lowbit.nn.experts import moe_routed_forward
+
+    q = KbitMoeExperts.from_experts(_Experts(6, 64, 96, gen), bits=4)
+    hidden = torch.randn(tokens, 64, generator=gen)
+    idx = torch.randint(0, 6, (tokens, k), generator=gen)
+    idx.view(-1)[0] = 6
+    if idx.numel() > 2:
+        idx.view(-1)[1], idx.view(-1)[2] = -1, idx.view(-1)[3 % idx.numel()]
+    w = torch.rand(tokens, k, generator=gen)
+    routed = moe_routed_forward(q, hidden, idx, w,
+                                lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "gate_up"), d),
+                                lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "down"), d))
+    assert rel_err(routed, q(hidden, idx, w)) < 1e-6
+
+
+def test_routed_op_rows_and_errors(gen):
+    """Route r = x row r // rows_per_x times expert ids[r]; ids outside [0, E) give zero rows."""
+    from lowbit import ops
+
+    q = KbitMoeExperts.from_experts(_Experts(4, 64, 32, gen), bits=3)
+    args = _stack_args(q, "gate_up")
+    x = torch.randn(3, 64, generator=gen)
+    ids = torch.tensor([2, 0, 4, 2, -1, 1])
+    y = ops.kbit_routed_gemv(x, ids, *args, 2)
+    assert y.shape == (6, 64)
+    gu, _ = q.dequantize()
+    for r, e in enumerate(ids.tolist()):
+        want = x[r // 2] @ gu[e].t() if 0 <= e < 4 else torch.zeros(64)
+        assert rel_err(y[r], want) < 1e-6, r
+    with pytest.raises(ValueError, match="route_ids must have"):
+        ops.kbit_routed_gemv(x, ids[:5], *args, 2)
+    with pytest.raises(ValueError, match="rows_per_x"):
+        ops.kbit_routed_gemv(x, ids, *args, 0)
+    with pytest.raises(TypeError, match="route_ids"):
+        ops.kbit_routed_gemv(x, ids.int(), *args, 2)
+    with pytest.raises(ValueError, match="K_in"):
+        ops.kbit_routed_gemv(x[:, :32].contiguous(), ids, *args, 2)
+    assert not lowbit.dispatch.moe_routed(x, 6, 4)  # CPU: the sorted block
+
+
 def test_experts_errors(gen):
     with pytest.raises(TypeError, match="fused expert block"):
         KbitMoeExperts.from_experts(nn.Linear(32, 32))

@@ -22,6 +22,15 @@
         return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
                                                       y, bias, n_experts, n, k_in, max_ctas, flags, stream);    \
     }                                                                                                          \
+    /* routed MoE rows: route r = expert ids[r] times x row r / x_div into y row r (gemv.cuh: Routes) */   \
+    extern "C" int lowbit_kbit_routed_gemv_b##BITS##_##NAME(                                                   \
+        const void* x, const int64_t* ids, int count, int x_div, const void* qweight, const void* qabsmax,     \
+        const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,     \
+        int flags, void* stream) {                                                                               \
+        return lowbit::gemv::launch_split<BITS, TYPE>(x, nullptr, 0, qweight, qabsmax, codebook, scales, y,    \
+                                                      nullptr, n_experts, n, k_in, max_ctas, flags, stream,     \
+                                                      lowbit::gemv::Routes{ids, count, x_div});                 \
+    }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<BITS, TYPE, true>,            \
                                        lowbit::gemv::split_smem<BITS>(n_experts), lowbit::gemv::kWarps);                            \

@@ -494,8 +494,19 @@ struct SplitPlan {
     }
 };
 
-template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts) {
-    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert);
+// Routed rows (decode MoE without sorting on the host): route r multiplies x row r / x_div by expert
+// ids[r] into y row r (gate|up: x_div = top-k, every token's row read once per route; down: 1).
+// ids == nullptr: not routed.
+struct Routes {
+    const int64_t* ids;
+    int count;  // <= kMaxRoutes
+    int x_div;
+};
+constexpr int kMaxRoutes = kWarps * 32;  // one route per thread while the CTA orders them
+
+template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0) {
+    // table, the active experts, then for routes: their raw and sorted ids (ints)
+    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
@@ -525,19 +536,67 @@ inline __device__ int compact_experts(ActiveExpert* list, const int64_t* __restr
     return total;
 }
 
+// Routed: the CTA orders the routes by (expert, route) -- each route's rank is the number of routes
+// before it, O(count) per thread, cheaper than a sort kernel at decode sizes -- so that the routes of
+// one expert share its weight pass, as sorted rows do. rowmap[p]: the route at position p; list: the
+// experts' position ranges. Ids outside [0, n_experts) (expert-parallel sentinels) are left out and
+// stay -1 in s_id (the caller zeroes their rows). Returns the active experts (block-uniform).
+inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id, int* s_sorted, const Routes routes,
+                                     const float* __restrict__ scales, int n_experts) {
+    __shared__ int warp_count[kWarps];
+    const int r = threadIdx.x, warp = r >> 5, lane = r & 31, count = routes.count;
+    int id = -1;
+    if (r < count) {
+        const int64_t v = routes.ids[r];
+        id = v >= 0 && v < n_experts ? static_cast<int>(v) : -1;
+        s_id[r] = id;
+    }
+    const int valid = __syncthreads_count(id >= 0);
+    if (id >= 0) {
+        int rank = 0;
+        for (int j = 0; j < count; ++j) {
+            const int o = s_id[j];
+            rank += o >= 0 && (o < id || (o == id && j < r));
+        }
+        rowmap[rank] = r;
+        s_sorted[rank] = id;
+    }
+    __syncthreads();
+    const bool start = r < valid && (r == 0 || s_sorted[r] != s_sorted[r - 1]);
+    const unsigned ballot = __ballot_sync(kFullMask, start);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+        before += v < warp ? warp_count[v] : 0;
+        total += warp_count[v];
+    }
+    if (start) {
+        const int e = s_sorted[r];
+        int hi = r + 1;
+        while (hi < valid && s_sorted[hi] == e) ++hi;
+        list[before + __popc(ballot & ((1u << lane) - 1u))] = ActiveExpert{e, r, hi, scales[e]};
+    }
+    return total;
+}
+
 // ONE: the small dense GEMV (host-checked: no experts, every warp's slice is one group, one item per
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
-template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false>
+// ROUTED: rows given by Routes (compact_routes) -- its own instance, so that the others keep their registers
+// (they sit at 128).
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
-    int n_tiles, int n_groups, int split, const SplitPlan plan) {
+    int n_tiles, int n_groups, int split, const SplitPlan plan, const Routes routes) {
     constexpr int S_ = kSplitStages;
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
+    __shared__ int rowmap[ROUTED ? kMaxRoutes : 1];  // ROUTED: the route at each position
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
@@ -560,8 +619,10 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n)
-                y[int64_t(tok0 + tok) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale + bias_of(ebias, row));
+            if (tok < m && row < n) {
+                const int y_row = ROUTED ? rowmap[tok0 + tok] : tok0 + tok;
+                y[int64_t(y_row) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale + bias_of(ebias, row));
+            }
         }
     };
 
@@ -594,7 +655,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const float cb = Lut<BITS, false>::fetch(codebook);  // before the weights (Lut::fetch)
     GroupData<BITS> buf[S_];
     bool prefetched = false;
-    if (expert_offsets == nullptr) {
+    if (expert_offsets == nullptr && !ROUTED) {
         // Dense: the first item is known before anything is read, so its loads overlap the table build.
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         if (warp_used && blockIdx.x < items_per_expert && tile < n_tiles) {
@@ -608,12 +669,24 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
         pdl_launch_dependents();
     }
-    const int n_active = expert_offsets == nullptr ? 1 : compact_experts(list, expert_offsets, scales, n_experts);
+    int n_active = 1;
+    if constexpr (ROUTED) {
+        int* s_id = reinterpret_cast<int*>(list + n_experts);
+        n_active = compact_routes(list, rowmap, s_id, s_id + routes.count, routes, scales, n_experts);
+        if (blockIdx.x == 0) {  // rows of routes to no expert: zeros (they contribute nothing)
+            for (int r = 0; r < routes.count; ++r) {
+                if (s_id[r] >= 0) continue;
+                for (int c = threadIdx.x; c < n; c += kWarps * 32) y[int64_t(r) * n + c] = from_float<T>(0.f);
+            }
+        }
+    } else if (expert_offsets != nullptr) {
+        n_active = compact_experts(list, expert_offsets, scales, n_experts);
+    }
     __syncthreads();
 
     const int items = n_active * items_per_expert;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform loop
-        const int ei = expert_offsets == nullptr ? 0 : item / items_per_expert;  // dense: no division
+        const int ei = expert_offsets == nullptr && !ROUTED ? 0 : item / items_per_expert;  // dense: no division
         const ActiveExpert ae = list[ei];
         const int tile = (item - ei * items_per_expert) * tiles_per_item + tile_in_item;
         const bool has_tile = warp_used && tile < n_tiles;  // warp-uniform
@@ -624,7 +697,10 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             if (has_tile) {
                 if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
-                const LaneCtx<T> ctx = lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in);
+                // routed: each lane's token row through the route order (lane_ctx with one row)
+                const LaneCtx<T> ctx = !ROUTED
+                    ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
+                    : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in, k_in, 1, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
@@ -720,12 +796,18 @@ inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarp
 template <int BITS, typename T, bool FP4 = false>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
-                 int max_ctas, int flags, void* stream) {
+                 int max_ctas, int flags, void* stream, Routes routes = Routes{nullptr, 0, 1}) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
     const int split = split_for(n_groups), tiles_per_item = kWarps / split;
-    const int64_t items = int64_t(n_experts) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
+    const bool routed = routes.ids != nullptr;
+    if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes || routes.x_div < 1 ||
+                   routes.count % routes.x_div))
+        return static_cast<int>(cudaErrorInvalidValue);
+    // items of the experts that can be active (routed: at most one per route)
+    const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
+    const int64_t items = int64_t(max_active) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
         return static_cast<int>(cudaErrorInvalidValue);
     SplitPlan plan = {};
@@ -736,12 +818,15 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
         plan.set(w, w < split * tiles_per_item ? w / split : -1, slice, slice * n_groups / split,
                  (slice + 1) * n_groups / split);
     }
-    const size_t smem = split_smem<BITS>(n_experts);
+    const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
-    const bool one = !pdl && offsets == nullptr && split == n_groups && items <= max_ctas && m_dense <= 8;
-    // two instances: the general one (PDL-aware; its waits are no-ops in a plain launch) and ONE (plain only)
-    auto kernel = pick_instance<FP4>(flags, [one](auto rot_) {
+    const bool one = !pdl && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
+    // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
+    auto kernel = pick_instance<FP4>(flags, [one, routed](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
+        if constexpr (!FP4 && !R) {
+            if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
+        }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });
     if (int err = configure(kernel, smem)) return err;
@@ -750,7 +835,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
-        n_experts, n, k_in, n_tiles, n_groups, split, plan);
+        n_experts, n, k_in, n_tiles, n_groups, split, plan, routes);
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }

@@ -12,8 +12,8 @@ from .. import ops
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, check_offsets_on_device,
-                    kbit_format, tiled_signatures, with_bias)
+from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, RoutedLauncher,
+                    check_offsets_on_device, kbit_format, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -21,7 +21,7 @@ register_signatures({
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
     # qweight, qabsmax, codebook, scale, out [n, k_in], n, k_in, stream
     "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
-    **tiled_signatures("kbit", grouped_gemm=True),
+    **tiled_signatures("kbit", grouped_gemm=True, routed=True),
 })
 
 
@@ -79,6 +79,16 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
     if check_offsets:
         check_offsets_on_device(lib, offsets, x.shape[0])
     return GroupedLauncher(lib, qweight, qabsmax, codebook, scales, kbit_format(bits), n, k_in)(x, offsets)
+
+
+@ops.kbit_routed_gemv.register_kernel("cuda")
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+    ops.check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32 or route_ids.shape[0] > ops.ROUTED_MAX_ROUTES:
+        return ops.routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    launch = RoutedLauncher(lib, qweight, qabsmax, codebook, scales, kbit_format(bits), n, k_in)
+    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x)
 
 
 @ops.kbit_grouped_gemm.register_kernel("cuda")

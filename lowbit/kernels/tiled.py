@@ -24,7 +24,7 @@ from .library import ptr, stream_of
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
 
-def tiled_signatures(name: str, grouped_gemm: bool = False) -> dict[str, list]:
+def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False) -> dict[str, list]:
     """The C signatures of a format's instances of the tiled kernels (``csrc/tiled/``), for
     :func:`~lowbit.kernels.library.register_signatures`."""
     out = {
@@ -40,6 +40,10 @@ def tiled_signatures(name: str, grouped_gemm: bool = False) -> dict[str, list]:
         f"{name}_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
         f"{name}_gemm_occupancy": [],
     }
+    if routed:
+        # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
+        # k_in, max_ctas, pdl (0/1), stream
+        out[f"{name}_routed_gemv"] = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P]
     if grouped_gemm:
         # x, expert_offsets int64 [E + 1], qweight, qscales, values, scales [E], y, bias ([E, n] or null),
         # n_experts, n, k_in, ctas, stream
@@ -400,6 +404,42 @@ class GroupedLauncher(_Launcher):
                  n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("grouped_gemv")[0], err)
+        return y
+
+
+class RoutedLauncher(_Launcher):
+    """The routed (MoE, unsorted rows) GEMV of one expert stack: ``launcher(x [rows, K_in], route_ids int64
+    [rows * rows_per_x], rows_per_x)`` -> y ``[len(route_ids), N]``, row r = x row ``r // rows_per_x`` times
+    expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes)."""
+
+    def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
+        super().__init__(lib, (qweight, qscales, values, scales), fmt, n, k_in)
+        self.experts = qweight.shape[0]
+        self.pdl_ok = pdl_supported(self.device)
+
+    def _plan(self, dtype):
+        c_int = ctypes.c_int
+        op, sym = self.fmt.symbol("routed_gemv")
+        fn = self.lib.raw_symbol(op, **sym, dtype=dtype)
+        # the grouped kernel's wave (its shared memory for the routes is at most 3 KB more)
+        ctas = split_max_ctas(self.lib, self.device, self.fmt, dtype, self.experts)
+        plan = (fn, self.ptrs, (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
+        self._plans[dtype] = plan
+        return plan
+
+    def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+        fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
+        if x.data_ptr() % 16:
+            x = x.clone()
+        count = route_ids.shape[0]
+        y = torch.empty((count, self.n), dtype=x.dtype, device=self.device)
+        if count == 0:
+            return y
+        vp = ctypes.c_void_p
+        err = fn(vp(x.data_ptr()), vp(route_ids.data_ptr()), ctypes.c_int(count), ctypes.c_int(rows_per_x), qw, qa, cb,
+                 sc, vp(y.data_ptr()), experts, n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
+        if err:
+            self.lib.raise_error(self.fmt.symbol("routed_gemv")[0], err)
         return y
 
 

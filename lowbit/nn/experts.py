@@ -9,7 +9,10 @@ Qwen3-Next, Mixtral, DeepSeek-V2/V3, GLM-4-MoE, OLMoE, ...). This module replace
     -> act(gate) * up -> one grouped launch for down -> weight each row -> sum each token's k rows
 
 The dispatcher sends decode (few rows per expert) to the grouped GEMV (8 rows per weight pass) and
-prefill / large batches to the grouped tensor-core GEMM; either way two launches per layer.
+prefill / large batches to the grouped tensor-core GEMM; either way two launches per layer. At decode
+sizes (``dispatch.moe_routed``) the kernel takes the router's ids as they are (``lowbit.ops.kbit_routed_gemv``,
+ordering them itself) and the block is ``gate_up(x, ids) -> act(gate) * up -> down(., ids) -> weighted
+sum``: no sort, offsets, gather or scatter kernels (:func:`moe_routed_forward`).
 Every step has a static shape (``searchsorted`` for the offsets, no ``nonzero``), so the block
 captures in CUDA graphs and compiles with ``fullgraph=True``. Rows routed to an expert id >= E
 (expert-parallel sentinels) contribute zero, as in transformers.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import dispatch
+from .. import dispatch, ops
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .base import QuantizedModule, tp_split_problem
@@ -79,8 +82,8 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
     tokens, k = top_k_index.shape
     dtype = hidden_states.dtype
     ids = top_k_index.reshape(-1)
-    # Sentinel ids (>= E, expert parallelism) go to the last expert with weight 0.
-    valid = ids < mod.num_experts
+    # Sentinel ids (>= E, expert parallelism; negative ones too) go to the last expert with weight 0.
+    valid = (ids >= 0) & (ids < mod.num_experts)
     weights = torch.where(valid, top_k_weights.reshape(-1), 0).to(torch.float32)
     ids = torch.where(valid, ids, mod.num_experts - 1)
     sorted_ids, perm = torch.sort(ids, stable=True)
@@ -92,6 +95,27 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
     out = out.float() * weights.index_select(0, perm)[:, None]
     unsorted = torch.empty_like(out).index_copy_(0, perm, out)  # a permutation: deterministic
     return unsorted.view(tokens, k, mod.hidden_dim).sum(dim=1).to(dtype)
+
+
+def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                       top_k_weights: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """:func:`moe_forward` without the sort: ``gate_up(x, ids, k)`` and ``down(x, ids, 1)`` take row r of
+    their output from x row ``r // rows_per_x`` and expert ``ids[r]`` (the router's flattened top-k), so
+    rows stay in (token, rank) order and each token's k rows are summed in place. Bit-identical to
+    :func:`moe_forward` (each row meets the same weights in the same kernel; sentinel ids >= E give zero
+    rows of weight 0)."""
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
+        raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
+    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+        raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
+                         f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+    tokens, k = top_k_index.shape
+    ids = top_k_index.reshape(-1).to(torch.int64).contiguous()
+    gu = gate_up(hidden_states.contiguous(), ids, k)
+    inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
+    out = down(inter.contiguous(), ids, 1)
+    weights = torch.where((ids >= 0) & (ids < mod.num_experts), top_k_weights.reshape(-1), 0).to(torch.float32)
+    return (out.float() * weights[:, None]).view(tokens, k, mod.hidden_dim).sum(dim=1).to(hidden_states.dtype)
 
 
 def _quantize_stack(w: torch.Tensor, bits: int, codebook):
@@ -263,7 +287,25 @@ class KbitMoeExperts(QuantizedModule):
         return dispatch.kbit_grouped_op(x, offsets, s["qweight"], s["qabsmax"], s["codebook"], s["scales"],
                                         self.bits, n, k, check_offsets=False)  # forward built them: valid
 
+    def _routed(self, idx: int, prefix: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            launchers = self._launchers if self._launchers is not None else {}
+            per = launchers.get("routed")
+            if per is None or per[idx] is None or per[idx].tensors[0] is not self._buffers[f"{prefix}_qweight"]:
+                per = launchers["routed"] = [dispatch.eager_launcher("routed", self._stack(p), self.bits, *self._shape(p), x)
+                                             for p in ("gate_up", "down")]
+                self._launchers = launchers
+            if per[idx] is not None:
+                return per[idx](x, ids, rows_per_x)
+        s = self._stack(prefix)
+        return ops.kbit_routed_gemv(x, ids, s["qweight"], s["qabsmax"], s["codebook"], s["scales"], self.bits,
+                                    *self._shape(prefix), rows_per_x)
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if dispatch.moe_routed(hidden_states, top_k_index.numel(), self.num_experts):
+            return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
+                                      lambda x, ids, d: self._routed(0, "gate_up", x, ids, d),
+                                      lambda x, ids, d: self._routed(1, "down", x, ids, d))
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
                            lambda x, offsets: self._grouped(1, "down", x, offsets))

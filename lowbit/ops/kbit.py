@@ -245,6 +245,66 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
     return x.new_empty((x.shape[0], n))
 
 
+#: Routes the routed GEMV kernel takes in one call (one per thread of a CTA while it orders them;
+#: csrc/tiled/gemv.cuh: kMaxRoutes). Decode sizes: 8 tokens x top-8 is 64.
+ROUTED_MAX_ROUTES = 256
+
+
+def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x) -> int:
+    check_tensor("qweight", qweight, dtypes=(torch.int32,))
+    if qweight.dim() != 6:
+        raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
+    experts = qweight.shape[0]
+    check_tiled_args(qweight, qabsmax, codebook, scales, bits, n, k_in, experts=experts)
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x must have shape [rows, K_in={k_in}], got {tuple(x.shape)}")
+    check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
+    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
+        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
+    if route_ids.shape[0] != x.shape[0] * rows_per_x:
+        raise ValueError(f"route_ids must have rows x rows_per_x = {x.shape[0]} x {rows_per_x} = "
+                         f"{x.shape[0] * rows_per_x} entries (route r reads x row r // rows_per_x), got {route_ids.shape[0]}")
+    check_same_device(x=x, route_ids=route_ids, qweight=qweight)
+    return experts
+
+
+@torch.library.custom_op("lowbit::kbit_routed_gemv", mutates_args=())
+def kbit_routed_gemv(
+    x: Tensor, route_ids: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
+    bits: int, n: int, k_in: int, rows_per_x: int = 1,
+) -> Tensor:
+    """MoE experts on unsorted rows, one call: output row r is x row ``r // rows_per_x`` times expert
+    ``route_ids[r]`` -> ``[len(route_ids), n]``.
+
+    Decode's MoE block calls it with the router's flattened top-k ids: ``rows_per_x = k`` for gate|up
+    (each token's hidden state read once per expert it is routed to), 1 for down -- no sort, offsets,
+    gather or scatter around it. Ids outside ``[0, E)`` (expert-parallel sentinels) give zero rows.
+    fp16/bf16 x with at most ``ROUTED_MAX_ROUTES`` routes runs the grouped CUDA kernel (which orders the
+    routes by expert itself, so routes sharing an expert share its weight pass); fp32 x and CPU the reference.
+    """
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    return routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+
+
+@kbit_routed_gemv.register_fake
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    return x.new_empty((route_ids.shape[0], n))
+
+
+def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+    experts = qweight.shape[0]
+    ids = route_ids.tolist()
+    y = x.new_zeros((len(ids), n))
+    for e in sorted({i for i in ids if 0 <= i < experts}):
+        rows = [r for r, i in enumerate(ids) if i == e]
+        xr = x[torch.tensor([r // rows_per_x for r in rows], device=x.device)]
+        y[torch.tensor(rows, device=x.device)] = tiled_linear_reference(xr, qweight[e], qabsmax[e], codebook, scales[e],
+                                                                          bits, n, k_in)
+    return y
+
+
 def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):
     if rotation:
         x32 = kbit_rotation.rotate(x.to(torch.float32))

@@ -348,6 +348,132 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
         assert torch.equal(y, lowbit.kbit_grouped_linear(x, off, ex))
 
 
+# ---- routed: MoE rows unsorted, route r = expert ids[r] times x row r // rows_per_x -------------------
+def _routes(gen, count, experts, sentinels=True):
+    """Router-like ids: duplicates (several routes to one expert), and expert-parallel sentinels
+    (ids >= E) and a negative id when ``sentinels``."""
+    ids = torch.randint(0, experts, (count,), generator=gen)
+    if count >= 4:
+        ids[1] = ids[0]  # a shared expert: one weight pass for both
+        if sentinels:
+            ids[2], ids[count - 1] = experts, -1
+    return ids
+
+
+def _routed_raw(ex, x, ids, rows_per_x, pdl=0):
+    """Direct C call of the routed GEMV into a NaN-filled output with a guard tail: (y, guard)."""
+    lib = get_library()
+    qw, qa = ex.tiled()
+    (e_count, n, k_in), count = ex.shape, ids.shape[0]
+    buf = torch.full((count * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
+    args = [ptr(x), ptr(ids), count, rows_per_x, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), e_count,
+            n, k_in, split_max_ctas(lib, x.device, ex.bits, x.dtype, e_count), pdl, stream_of(x.device)]
+    lib.call("kbit_routed_gemv", args, bits=ex.bits, dtype=x.dtype)
+    torch.cuda.synchronize()
+    return buf[: count * n].view(count, n), buf[count * n :]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("count,rows_per_x", [(1, 1), (8, 8), (37, 1), (64, 8), (256, 4)])
+def test_routed_matches_sorted_grouped_kernel(bits, dtype, count, rows_per_x, gen):
+    """Every routed row equals the sorted grouped kernel's row for it bit for bit (same weights, same
+    MMA column), and the reference within the bound; sentinel rows are exact zeros; nothing past the
+    output is written."""
+    e_count, n, k_in = 24, 200, 512 + 32
+    ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=bits).to("cuda")
+    ids = _routes(gen, count, e_count)
+    x = torch.randn(count // rows_per_x, k_in, generator=gen).to(dtype).cuda()
+    for pdl in (0, 1):
+        y, guard = _routed_raw(ex, x, ids.cuda(), rows_per_x, pdl)
+        assert guard.isnan().all()
+        assert not y.isnan().any()
+        valid = (ids >= 0) & (ids < e_count)
+        assert torch.equal(y[~valid.cuda()], torch.zeros_like(y[~valid.cuda()]))
+        # the same rows sorted by expert through the grouped kernel
+        order = torch.argsort(torch.where(valid, ids, e_count), stable=True)[: int(valid.sum())]
+        counts = torch.bincount(ids[order], minlength=e_count)
+        off = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).cuda()
+        xs = x[(order // rows_per_x).cuda()]
+        with dispatch.forced_path("gemv"):
+            want = lowbit.kbit_grouped_linear(xs, off, ex)
+        assert torch.equal(y[order.cuda()], want)
+        for e in ids[order].unique().tolist():
+            rows = order[ids[order] == e]
+            err = _rel(y[rows.cuda()], _ref(x[(rows // rows_per_x).cuda()], ex.expert(e)))
+            assert err <= BOUND[dtype], f"expert {e}: {err:.2e}"
+
+
+def test_routed_op_errors_and_fallback(gen):
+    """The op: bad arguments refused on CUDA as on CPU; more routes than the kernel takes, and fp32 x, run
+    the reference (same rows)."""
+    e_count, n, k_in = 8, 64, 256
+    ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=4).to("cuda")
+    qw, qa = ex.tiled()
+    args = (qw, qa, ex.codebook, ex.scales, 4, n, k_in)
+    x = torch.randn(2, k_in, generator=gen).half().cuda()
+    with pytest.raises(ValueError, match="route_ids must have"):
+        lowbit.ops.kbit_routed_gemv(x, torch.zeros(3, dtype=torch.int64, device="cuda"), *args, 1)
+    with pytest.raises(ValueError, match="rows_per_x"):
+        lowbit.ops.kbit_routed_gemv(x, torch.zeros(2, dtype=torch.int64, device="cuda"), *args, 0)
+    with pytest.raises(TypeError):
+        lowbit.ops.kbit_routed_gemv(x, torch.zeros(2, dtype=torch.int32, device="cuda"), *args, 1)
+    big = lowbit.ops.ROUTED_MAX_ROUTES + 8
+    ids = torch.randint(0, e_count, (big,), generator=gen).cuda()
+    xb = torch.randn(big // 8, k_in, generator=gen).half().cuda()
+    y = lowbit.ops.kbit_routed_gemv(xb, ids, *args, 8)
+    y32 = lowbit.ops.kbit_routed_gemv(xb.float(), ids, *args, 8)
+    assert _rel(y, y32.half().cpu().double()) <= BOUND[torch.float16]
+    y_kernel = lowbit.ops.kbit_routed_gemv(xb[:32], ids[:256], *args, 8)  # at the limit: the kernel
+    assert _rel(y_kernel, y[:256].cpu().double()) <= BOUND[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen, monkeypatch):
+    """KbitMoeExperts at decode sizes runs routed (no sort): bit-equal to the sorted block for 1-8 tokens with
+    shared experts and sentinels; captured in a CUDA graph under PDL with the routing rewritten between
+    replays, still equal."""
+    e_count, h, inter = 32, 256, 160
+    src = torch.nn.Module()
+    src.gate_up_proj = torch.nn.Parameter(torch.randn(e_count, 2 * inter, h, generator=gen) * 0.1)
+    src.down_proj = torch.nn.Parameter(torch.randn(e_count, h, inter, generator=gen) * 0.1)
+    src.act_fn = torch.nn.SiLU()
+    ex = lowbit.nn.KbitMoeExperts.from_experts(src, bits=4).to(dtype).cuda()
+
+    def run(routed, *a):
+        monkeypatch.setattr(dispatch, "MOE_ROUTED", routed)
+        return ex(*a)
+
+    with torch.no_grad():
+        for tokens in (1, 3, 8):
+            hs = torch.randn(tokens, h, generator=gen).to(dtype).cuda()
+            idx = _routes(gen, tokens * 4, e_count).view(tokens, 4).cuda()
+            w = torch.rand(tokens, 4, generator=gen).to(dtype).cuda()
+            monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
+            assert dispatch.moe_routed(hs, idx.numel(), e_count)
+            got = run(True, hs, idx, w)
+            assert torch.isfinite(got).all()
+            assert torch.equal(got, run(False, hs, idx, w)), f"{tokens} tokens"
+        monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
+        ex._launchers = None
+        with lowbit.programmatic_launch():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                ex(hs, idx, w)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = ex(hs, idx, w)
+        for _ in range(3):
+            idx.copy_(_routes(gen, idx.numel(), e_count).view(idx.shape))
+            hs.copy_(torch.randn(hs.shape, generator=gen).to(dtype))
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, run(False, hs, idx, w))
+
+
 @pytest.mark.parametrize("dense_path", ["split", "streamk", "local"])
 def test_pdl_chain_in_graph_equals_serialized_chain(dense_path, gen, monkeypatch):
     """Programmatic dependent launch: y2 = W2 (W1 x) (kbit GEMVs back to back, the second reading the

@@ -1,0 +1,10 @@
+# routed MoE GEMV: its GPU tests, then Qwen3-30B-A3B-shaped decode A/B (sorted vs routed) at batch 1 and 4
+export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=$PWD/.lowbit_cache PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider -n 6 --tb=short ${TESTS:-tests/gpu/test_kbit_gemv_gpu.py -k routed} \
+  > $OUT/tests.log 2>&1
+grep -E "^(E  |FAILED|ERROR)|passed|failed" $OUT/tests.log | head -40
+[ -n "${NO_E2E:-}" ] && exit 0
+run() { tag=$1; shift; timeout 200 python3 benchmarks/e2e_gpu.py "$@" --out $OUT/$tag.json 2>&1 | grep -E "tok/s|===|Error|error" | tee $OUT/$tag.log; }
+run qwen3_b1 --model qwen3-30b-a3b --layers 8 --batch 1 --variants bf16,kbit4+fuse@no-routed,kbit4+fuse,kbit4+fuse@no-routed,kbit4+fuse
+run qwen3_b4 --model qwen3-30b-a3b --layers 8 --batch 4 --variants bf16,kbit4+fuse@no-routed,kbit4+fuse
