@@ -13,7 +13,8 @@ the whole step compiled (torch.compile, unless ``--no-compile``) and captured in
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
 ``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@routed`` / ``@no-routed``
-(``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert).
+(``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert), ``@routed-split-all``
+(``lowbit.kernels.tiled.ROUTED_ONE_WAVE = False``: the routed GEMV with one group per warp).
 """
 
 import argparse
@@ -145,7 +146,8 @@ def main():
 
     # @switch -> (module, attribute, value); each variant starts from the command line's settings
     switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
-                "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False)}
+                "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
+                "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

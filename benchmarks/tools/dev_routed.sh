@@ -6,5 +6,6 @@ timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider -n 
 grep -E "^(E  |FAILED|ERROR)|passed|failed" $OUT/tests.log | head -40
 [ -n "${NO_E2E:-}" ] && exit 0
 run() { tag=$1; shift; timeout 200 python3 benchmarks/e2e_gpu.py "$@" --out $OUT/$tag.json 2>&1 | grep -E "tok/s|===|Error|error" | tee $OUT/$tag.log; }
-run qwen3_b1 --model qwen3-30b-a3b --layers 8 --batch 1 --variants bf16,kbit4+fuse@no-routed,kbit4+fuse,kbit4+fuse@no-routed,kbit4+fuse
-run qwen3_b4 --model qwen3-30b-a3b --layers 8 --batch 4 --variants bf16,kbit4+fuse@no-routed,kbit4+fuse
+A=${A:-no-routed}  # the other row of the A/B
+run qwen3_b1 --model qwen3-30b-a3b --layers 8 --batch 1 --variants ${B1:-bf16,kbit4+fuse@$A,kbit4+fuse,kbit4+fuse@$A,kbit4+fuse}
+run qwen3_b4 --model qwen3-30b-a3b --layers 8 --batch 4 --variants ${B4:-bf16,kbit4+fuse@$A,kbit4+fuse}

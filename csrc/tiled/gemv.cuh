@@ -716,8 +716,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 
 // The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
-// keeps the stream-K kernel's x in global memory (no shared copy; for comparisons).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8;
+// keeps the stream-K kernel's x in global memory (no shared copy; for comparisons), bit 4 keeps the routed
+// split kernel's warps per tile at split_for's (for comparisons).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -800,14 +801,21 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
-    const int split = split_for(n_groups), tiles_per_item = kWarps / split;
     const bool routed = routes.ids != nullptr;
-    if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes || routes.x_div < 1 ||
-                   routes.count % routes.x_div))
+    if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
+                   routes.x_div < 1 || routes.count % routes.x_div))
         return static_cast<int>(cudaErrorInvalidValue);
     // items of the experts that can be active (routed: at most one per route)
     const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
-    const int64_t items = int64_t(max_active) * ((n_tiles + tiles_per_item - 1) / tiles_per_item);
+    auto items_of = [&](int s) { return int64_t(max_active) * ((n_tiles + kWarps / s - 1) / (kWarps / s)); };
+    int split = split_for(n_groups);
+    // Routed (few experts active, known here): fewer warps per tile until the items fit one wave of CTAs. A
+    // CTA's next item loads its weights only when it starts, so each extra wave costs a DRAM round trip;
+    // a warp's groups of one item stream through its pipeline instead. (kFlagSplitAll keeps split_for's.)
+    if (routed && !(flags & kFlagSplitAll))
+        while (split > 1 && items_of(split) > max_ctas) --split;
+    const int tiles_per_item = kWarps / split;
+    const int64_t items = items_of(split);
     if (max_ctas < 1 || items >= (int64_t(1) << 31) || n_experts < 1 || n_groups > 32767)
         return static_cast<int>(cudaErrorInvalidValue);
     SplitPlan plan = {};

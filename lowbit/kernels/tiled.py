@@ -90,7 +90,7 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(16))  # bits 1-3: a kernel family's own flags
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -407,6 +407,11 @@ class GroupedLauncher(_Launcher):
         return y
 
 
+#: The routed GEMV fits its items in one wave of CTAs (fewer warps per tile); False keeps one group per
+#: warp (flag bit 4; comparisons).
+ROUTED_ONE_WAVE = True
+
+
 class RoutedLauncher(_Launcher):
     """The routed (MoE, unsorted rows) GEMV of one expert stack: ``launcher(x [rows, K_in], route_ids int64
     [rows * rows_per_x], rows_per_x)`` -> y ``[len(route_ids), N]``, row r = x row ``r // rows_per_x`` times
@@ -437,7 +442,8 @@ class RoutedLauncher(_Launcher):
             return y
         vp = ctypes.c_void_p
         err = fn(vp(x.data_ptr()), vp(route_ids.data_ptr()), ctypes.c_int(count), ctypes.c_int(rows_per_x), qw, qa, cb,
-                 sc, vp(y.data_ptr()), experts, n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
+                 sc, vp(y.data_ptr()), experts, n, k, ctas, _pdl_arg(self.pdl_ok, 0 if ROUTED_ONE_WAVE else 16),
+                 vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("routed_gemv")[0], err)
         return y

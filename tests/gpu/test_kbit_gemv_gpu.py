@@ -360,14 +360,14 @@ def _routes(gen, count, experts, sentinels=True):
     return ids
 
 
-def _routed_raw(ex, x, ids, rows_per_x, pdl=0):
+def _routed_raw(ex, x, ids, rows_per_x, flags=0):
     """Direct C call of the routed GEMV into a NaN-filled output with a guard tail: (y, guard)."""
     lib = get_library()
     qw, qa = ex.tiled()
     (e_count, n, k_in), count = ex.shape, ids.shape[0]
     buf = torch.full((count * n + 64,), float("nan"), dtype=x.dtype, device="cuda")
     args = [ptr(x), ptr(ids), count, rows_per_x, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), e_count,
-            n, k_in, split_max_ctas(lib, x.device, ex.bits, x.dtype, e_count), pdl, stream_of(x.device)]
+            n, k_in, split_max_ctas(lib, x.device, ex.bits, x.dtype, e_count), flags, stream_of(x.device)]
     lib.call("kbit_routed_gemv", args, bits=ex.bits, dtype=x.dtype)
     torch.cuda.synchronize()
     return buf[: count * n].view(count, n), buf[count * n :]
@@ -379,13 +379,13 @@ def _routed_raw(ex, x, ids, rows_per_x, pdl=0):
 def test_routed_matches_sorted_grouped_kernel(bits, dtype, count, rows_per_x, gen):
     """Every routed row equals the sorted grouped kernel's row for it bit for bit (same weights, same
     MMA column), and the reference within the bound; sentinel rows are exact zeros; nothing past the
-    output is written."""
+    output is written. Flags: PDL (1), one group per warp instead of one wave of items (16)."""
     e_count, n, k_in = 24, 200, 512 + 32
     ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=bits).to("cuda")
     ids = _routes(gen, count, e_count)
     x = torch.randn(count // rows_per_x, k_in, generator=gen).to(dtype).cuda()
-    for pdl in (0, 1):
-        y, guard = _routed_raw(ex, x, ids.cuda(), rows_per_x, pdl)
+    for flags in (0, 1, 16, 17):
+        y, guard = _routed_raw(ex, x, ids.cuda(), rows_per_x, flags)
         assert guard.isnan().all()
         assert not y.isnan().any()
         valid = (ids >= 0) & (ids < e_count)
