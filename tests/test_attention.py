@@ -178,6 +178,31 @@ def test_append_op_is_rope_then_cache_write_then_attention(gen):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
+def test_append_op_norms_q_and_k_first(gen):
+    """q_norm / k_norm: each head RMS-normalized (transformers' Qwen3RMSNorm) before the rotation."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
+    d = q.shape[-1]
+    qn, kn = Qwen3RMSNorm(d, eps=1e-6), Qwen3RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        qn.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+        kn.weight.copy_(torch.rand(d, generator=gen) + 0.5)
+    kc2, vc2, pos2 = kc.clone(), vc.clone(), pos.clone()
+    with torch.no_grad():
+        got = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, q_norm=qn.weight,
+                                                 k_norm=kn.weight, norm_eps=1e-6)
+        want = lowbit.ops.decode_attention_append(qn(q), kn(k_new), v_new, cos, sin, kc2, vc2, pos2, mask, 0.2)
+    assert torch.equal(got, want) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    op = lowbit.ops.decode_attention_append
+    with pytest.raises(ValueError, match="q_norm must be"):
+        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, q_norm=qn.weight[:-2])
+    with pytest.raises(TypeError, match="k_norm"):
+        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, k_norm=kn.weight.half())
+    with pytest.raises(ValueError, match="norm_eps"):
+        op(q, k_new, v_new, cos, sin, kc, vc, pos, mask, 0.2, q_norm=qn.weight, norm_eps=-1.0)
+
+
 def test_append_op_errors(gen):
     q, k_new, v_new, cos, sin, kc, vc, pos, mask = _append_case(gen)
     op = lowbit.ops.decode_attention_append
@@ -227,13 +252,15 @@ def test_fused_decode_attention_in_a_model(name, compiled, gen):
     calls = []
     real = lowbit.ops.decode_attention_append
     mp = pytest.MonkeyPatch()
-    mp.setattr(lowbit.ops, "decode_attention_append", lambda *a: calls.append(1) or real(*a))
+    mp.setattr(lowbit.ops, "decode_attention_append", lambda *a, **kw: calls.append(sorted(kw)) or real(*a, **kw))
     try:
         torch._dynamo.reset()
         got, got_cache = run()
     finally:
         mp.undo()
     assert len(calls) == 3 * len(model.model.layers)  # every decode step of every layer (dynamo replays the append)
+    # Qwen3's per-head q/k RMSNorms go into the op
+    assert all(kw == (["k_norm", "norm_eps", "q_norm"] if name == "qwen3_moe" else []) for kw in calls)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for a, b in zip(got_cache.layers, want_cache.layers):
         torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-5)

@@ -47,7 +47,7 @@ def test_library_builds_and_exports_symbols(built_library):
     assert lib.lowbit_abi_version() == ABI_VERSION
     assert set(SIGNATURES) == {"kbit_dequant", "kbit_tiled_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
-                               "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
+                               "kbit_routed_gemv", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
@@ -63,6 +63,7 @@ def test_library_builds_and_exports_symbols(built_library):
         assert all(hasattr(lib, f"lowbit_decode_attention_{dt}_d{d}_g{g}") for d, g in DECODE_ATTENTION_SHAPES)
         assert all(hasattr(lib, f"lowbit_decode_attention_occupancy_{dt}_d{d}_g{g}") for d, g in DECODE_ATTENTION_SHAPES)
         assert hasattr(lib, f"lowbit_sbvr_encode_x_{dt}") and hasattr(lib, f"lowbit_moe_router_{dt}")
+        assert all(hasattr(lib, f"lowbit_kbit_routed_gemv_b{bits}_{dt}") for bits in (2, 3, 4, 5))
         for ns in (2, 3, 4, 5, 6):
             assert hasattr(lib, f"lowbit_sbvr_dequant_b{ns}_{dt}") and hasattr(lib, f"lowbit_sbvr_grouped_gemv_b{ns}_{dt}")
             assert all(hasattr(lib, f"lowbit_sbvr_gemv_b{ns}_{dt}_m{m}") for m in range(1, 9))

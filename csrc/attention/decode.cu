@@ -28,7 +28,9 @@
 // In a decode step this replaces the 3-4 small kernels torch.compile makes of RoPE, the two cache writes
 // and the query copy. The last CTA to arrive on a grid-wide counter (each arrives once it has read the
 // position) advances the position by one, as transformers' cache update does: one small kernel per layer
-// less. A position outside the cache writes nothing, stays, and gives NaN.
+// less. A position outside the cache writes nothing, stays, and gives NaN. Optionally (q_norm / k_norm
+// weights: Qwen3's per-head q and k RMSNorm) q and k are normalized in registers before the rotation, as
+// transformers' RMSNorm rounds them: two more small kernels per layer folded in.
 // EARLY (flags bit 2, with APPEND and PDL): the first step's K/V rows and the position are loaded before the
 // wait, behind the q|k|v projection's tail. Only this kernel writes the caches and the position (its new row
 // comes from registers), so the kernel in flight before it -- the projection -- cannot be writing them; the
@@ -140,6 +142,9 @@ struct Append {
     int64_t* position;
     T* k_cache;
     T* v_cache;
+    const T* q_norm;  // [D] RMSNorm weights of every q head / of k before the rotation, or null: none
+    const T* k_norm;
+    float norm_eps;
 };
 
 // Rotate-half RoPE of the lane's E elements [lane E, lane E + E) of a D-row (c, s: its cos, sin): x cos + rotate_half(x) sin,
@@ -153,6 +158,20 @@ __device__ __forceinline__ void rope_lane(float (&x)[E], const float (&c)[E], co
         const float partner = __shfl_xor_sync(kFullMask, x[e], 16);
         x[e] = to_float(from_float<T>(fmaf(x[e], c[e], sign * partner * s[e])));
     }
+}
+
+// transformers' RMSNorm of one D-row held E elements per lane: x / sqrt(mean(x^2) + eps) rounded to T, times
+// the weight w (the lane's E elements, as floats), rounded to T.
+template <int E, typename T>
+__device__ __forceinline__ void rms_norm_lane(float (&x)[E], const float (&w)[E], float eps) {
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) ss = fmaf(x[e], x[e], ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(kFullMask, ss, o);
+    const float r = rsqrtf(ss / float(32 * E) + eps);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = to_float(from_float<T>(w[e] * to_float(from_float<T>(x[e] * r))));
 }
 
 template <int E, typename T>
@@ -230,13 +249,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     for (int g = 0; g < G; ++g) q_raw[g] = load_vec<E>(qb + g * D + lane * E);
     int64_t pos = -1;
     RawVec<E> k_add, v_add;  // APPEND: the new row (k rotated below)
-    float cs[E], sn[E];
+    float cs[E], sn[E], qn[E], kn[E];
     if constexpr (APPEND) {
         if (threadIdx.x == 0 && !early_rows) s_pos = *ap.position;
         k_add = load_vec<E>(ap.k_new + b * ap.kn_sb + int64_t(kvh) * D + lane * E);
         v_add = load_vec<E>(ap.v_new + b * ap.vn_sb + int64_t(kvh) * D + lane * E);
         to_floats<E, T>(load_vec<E>(ap.cos + b * ap.cs_sb + lane * E), cs);
         to_floats<E, T>(load_vec<E>(ap.sin + b * ap.cs_sb + lane * E), sn);
+        if (ap.q_norm != nullptr) to_floats<E, T>(load_vec<E>(ap.q_norm + lane * E), qn);
+        if (ap.k_norm != nullptr) to_floats<E, T>(load_vec<E>(ap.k_norm + lane * E), kn);
     }
     if (p_first < p_end) {
         if (early_rows) load_ok(p_first);
@@ -259,6 +280,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         // is never used: they take these registers instead.
         float kf[E];
         to_floats<E, T>(k_add, kf);
+        if (ap.k_norm != nullptr) rms_norm_lane<E, T>(kf, kn, ap.norm_eps);
         rope_lane<E, T>(kf, cs, sn, lane);
         k_add = pack_vec<E, T>(kf);
         if (warp == 0 && h % kv_div == 0 && pos >= p_begin && pos < p_end) {
@@ -272,7 +294,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     for (int g = 0; g < G; ++g) {
         float f[E];
         to_floats<E, T>(q_raw[g], f);
-        if constexpr (APPEND) rope_lane<E, T>(f, cs, sn, lane);
+        if constexpr (APPEND) {
+            if (ap.q_norm != nullptr) rms_norm_lane<E, T>(f, qn, ap.norm_eps);
+            rope_lane<E, T>(f, cs, sn, lane);
+        }
 #pragma unroll
         for (int e = 0; e < E; ++e) qf[g][e] = f[e] * scale_log2;
     }
@@ -472,18 +497,19 @@ int occupancy(int append) {
 // flags bit 2 (EARLY, with bits 0 and 1): see the header. flags bit 3: scores reduced one at a time (A/B of
 // warp_sum8). flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
 // cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
-// (written).
+// (written); q_norm, k_norm [D] (or null) RMSNorm weights applied to q and k before the rotation, with norm_eps.
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
     extern "C" int lowbit_decode_attention_##NAME##_d##D##_g##G(                                                  \
         const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,      \
         const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,   \
         int L, int chunk, float scale, int flags, const void* k_new, const void* v_new, const void* cos,          \
         const void* sin, int64_t q_sb, int64_t kn_sb, int64_t vn_sb, int64_t cs_sb, int64_t* position,            \
-        void* stream) {                                                                                           \
+        const void* q_norm, const void* k_norm, float norm_eps, void* stream) {                                   \
         const lowbit::attention::Append<TYPE> ap{                                                                 \
             static_cast<const TYPE*>(k_new), static_cast<const TYPE*>(v_new), static_cast<const TYPE*>(cos),      \
             static_cast<const TYPE*>(sin), q_sb, kn_sb, vn_sb, cs_sb, position,                                    \
-            static_cast<TYPE*>(const_cast<void*>(k)), static_cast<TYPE*>(const_cast<void*>(v))};                 \
+            static_cast<TYPE*>(const_cast<void*>(k)), static_cast<TYPE*>(const_cast<void*>(v)),                  \
+            static_cast<const TYPE*>(q_norm), static_cast<const TYPE*>(k_norm), norm_eps};                        \
         return lowbit::attention::launch<TYPE, D, G>(q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws,     \
                                                      counters, batch, hkv, kv_div, L, chunk, scale, flags, ap,   \
                                                      stream);                                                     \

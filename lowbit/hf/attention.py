@@ -152,15 +152,45 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
     q = self.q_proj(hidden_states).view(b, heads, d)
     k = self.k_proj(hidden_states).view(b, kv_heads, d)
     v = self.v_proj(hidden_states).view(b, kv_heads, d)
+    norms = {}
     if self._lowbit_qk_norm:
-        q, k = self.q_norm(q), self.k_norm(k)
+        eps = getattr(self, "_lowbit_norm_eps", None)  # set by use_fused_decode_attention
+        if (not QK_NORM_IN_KERNEL or eps is None or self.q_norm.weight.dtype != q.dtype
+                or self.k_norm.weight.dtype != q.dtype):
+            # not transformers' plain RMSNorm (or weights in another dtype): its own forward, before the op
+            q, k = self.q_norm(q), self.k_norm(k)
+        else:  # the op normalizes each head in registers (two small kernels per layer less)
+            norms = {"q_norm": self.q_norm.weight, "k_norm": self.k_norm.weight, "norm_eps": eps}
     # cos, sin and the mask go in as the model made them, once for every layer; the op advances the layer's
     # length as StaticLayer.update does
-    # the kernel before this op is the q|k|v projection (q/k norms included), which writes neither the cache nor
-    # its length: the op may read them before waiting for it
+    # the kernel before this op is the q|k|v projection, which writes neither the cache nor its length: the op may
+    # read them before waiting for it
     out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling),
-                                  kattn.EARLY_KV)
+                                  kattn.EARLY_KV, **norms)
     return self.o_proj(out.view(b, 1, -1))
+
+
+#: Qwen3's per-head q/k RMSNorms run inside the fused decode op (False: as the model's own modules before it;
+#: comparisons)
+QK_NORM_IN_KERNEL = True
+
+
+def _rms_norm_eps(q_norm, k_norm) -> float | None:
+    """The shared epsilon when both norms are transformers' plain RMSNorm (weight * normalized, statistics in fp32:
+    Llama's / Qwen3's class, forward not overridden), else None."""
+    for m in (q_norm, k_norm):
+        if not (type(m).__module__.startswith("transformers.")
+                and type(m).forward.__qualname__.split(".")[0] in _PLAIN_RMS_NORMS
+                and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1
+                and isinstance(getattr(m, "variance_epsilon", None), float)):
+            return None
+    if q_norm.variance_epsilon != k_norm.variance_epsilon or q_norm.weight.shape != k_norm.weight.shape:
+        return None
+    return float(q_norm.variance_epsilon)
+
+
+#: RMSNorm classes whose forward is ``weight * (x * rsqrt(mean(x^2) + eps)).to(dtype)`` in fp32 statistics
+_PLAIN_RMS_NORMS = {"Qwen3RMSNorm", "Qwen3MoeRMSNorm", "LlamaRMSNorm"}
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
@@ -184,5 +214,7 @@ def use_fused_decode_attention(model) -> int:
                 _fused_classes[cls] = type(f"LowbitFused{cls.__name__}", (cls,), {
                     "forward": _fused_forward, "_lowbit_qk_norm": FUSED_CLASSES[cls.__name__], "__module__": __name__})
             mod.__class__ = _fused_classes[cls]
+            if FUSED_CLASSES[cls.__name__]:
+                mod._lowbit_norm_eps = _rms_norm_eps(mod.q_norm, mod.k_norm)
             n += 1
     return n

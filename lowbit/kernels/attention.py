@@ -14,9 +14,10 @@ from .device import pdl_supported
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 register_signatures({
     # q, k, v, k_sb, k_sh, v_sb, v_sh, mask, mask_sb, out, ws, counters, batch, head groups, kv_div, L, chunk,
-    # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position; stream
+    # scale, flags, then (append mode) k_new, v_new, cos, sin, q_sb, kn_sb, vn_sb, cs_sb, position, q_norm, k_norm,
+    # norm_eps; stream
     "decode_attention": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I,
-                         _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P],
+                         _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _F, _P],
     # append mode (0/1) -> CTAs of that instance per SM (0: the runtime could not say)
     "decode_attention_occupancy": [_I],
 })
@@ -119,7 +120,8 @@ REDUCE_EACH = False
 
 
 def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
-    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position) for the append mode."""
+    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position, q_norm, k_norm, norm_eps) for the append
+    mode."""
     b, hq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -138,11 +140,11 @@ def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
     # waiting for its predecessor, so a GEMV and this kernel never hold them at once
     cnt = counters(q.device, b * groups + 1)  # + the append mode's grid-wide arrivals
     if append is None:
-        extra, flags = [None, None, None, None, 0, 0, 0, 0, None], 0
+        extra, flags = [None, None, None, None, 0, 0, 0, 0, None, None, None, 0.0], 0
     else:
-        k_new, v_new, cos, sin, position = append
+        k_new, v_new, cos, sin, position, q_norm, k_norm, norm_eps = append
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
-                 cos.stride(0), ptr(position)]
+                 cos.stride(0), ptr(position), ptr(q_norm), ptr(k_norm), norm_eps]
         flags = FLAG_APPEND | (FLAG_EARLY if early_kv else 0)
     flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
     lib.call("decode_attention", [
@@ -167,10 +169,15 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 @ops.decode_attention_append.register_kernel("cuda")
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False):
-    ops.check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False, q_norm=None, k_norm=None,
+      norm_eps=0.0):
+    ops.check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, q_norm, k_norm,
+                                 norm_eps)
     lib = library_or_none(q.device)
+    norms = [w.contiguous() if w is not None else None for w in (q_norm, k_norm)]
     if (lib is None or not supported(q, k_cache)
-            or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache))):
-        return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position), early_kv)
+            or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache, *filter(None, norms)))):
+        return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale,
+                                                     q_norm, k_norm, norm_eps)
+    return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position, *norms, norm_eps),
+                   early_kv)

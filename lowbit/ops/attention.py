@@ -87,7 +87,8 @@ def _check_rows(name: str, t, dtype, dim: int) -> None:
         raise ValueError(f"{name} must hold each head's elements contiguously, got strides {t.stride()}")
 
 
-def check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
+def check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, q_norm=None,
+                             k_norm=None, norm_eps=0.0):
     """(batch, query heads, KV heads, cache length, head dim) of valid arguments; raises otherwise."""
     check_tensor("q", q, dtypes=FLOAT_DTYPES, dim=3, contiguous=False)
     for name, t, dim in (("q", q, 3), ("k_new", k_new, 3), ("v_new", v_new, 3), ("cos", cos, cos.dim()),
@@ -109,7 +110,23 @@ def check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, positi
     if position.numel() != 1:
         raise ValueError(f"position must hold one cache index (the step's), got shape {tuple(position.shape)}")
     check_same_device(q=q, k_new=k_new, v_new=v_new, cos=cos, sin=sin, k_cache=k_cache, position=position)
+    for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if w is not None:
+            check_tensor(name, w, dtypes=(q.dtype,), dim=1)
+            if w.shape[0] != d:
+                raise ValueError(f"{name} must be [head_dim={d}] RMSNorm weights, got {tuple(w.shape)}")
+            check_same_device(q=q, **{name: w})
+    if not (isinstance(norm_eps, float) and norm_eps >= 0):
+        raise ValueError(f"norm_eps must be a float >= 0, got {norm_eps!r}")
     return b, hq, hkv, length, d
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' RMSNorm over the last dimension (Llama / Qwen3): fp32 statistics, the normalized value rounded
+    to x's dtype, times the weight."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed
 
 
 def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -126,21 +143,31 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
                          tags=(torch.Tag.flexible_layout,))
 def decode_attention_append(q: Tensor, k_new: Tensor, v_new: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
                             v_cache: Tensor, position: Tensor, mask: Tensor | None, scale: float,
-                            early_kv: bool = False) -> Tensor:
+                            early_kv: bool = False, q_norm: Tensor | None = None, k_norm: Tensor | None = None,
+                            norm_eps: float = 0.0) -> Tensor:
     """One decode step of a rotary-embedding attention layer: rotate ``q [B, Hq, D]`` and the new token's
-    ``k_new [B, Hkv, D]`` with ``cos, sin [B, D]`` (or transformers' ``[B, 1, D]``) (:func:`rope_reference`), write ``k_new`` (rotated) and ``v_new`` into row
-    ``position`` (int64, one element, on the device) of the caches ``k_cache, v_cache [B, Hkv, L, D]``
-    (in place), then :func:`decode_attention` of the rotated q against the caches, and advances
-    ``position`` by one (in place, as transformers' static cache layer advances its length). A position
-    outside the cache raises here; the CUDA kernel (which cannot raise without a synchronization) writes
-    nothing, leaves the position and returns NaN. ``early_kv`` (CUDA, under programmatic launch): read the first
-    cache rows and the position before waiting for the kernel launched just before -- only when that kernel
-    writes neither the caches nor the position (in a decode step: the q|k|v projection)."""
-    check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
-    return decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
+    ``k_new [B, Hkv, D]`` with ``cos, sin [B, D]`` (or transformers' ``[B, 1, D]``) (:func:`rope_reference`),
+    write ``k_new`` (rotated) and ``v_new`` into row ``position`` (int64, one element, on the device) of the
+    caches ``k_cache, v_cache [B, Hkv, L, D]`` (in place), then :func:`decode_attention` of the rotated q against
+    the caches, and advances ``position`` by one (in place, as transformers' static cache layer advances its
+    length). ``q_norm`` / ``k_norm`` (``[D]`` weights, optional): each q head / k head RMS-normalized first
+    (:func:`rms_norm_reference` with ``norm_eps``; Qwen3's per-head norms). A position outside the cache raises
+    here; the CUDA kernel (which cannot raise without a synchronization) writes nothing, leaves the position and
+    returns NaN. ``early_kv`` (CUDA, under programmatic launch): read the first cache rows and the position before
+    waiting for the kernel launched just before -- only when that kernel writes neither the caches nor the
+    position (in a decode step: the q|k|v projection)."""
+    check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, q_norm, k_norm,
+                             norm_eps)
+    return decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale,
+                                             q_norm, k_norm, norm_eps)
 
 
-def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale):
+def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, q_norm=None,
+                                      k_norm=None, norm_eps=0.0):
+    if q_norm is not None:
+        q = rms_norm_reference(q, q_norm, norm_eps)
+    if k_norm is not None:
+        k_new = rms_norm_reference(k_new, k_norm, norm_eps)
     idx = position.reshape(1)
     k_cache.index_copy_(2, idx, rope_reference(k_new, cos, sin)[:, :, None])
     v_cache.index_copy_(2, idx, v_new[:, :, None])
@@ -150,6 +177,8 @@ def decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cach
 
 
 @decode_attention_append.register_fake
-def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False):
-    check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale)
+def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_kv=False, q_norm=None, k_norm=None,
+      norm_eps=0.0):
+    check_decode_append_args(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, q_norm, k_norm,
+                             norm_eps)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -180,13 +180,15 @@ def _append_inputs(gen, b, hq, hkv, length, d, dtype, pos):
     return q, k_new, v_new, cos, sin, kc, vc, torch.tensor([pos], device="cuda"), mask
 
 
-def _append_check(args, scale, dtype):
+def _append_check(args, scale, dtype, norms=None):
+    """``norms``: (q_norm, k_norm, eps), each head RMS-normalized before the rotation."""
     q, k_new, v_new, cos, sin, kc, vc, position, mask = args
     pos = int(position)
     ref_kc, ref_vc = kc.clone(), vc.clone()
+    kw = {} if norms is None else {"q_norm": norms[0], "k_norm": norms[1], "norm_eps": norms[2]}
     want = lowbit.ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, ref_kc, ref_vc, position.clone(),
-                                                         mask, scale)
-    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale)
+                                                         mask, scale, **kw)
+    out = lowbit.ops.decode_attention_append(q, k_new, v_new, cos, sin, kc, vc, position, mask, scale, **kw)
     assert position.tolist() == [pos + 1]  # advanced once, by the grid's last CTA
     # the cache rows: the written one within one rounding of the reference's rotation, every other row untouched
     others = torch.ones(kc.shape[2], dtype=torch.bool)
@@ -194,6 +196,8 @@ def _append_check(args, scale, dtype):
     assert torch.equal(kc[:, :, others], ref_kc[:, :, others]) and torch.equal(vc, ref_vc)
     torch.testing.assert_close(kc[:, :, pos].float(), ref_kc[:, :, pos].float(), rtol=2 ** -7, atol=1e-2)
     # the output: against fp64 attention of the reference's rotated q over the kernel's own cache
+    if norms is not None:
+        q = lowbit.ops.rms_norm_reference(q, norms[0], norms[2])
     qr = lowbit.ops.rope_reference(q, cos, sin)
     err = _rel(out, _ref(qr, kc, vc, mask, scale))
     assert err <= BOUND[dtype], f"rel err {err:.2e}"
@@ -206,6 +210,17 @@ def _append_check(args, scale, dtype):
 def test_append_matches_reference(d, g, dtype, gen):
     for b, hkv, length, pos in ((1, 8, 64, 0), (2, 2, 130, 64), (1, 4, 590, 589), (3, 1, 1000, 517)):
         _append_check(_append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos), d ** -0.5, dtype)
+
+
+@pytest.mark.parametrize("d,g", [(128, 2), (128, 8), (64, 4), (256, 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_append_with_qk_norms(d, g, dtype, gen):
+    """Qwen3's per-head q/k RMSNorms folded into the kernel: within the plain append's bounds of the reference
+    (norm, then rotation), every cache row but the new one untouched."""
+    for b, hkv, length, pos in ((1, 4, 512, 300), (2, 2, 130, 64)):
+        args = _append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos)
+        norms = tuple((torch.rand(d, generator=gen) + 0.5).to(dtype).cuda() for _ in range(2)) + (1e-6,)
+        _append_check(args, d ** -0.5, dtype, norms)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
