@@ -175,8 +175,8 @@ def _(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale, early_
                                  norm_eps)
     lib = library_or_none(q.device)
     norms = [w.contiguous() if w is not None else None for w in (q_norm, k_norm)]
-    if (lib is None or not supported(q, k_cache)
-            or not all(_aligned(t) for t in (q, k_new, v_new, cos, sin, k_cache, v_cache, *filter(None, norms)))):
+    rows = (q, k_new, v_new, cos, sin, k_cache, v_cache, *[w for w in norms if w is not None])
+    if lib is None or not supported(q, k_cache) or not all(_aligned(t) for t in rows):
         return ops.decode_attention_append_reference(q, k_new, v_new, cos, sin, k_cache, v_cache, position, mask, scale,
                                                      q_norm, k_norm, norm_eps)
     return _launch(lib, q, k_cache, v_cache, mask, scale, (k_new, v_new, cos, sin, position, *norms, norm_eps),
