@@ -217,8 +217,19 @@ def test_graph_decode_matches_eager_decode(compile_step, gen):
     torch._dynamo.reset()
     graphed = decode.greedy_decode(model, ids, 10, graph=True, compile=compile_step)
     assert graphed.mode.startswith("cuda-graph")
-    if compile_step:  # inductor reorders the bf16 elementwise work: allow late divergence only
-        assert torch.equal(graphed.tokens[:, :3], eager.tokens[:, :3])
+    if compile_step:
+        # inductor rounds the bf16 elementwise work its own way: an early token may differ only where the eager
+        # model's two candidates nearly tie (this random model's logits often do)
+        got, want = graphed.tokens.cpu(), eager.tokens.cpu()
+        for row in range(ids.shape[0]):
+            diff = (got[row, :3] != want[row, :3]).nonzero()
+            if len(diff):
+                j = int(diff[0])
+                prefix = torch.cat([ids[row], want[row, :j]])[None].cuda()
+                with torch.no_grad():
+                    logits = model(prefix).logits[0, -1].float()
+                a, b = int(want[row, j]), int(got[row, j])
+                assert abs(logits[a] - logits[b]) <= 0.02 * logits.abs().max(), f"row {row} token {j}: {a} vs {b}"
     else:
         assert torch.equal(graphed.tokens, eager.tokens)
 
