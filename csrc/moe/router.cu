@@ -8,9 +8,10 @@
 // splitting the hidden dimension (more loads in flight than a warp per row: that first version took
 // 14 us on Qwen3-30B-A3B's 128 x 2048 router, one DRAM round trip per 256 values); each logit is rounded
 // to T, as F.linear's output is, and stored. The last CTA to finish (an atomic counter, as in decode
-// attention) then takes one token per warp: softmax in fp32 over the rounded logits, top_k rounds of
-// a warp arg-max over each lane's own best (higher probability first, ties to the lower expert, NaN
-// before everything, as torch.topk orders them), renormalization. Fixed orders: deterministic.
+// attention) then takes one token per warp: softmax in fp32 over the rounded logits, then the top k
+// (higher probability first, ties to the lower expert, NaN before everything, as torch.topk orders them):
+// with at most 256 (token, expert) pairs each thread ranks one pair against its token's others, otherwise
+// top_k rounds of a warp arg-max over each lane's own best; renormalization. Fixed orders: deterministic.
 // PDL (flags bit 0): x and the outputs belong to the stream order, so the kernel waits at entry and
 // triggers its dependents right after.
 #include <cuda_bf16.h>
@@ -138,6 +139,20 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
         s_p[i] = to_float(v);
     }
     __syncthreads();
+    // Few (token, expert) pairs (decode): one thread each ranks its probability against its token's others
+    // (rank = how many order before it; one broadcast shared load per other) instead of top_k rounds of a
+    // warp arg-max in one warp per token -- the same order, in ~E steps all at once instead of ~top_k x 10.
+    const bool rank_all = tokens * experts <= kWarps * 32;
+    auto write_top = [&](int t, float total) {  // one warp: token t's top_k, renormalized by total (flags bit 1)
+        const float den = (flags & 2) ? total : 1.f;
+        for (int r = lane; r < top_k; r += 32) {
+            const int64_t o = int64_t(t) * top_k + r;
+            const float v = s_top_v[t][r] / den;
+            if (flags & 4) static_cast<float*>(scores)[o] = v;
+            else static_cast<T*>(scores)[o] = from_float<T>(v);
+            indices[o] = s_top_e[t][r];
+        }
+    };
     for (int t = warp; t < tokens; t += kWarps) {
         float* p = s_p + t * experts;
         float m = -INFINITY;  // a NaN logit makes the row NaN, as torch's softmax does
@@ -157,6 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
         for (int i = lane; i < experts; i += 32) p[i] = p[i] / sum;
+        if (rank_all) continue;  // ranked by the whole CTA below
         // top_k rounds of a warp arg-max over the lanes' own bests; only the lane that owned the pick
         // rescans its experts (i = lane + 32 q). A probability and its expert as one 64-bit key: the
         // bits of a float >= 0 order as unsigned integers, a (positive) NaN above +inf, and the low word
@@ -193,13 +209,35 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
             }
         }
         __syncwarp();
-        const float den = (flags & 2) ? total : 1.f;  // renormalize
-        for (int r = lane; r < top_k; r += 32) {
-            const int64_t o = int64_t(t) * top_k + r;
-            const float v = s_top_v[t][r] / den;
-            if (flags & 4) static_cast<float*>(scores)[o] = v;
-            else static_cast<T*>(scores)[o] = from_float<T>(v);
-            indices[o] = s_top_e[t][r];
+        write_top(t, total);
+    }
+    if (rank_all) {
+        __syncthreads();  // every token's probabilities
+        const int i = threadIdx.x, t = i / experts;
+        uint64_t* keys = reinterpret_cast<uint64_t*>(s_keys);
+        uint64_t key = 0;
+        if (i < tokens * experts) {
+            const float v = s_p[i];
+            key = (uint64_t(__float_as_uint(v != v ? __int_as_float(0x7fc00000) : v)) << 32) |
+                  (0xffffffffu - uint32_t(i - t * experts));
+            keys[i] = key;
+        }
+        __syncthreads();
+        if (i < tokens * experts) {
+            const uint64_t* mine = keys + t * experts;
+            int rank = 0;
+#pragma unroll 4
+            for (int j = 0; j < experts; ++j) rank += mine[j] > key;
+            if (rank < top_k) {
+                s_top_v[t][rank] = __uint_as_float(uint32_t(key >> 32));
+                s_top_e[t][rank] = i - t * experts;
+            }
+        }
+        __syncthreads();
+        for (int t = warp; t < tokens; t += kWarps) {
+            float total = 0.f;  // in rank order, as the rounds add it
+            for (int r = 0; r < top_k; ++r) total += s_top_v[t][r];
+            write_top(t, total);
         }
     }
     __syncthreads();
