@@ -10,7 +10,7 @@
 // to T, as F.linear's output is, and stored. The last CTA to finish (an atomic counter, as in decode
 // attention) then takes one token per warp: softmax in fp32 over the rounded logits, then the top k
 // (higher probability first, ties to the lower expert, NaN before everything, as torch.topk orders them):
-// with at most 256 (token, expert) pairs each thread ranks one pair against its token's others, otherwise
+// with at most 256 (token, expert) pairs and 128 experts each thread ranks one against its token's others, otherwise
 // top_k rounds of a warp arg-max over each lane's own best; renormalization. Fixed orders: deterministic.
 // PDL (flags bit 0): x and the outputs belong to the stream order, so the kernel waits at entry and
 // triggers its dependents right after.
@@ -27,6 +27,10 @@ constexpr int kWarps = 8;
 constexpr int kMaxTokens = 8;     // decode; the op takes larger batches through the reference
 constexpr int kMaxExperts = 1024; // the last CTA's shared memory: kMaxTokens x kMaxExperts x 12 bytes
 constexpr int kMaxTopK = 64;
+// The last CTA ranks (token, expert) pairs all at once, a thread each, when they fit its threads and each
+// token has at most kRankMaxExperts (a rank costs ~15 cycles per other expert: 2 pairs per thread or 512
+// experts were 1.1x / 1.8x slower than the rounds; benchmarks/journal/2026-11-26_moe_block_routed.md).
+constexpr int kRankMaxExperts = 128;
 
 // Up to 4 chunks of 8 hidden values per thread and row, loaded together (one memory latency per group).
 constexpr int kGroup = 4;
@@ -139,10 +143,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
         s_p[i] = to_float(v);
     }
     __syncthreads();
-    // Few (token, expert) pairs (decode): one thread each ranks its probability against its token's others
+    // Few (token, expert) pairs (decode): a thread per pair ranks its probability against its token's others
     // (rank = how many order before it; one broadcast shared load per other) instead of top_k rounds of a
     // warp arg-max in one warp per token -- the same order, in ~E steps all at once instead of ~top_k x 10.
-    const bool rank_all = tokens * experts <= kWarps * 32;
+    const int pairs = tokens * experts;
+    const bool rank_all = pairs <= kWarps * 32 && experts <= kRankMaxExperts;
     auto write_top = [&](int t, float total) {  // one warp: token t's top_k, renormalized by total (flags bit 1)
         const float den = (flags & 2) ? total : 1.f;
         for (int r = lane; r < top_k; r += 32) {
@@ -213,18 +218,16 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
     }
     if (rank_all) {
         __syncthreads();  // every token's probabilities
-        const int i = threadIdx.x, t = i / experts;
         uint64_t* keys = reinterpret_cast<uint64_t*>(s_keys);
-        uint64_t key = 0;
-        if (i < tokens * experts) {
+        for (int i = threadIdx.x; i < pairs; i += kWarps * 32) {
+            const int e = i % experts;
             const float v = s_p[i];
-            key = (uint64_t(__float_as_uint(v != v ? __int_as_float(0x7fc00000) : v)) << 32) |
-                  (0xffffffffu - uint32_t(i - t * experts));
-            keys[i] = key;
+            keys[i] = (uint64_t(__float_as_uint(v != v ? __int_as_float(0x7fc00000) : v)) << 32) | (0xffffffffu - uint32_t(e));
         }
         __syncthreads();
-        if (i < tokens * experts) {
-            const uint64_t* mine = keys + t * experts;
+        for (int i = threadIdx.x; i < pairs; i += kWarps * 32) {
+            const int t = i / experts;
+            const uint64_t key = keys[i], *mine = keys + t * experts;
             int rank = 0;
 #pragma unroll 4
             for (int j = 0; j < experts; ++j) rank += mine[j] > key;
