@@ -374,9 +374,11 @@ class GemvLauncher(_Launcher):
         return y
 
 
-class GroupedLauncher(_Launcher):
-    """The grouped (MoE) GEMV of one expert stack, decisions made once (see GemvLauncher).
-    Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1])`` -> y ``[rows, N]``."""
+class _ExpertsLauncher(_Launcher):
+    """What the grouped and routed launchers share: an expert stack, its split-K kernel symbol ``OP`` and the
+    kernel's full wave of CTAs, per dtype."""
+
+    OP = "split_gemv"
 
     def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
         super().__init__(lib, (qweight, qscales, values, scales), fmt, n, k_in)
@@ -385,22 +387,30 @@ class GroupedLauncher(_Launcher):
 
     def _plan(self, dtype):
         c_int = ctypes.c_int
-        op, sym = self.fmt.symbol("split_gemv")
+        op, sym = self.fmt.symbol(self.OP)
         fn = self.lib.raw_symbol(op, **sym, dtype=dtype)
+        # (the routed launch's shared memory for its routes is at most 2 KB more than the grouped one's)
         ctas = split_max_ctas(self.lib, self.device, self.fmt, dtype, self.experts)
-        plan = (fn, (c_int(0), *self.ptrs), (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
+        plan = (fn, self.ptrs, (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
         self._plans[dtype] = plan
         return plan
 
+
+class GroupedLauncher(_ExpertsLauncher):
+    """The grouped (MoE) GEMV of one expert stack, decisions made once (see GemvLauncher).
+    Call: ``launcher(x [rows, K_in], expert_offsets int64 [E + 1])`` -> y ``[rows, N]``."""
+
+    _ZERO = ctypes.c_int(0)  # m_dense: unused with offsets
+
     def __call__(self, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
-        fn, (zero, qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
+        fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
         if x.data_ptr() % 16:
             x = x.clone()
         y = torch.empty((x.shape[0], self.n), dtype=x.dtype, device=self.device)
         if x.shape[0] == 0:
             return y
         vp = ctypes.c_void_p
-        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), zero, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
+        err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), self._ZERO, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
                  n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("grouped_gemv")[0], err)
@@ -412,25 +422,12 @@ class GroupedLauncher(_Launcher):
 ROUTED_ONE_WAVE = True
 
 
-class RoutedLauncher(_Launcher):
+class RoutedLauncher(_ExpertsLauncher):
     """The routed (MoE, unsorted rows) GEMV of one expert stack: ``launcher(x [rows, K_in], route_ids int64
     [rows * rows_per_x], rows_per_x)`` -> y ``[len(route_ids), N]``, row r = x row ``r // rows_per_x`` times
     expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes)."""
 
-    def __init__(self, lib, qweight, qscales, values, scales, fmt, n, k_in):
-        super().__init__(lib, (qweight, qscales, values, scales), fmt, n, k_in)
-        self.experts = qweight.shape[0]
-        self.pdl_ok = pdl_supported(self.device)
-
-    def _plan(self, dtype):
-        c_int = ctypes.c_int
-        op, sym = self.fmt.symbol("routed_gemv")
-        fn = self.lib.raw_symbol(op, **sym, dtype=dtype)
-        # the grouped kernel's wave (its shared memory for the routes is at most 3 KB more)
-        ctas = split_max_ctas(self.lib, self.device, self.fmt, dtype, self.experts)
-        plan = (fn, self.ptrs, (c_int(self.experts), c_int(self.n), c_int(self.k_in), c_int(ctas)))
-        self._plans[dtype] = plan
-        return plan
+    OP = "routed_gemv"
 
     def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
         fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)

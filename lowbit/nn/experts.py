@@ -68,17 +68,21 @@ def saved_experts_shape(cls: type, cfg: dict, old: nn.Module) -> tuple[int, int,
     return shape
 
 
+def _check_block_args(mod: nn.Module, hidden_states, top_k_index, top_k_weights) -> None:
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
+        raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
+    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+        raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
+                         f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+
+
 def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up, down) -> torch.Tensor:
     """The expert block's computation around its two grouped products (any format): route, sort the
     (token, expert) rows by expert, ``gate_up(x, offsets)``, ``act(gate) * up``, ``down(x, offsets)``, weight each
     row, sum each token's k rows. ``mod``: ``num_experts``, ``hidden_dim``, ``intermediate_dim``, ``act_fn`` and
     the buffer ``expert_range`` (``arange(E + 1)``)."""
-    if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
-        raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
-    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
-        raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
-                         f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+    _check_block_args(mod, hidden_states, top_k_index, top_k_weights)
     tokens, k = top_k_index.shape
     dtype = hidden_states.dtype
     ids = top_k_index.reshape(-1)
@@ -104,11 +108,7 @@ def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index:
     rows stay in (token, rank) order and each token's k rows are summed in place. Bit-identical to
     :func:`moe_forward` (each row meets the same weights in the same kernel; sentinel ids >= E give zero
     rows of weight 0)."""
-    if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
-        raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
-    if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
-        raise ValueError(f"top_k_index and top_k_weights must both be [tokens, k], got {tuple(top_k_index.shape)} "
-                         f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
+    _check_block_args(mod, hidden_states, top_k_index, top_k_weights)
     tokens, k = top_k_index.shape
     ids = top_k_index.reshape(-1).to(torch.int64).contiguous()
     gu = gate_up(hidden_states.contiguous(), ids, k)

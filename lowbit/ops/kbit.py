@@ -193,7 +193,8 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     return x.new_empty((m, n))
 
 
-def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
+def _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
+    """The expert count of a valid stacked tiled weight and x [rows, K_in]; raises otherwise."""
     check_tensor("qweight", qweight, dtypes=(torch.int32,))
     if qweight.dim() != 6:
         raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
@@ -202,6 +203,11 @@ def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scale
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
     if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [tokens, K_in={k_in}], got {tuple(x.shape)}")
+    return experts
+
+
+def check_kbit_grouped_args(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
+    experts = _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in)
     check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
     if expert_offsets.shape[0] != experts + 1:
         raise ValueError(f"expert_offsets must have E + 1 = {experts + 1} entries, got {expert_offsets.shape[0]}")
@@ -251,14 +257,7 @@ ROUTED_MAX_ROUTES = 256
 
 
 def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x) -> int:
-    check_tensor("qweight", qweight, dtypes=(torch.int32,))
-    if qweight.dim() != 6:
-        raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
-    experts = qweight.shape[0]
-    check_tiled_args(qweight, qabsmax, codebook, scales, bits, n, k_in, experts=experts)
-    check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
-    if x.shape[1] != k_in:
-        raise ValueError(f"x must have shape [rows, K_in={k_in}], got {tuple(x.shape)}")
+    experts = _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in)
     check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
     if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
         raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
