@@ -294,6 +294,20 @@ def moe_routed(hidden_states: torch.Tensor, routes: int, experts: int) -> bool:
             and choose_grouped(routes, experts, grouped_gemm_min_rows(hidden_states.device), _forced) == "grouped_gemv")
 
 
+#: The routed expert block's down projection makes ``silu(gate) * up`` itself (:func:`moe_glu`); False: a separate
+#: activation kernel (comparisons).
+MOE_GLU = True
+
+
+def moe_glu(act_fn, intermediate: int) -> bool:
+    """Whether a routed expert block hands its gate|up output straight to the down projection, which stages
+    ``silu(gate) * up`` in shared memory (``kbit_routed_gemv(..., glu=True)``): the block's activation is SiLU
+    (torch's or transformers' module) and the intermediate rows fit the kernel's staging."""
+    silu = type(act_fn).__name__ in ("SiLU", "SiLUActivation") and type(act_fn).__module__ in (
+        "torch.nn.modules.activation", "transformers.activations")
+    return MOE_GLU and silu and tiled.routed_glu_fits(intermediate)
+
+
 def choose_grouped(rows: int, experts: int, min_rows: float, forced: str | None = None) -> str:
     """The rule behind :func:`grouped_path` for a CUDA fp16/bf16 call."""
     if forced in ("gemv", "gemm"):
