@@ -727,14 +727,14 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
         for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
             const int m = ae.hi - tok0 < 8 ? ae.hi - tok0 : 8;
+            if (has_tile && !prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
+            prefetched = false;
             T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(list + n_experts) + routed_ids_bytes(routes.count));
-            if constexpr (GLU) {  // every thread, has_tile or not; the barrier after the last chunk freed xs
+            if constexpr (GLU) {  // every thread, its weights in flight; the barrier after the last chunk freed xs
                 stage_glu<T>(xs, x, rowmap + tok0, m, k_in);
                 __syncthreads();
             }
             if (has_tile) {
-                if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
-                prefetched = false;
                 // routed: each lane's token row through the route order (lane_ctx with one row)
                 const LaneCtx<T> ctx = GLU ? lane_ctx<BITS, false, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
                     : !ROUTED ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
