@@ -591,25 +591,23 @@ inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id,
 // where computing it in every lane that reads x would cost 8 x the MUFU work per tile.
 template <typename T>
 __device__ __forceinline__ void stage_glu(T* xs, const T* __restrict__ x, const int* rows, int m, int k_in) {
-    const int row_chunks = int(x_row_bytes(k_in) / 16), valid = k_in / 8;
-    for (int c = threadIdx.x; c < m * row_chunks; c += blockDim.x) {
-        const int row = c / row_chunks, col = c - row * row_chunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
+    // two elements per thread and step (not stage_x's 8): the activations' expf and division are the critical
+    // path here, and at decode a CTA stages one or two rows
+    const int row_words = int(x_row_bytes(k_in) / 4), valid = k_in / 2;
+    for (int c = threadIdx.x; c < m * row_words; c += blockDim.x) {
+        const int row = c / row_words, col = c - row * row_words;
+        uint32_t v = 0;
         if (col < valid) {
-            const T* src = x + int64_t(rows[row]) * (2 * k_in) + col * 8;
-            const uint4 gv = ld_x(reinterpret_cast<const uint4*>(src)), uv = ld_x(reinterpret_cast<const uint4*>(src + k_in));
-            const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-            uint32_t o[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 g = to_float2<T>(gw[i]), u = to_float2<T>(uw[i]);
-                const float a0 = to_float(from_float<T>(g.x / (1.f + expf(-g.x))));  // torch's silu, rounded to T
-                const float a1 = to_float(from_float<T>(g.y / (1.f + expf(-g.y))));
-                o[i] = Pack2<T>::pack(a0 * u.x, a1 * u.y);
-            }
-            v = make_uint4(o[0], o[1], o[2], o[3]);
+            const uint32_t* src = reinterpret_cast<const uint32_t*>(x + int64_t(rows[row]) * (2 * k_in)) + col;
+            uint32_t gw, uw;  // coherent, after the PDL wait: as ld_x (common.cuh)
+            asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(gw) : "l"(src) : "memory");
+            asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(uw) : "l"(src + k_in / 2) : "memory");
+            const float2 g = to_float2<T>(gw), u = to_float2<T>(uw);
+            const float a0 = to_float(from_float<T>(g.x / (1.f + expf(-g.x))));  // torch's silu, rounded to T
+            const float a1 = to_float(from_float<T>(g.y / (1.f + expf(-g.y))));
+            v = Pack2<T>::pack(a0 * u.x, a1 * u.y);
         }
-        reinterpret_cast<uint4*>(xs)[c] = v;
+        reinterpret_cast<uint32_t*>(xs)[c] = v;
     }
 }
 

@@ -311,7 +311,7 @@ class KbitMoeExperts(QuantizedModule):
             return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
                                       lambda x, ids, d: self._routed(0, "gate_up", x, ids, d),
                                       lambda x, ids, d, glu=False: self._routed(1, "down", x, ids, d, glu),
-                                      glu=dispatch.moe_glu(self.act_fn, self.intermediate_dim))
+                                      glu=dispatch.moe_glu(self.act_fn, self.intermediate_dim, hidden_states.shape[0]))
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
                            lambda x, offsets: self._grouped(1, "down", x, offsets))

@@ -474,7 +474,7 @@ def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen,
 
     def run(routed, *a, glu=True):
         monkeypatch.setattr(dispatch, "MOE_ROUTED", routed)
-        monkeypatch.setattr(dispatch, "MOE_GLU", glu)
+        monkeypatch.setattr(dispatch, "MOE_GLU_MIN_TOKENS", 1 if glu else None)
         return ex(*a)
 
     with torch.no_grad():
@@ -491,7 +491,7 @@ def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen,
             with_glu = run(True, hs, idx, w)
             assert _rel(with_glu, got.cpu().double()) <= BOUND[dtype] / 4, f"{tokens} tokens"
         monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
-        monkeypatch.setattr(dispatch, "MOE_GLU", True)
+        monkeypatch.setattr(dispatch, "MOE_GLU_MIN_TOKENS", 1)
         ex._launchers = None
         with lowbit.programmatic_launch():
             s = torch.cuda.Stream()
