@@ -15,9 +15,7 @@ A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, 
 ``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@routed`` / ``@no-routed``
 (``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert), ``@routed-split-all``
 (``lowbit.kernels.tiled.ROUTED_ONE_WAVE = False``: the routed GEMV with one group per warp), ``@qk-norm-modules``
-(``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op),
-``@no-glu`` / ``@glu`` (``lowbit.dispatch.MOE_GLU_MIN_TOKENS = None / 1``: the routed block's SiLU-mul always as
-its own kernel / always in the down projection).
+(``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op).
 """
 
 import argparse
@@ -151,8 +149,7 @@ def main():
     switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
                 "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
-                "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),
-                "no-glu": (dispatch, "MOE_GLU_MIN_TOKENS", None), "glu": (dispatch, "MOE_GLU_MIN_TOKENS", 1)}
+                "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

@@ -294,24 +294,6 @@ def moe_routed(hidden_states: torch.Tensor, routes: int, experts: int) -> bool:
             and choose_grouped(routes, experts, grouped_gemm_min_rows(hidden_states.device), _forced) == "grouped_gemv")
 
 
-#: The routed expert block's down projection makes ``silu(gate) * up`` itself (:func:`moe_glu`) from this many
-#: tokens; None: never (a separate activation kernel; comparisons), 1: always. H100, Qwen3-30B-A3B shapes, 8 layers,
-#: three one-call A/Bs each: batch 4 +1.0% to +2.5% tokens/s, batch 1 -2.9% to -4.3%
-#: (benchmarks/journal/2026-11-26_moe_block_routed.md); batches 2-3 were not measured and keep the kernel.
-MOE_GLU_MIN_TOKENS: int | None = 4
-
-
-def moe_glu(act_fn, intermediate: int, tokens: int) -> bool:
-    """Whether a routed expert block of ``tokens`` rows hands its gate|up output straight to the down projection,
-    which stages ``silu(gate) * up`` in shared memory (``kbit_routed_gemv(..., glu=True)``): the block's activation
-    is SiLU (torch's or transformers' module), the intermediate rows fit the kernel's staging, and the batch is
-    at least :data:`MOE_GLU_MIN_TOKENS`."""
-    silu = type(act_fn).__name__ in ("SiLU", "SiLUActivation") and type(act_fn).__module__ in (
-        "torch.nn.modules.activation", "transformers.activations")
-    return (MOE_GLU_MIN_TOKENS is not None and tokens >= MOE_GLU_MIN_TOKENS and silu
-            and tiled.routed_glu_fits(intermediate))
-
-
 def choose_grouped(rows: int, experts: int, min_rows: float, forced: str | None = None) -> str:
     """The rule behind :func:`grouped_path` for a CUDA fp16/bf16 call."""
     if forced in ("gemv", "gemm"):

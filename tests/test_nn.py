@@ -228,33 +228,6 @@ def test_routed_op_rows_and_errors(gen):
     assert not lowbit.dispatch.moe_routed(x, 6, 4)  # CPU: the sorted block
 
 
-def test_routed_glu_is_silu_mul_first(gen):
-    """glu=True: x rows are [gate | up] and the input silu(gate) * up, in x's dtype; the block's routed forward
-    with glu equals it without."""
-    from lowbit import ops
-    from lowbit.nn.experts import moe_routed_forward
-
-    q = KbitMoeExperts.from_experts(_Experts(4, 64, 96, gen), bits=4)
-    gu = torch.randn(6, 192, generator=gen)
-    ids = torch.tensor([3, 0, 4, 3, -1, 1])
-    args = _stack_args(q, "down")
-    want = ops.kbit_routed_gemv(torch.nn.functional.silu(gu[:, :96]) * gu[:, 96:], ids, *args, 1)
-    assert torch.equal(ops.kbit_routed_gemv(gu, ids, *args, 1, True), want)
-    with pytest.raises(ValueError, match="glu: x must be"):
-        ops.kbit_routed_gemv(gu[:, :96].contiguous(), ids, *args, 1, True)
-    with pytest.raises(ValueError, match="glu: rows_per_x"):
-        ops.kbit_routed_gemv(gu[:3].contiguous(), ids, *args, 2, True)
-    hidden, idx, w = torch.randn(3, 64, generator=gen), torch.randint(0, 4, (3, 2), generator=gen), torch.rand(3, 2)
-    up = lambda x, i, d: ops.kbit_routed_gemv(x, i, *_stack_args(q, "gate_up"), d)
-    down = lambda x, i, d, glu=False: ops.kbit_routed_gemv(x, i, *args, d, glu)
-    assert torch.equal(moe_routed_forward(q, hidden, idx, w, up, down, glu=True),
-                       moe_routed_forward(q, hidden, idx, w, up, down))
-    glu_rule = lowbit.dispatch.moe_glu
-    assert glu_rule(torch.nn.SiLU(), 768, 4) and not glu_rule(torch.nn.GELU(), 768, 4)
-    assert not glu_rule(torch.nn.SiLU(), 14336, 4)  # too wide to stage: a separate activation
-    assert not glu_rule(torch.nn.SiLU(), 768, 1)  # batch 1: measured slower
-
-
 def test_experts_errors(gen):
     with pytest.raises(TypeError, match="fused expert block"):
         KbitMoeExperts.from_experts(nn.Linear(32, 32))

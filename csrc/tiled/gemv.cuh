@@ -504,13 +504,9 @@ struct Routes {
 };
 constexpr int kMaxRoutes = kWarps * 32;  // one route per thread while the CTA orders them
 
-// Routed: the routes' raw and sorted ids (ints), to 16 bytes.
-__host__ __device__ constexpr size_t routed_ids_bytes(int routes) { return (size_t(routes) * 2 * sizeof(int) + 15) / 16 * 16; }
-
-// The split kernel's shared memory: table, the active experts; routed: their ids; GLU: 8 staged x rows.
-template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0, int glu_k_in = 0) {
-    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + routed_ids_bytes(routes) +
-           (glu_k_in ? 8 * x_row_bytes(glu_k_in) : 0);
+template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0) {
+    // table, the active experts, then for routes: their raw and sorted ids (ints)
+    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
@@ -585,40 +581,13 @@ inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id,
     return total;
 }
 
-// GLU (routed): x rows hold [gate | up], 2 k_in wide; the GEMV's input row is act(gate) * up with SiLU, rounded
-// as transformers' expert MLP rounds it (act(gate) to T, times up, to T). The CTA stages those inputs of its m
-// routes (rows[0..m) of x) in shared memory once per item, in stage_x's layout: one activation per element,
-// where computing it in every lane that reads x would cost 8 x the MUFU work per tile.
-template <typename T>
-__device__ __forceinline__ void stage_glu(T* xs, const T* __restrict__ x, const int* rows, int m, int k_in) {
-    // two elements per thread and step (not stage_x's 8): the activations' expf and division are the critical
-    // path here, and at decode a CTA stages one or two rows
-    const int row_words = int(x_row_bytes(k_in) / 4), valid = k_in / 2;
-    for (int c = threadIdx.x; c < m * row_words; c += blockDim.x) {
-        const int row = c / row_words, col = c - row * row_words;
-        uint32_t v = 0;
-        if (col < valid) {
-            const uint32_t* src = reinterpret_cast<const uint32_t*>(x + int64_t(rows[row]) * (2 * k_in)) + col;
-            uint32_t gw, uw;  // coherent, after the PDL wait: as ld_x (common.cuh)
-            asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(gw) : "l"(src) : "memory");
-            asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(uw) : "l"(src + k_in / 2) : "memory");
-            const float2 g = to_float2<T>(gw), u = to_float2<T>(uw);
-            const float a0 = to_float(from_float<T>(g.x / (1.f + expf(-g.x))));  // torch's silu, rounded to T
-            const float a1 = to_float(from_float<T>(g.y / (1.f + expf(-g.y))));
-            v = Pack2<T>::pack(a0 * u.x, a1 * u.y);
-        }
-        reinterpret_cast<uint32_t*>(xs)[c] = v;
-    }
-}
-
 // ONE: the small dense GEMV (host-checked: no experts, every warp's slice is one group, one item per
 // CTA, <= 8 tokens, no PDL): the weights *and x* are loaded before the table build and decoded right
 // after the barrier -- no unit loop, no item loop (x's L2 latency no longer follows the barrier;
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
 // ROUTED: rows given by Routes (compact_routes) -- its own instance, so that the others keep their registers
-// (they sit at 128); GLU (with ROUTED): the input is act(gate) * up of x's rows, staged in shared memory (stage_glu).
-template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false,
-          bool GLU = false>
+// (they sit at 128).
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -725,24 +694,18 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
         for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
             const int m = ae.hi - tok0 < 8 ? ae.hi - tok0 : 8;
-            if (has_tile && !prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
-            prefetched = false;
-            T* xs = reinterpret_cast<T*>(reinterpret_cast<char*>(list + n_experts) + routed_ids_bytes(routes.count));
-            if constexpr (GLU) {  // every thread, its weights in flight; the barrier after the last chunk freed xs
-                stage_glu<T>(xs, x, rowmap + tok0, m, k_in);
-                __syncthreads();
-            }
             if (has_tile) {
+                if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
+                prefetched = false;
                 // routed: each lane's token row through the route order (lane_ctx with one row)
-                const LaneCtx<T> ctx = GLU ? lane_ctx<BITS, false, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
-                    : !ROUTED ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
+                const LaneCtx<T> ctx = !ROUTED
+                    ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
                     : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in, k_in, 1, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, GLU ? kXShared : int(PDL), FP4, ROT>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
-                                                                              g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -754,11 +717,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 // The launchers' `flags`: bit 0 launches with PDL, bit 1 multiplies by x H (rotation = 32; kbit only),
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
 // keeps the stream-K kernel's x in global memory (no shared copy; for comparisons), bit 4 keeps the routed
-// split kernel's warps per tile at split_for's (for comparisons), bit 5 (routed, x_div = 1): x rows are
-// [gate | up] of 2 k_in, the input act(gate) * up (stage_glu).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16, kFlagGlu = 32;
-// GLU's 8 staged rows at most (shared memory, beside the table: two CTAs per SM still fit).
-constexpr size_t kGluMaxBytes = 40 * 1024;
+// split kernel's warps per tile at split_for's (for comparisons).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -841,11 +801,9 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
-    const bool routed = routes.ids != nullptr, glu = flags & kFlagGlu;
+    const bool routed = routes.ids != nullptr;
     if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
                    routes.x_div < 1 || routes.count % routes.x_div))
-        return static_cast<int>(cudaErrorInvalidValue);
-    if (glu && (!routed || routes.x_div != 1 || 8 * x_row_bytes(k_in) > kGluMaxBytes))
         return static_cast<int>(cudaErrorInvalidValue);
     // items of the experts that can be active (routed: at most one per route)
     const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
@@ -868,15 +826,14 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
         plan.set(w, w < split * tiles_per_item ? w / split : -1, slice, slice * n_groups / split,
                  (slice + 1) * n_groups / split);
     }
-    const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0, glu ? k_in : 0);
+    const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
-    auto kernel = pick_instance<FP4>(flags, [one, routed, glu](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [one, routed](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
         if constexpr (!FP4 && !R) {
-            if (routed) return glu ? kbit_split_gemv_kernel<BITS, T, true, false, false, false, true, true>
-                                   : kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
+            if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });

@@ -13,7 +13,7 @@ from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, RoutedLauncher,
-                    check_offsets_on_device, kbit_format, routed_glu_fits, tiled_signatures, with_bias)
+                    check_offsets_on_device, kbit_format, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -82,15 +82,13 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
 
 
 @ops.kbit_routed_gemv.register_kernel("cuda")
-def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, glu=False):
-    ops.check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu)
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+    ops.check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
     lib = library_or_none(x.device)
     if lib is None or x.dtype == torch.float32 or route_ids.shape[0] > ops.ROUTED_MAX_ROUTES:
-        return ops.routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu)
-    if glu and not routed_glu_fits(k_in):  # too wide to stage: the activation first, in torch
-        x, glu = ops.glu_input(x, k_in), False
+        return ops.routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
     launch = RoutedLauncher(lib, qweight, qabsmax, codebook, scales, kbit_format(bits), n, k_in)
-    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x, glu)
+    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x)
 
 
 @ops.kbit_grouped_gemm.register_kernel("cuda")

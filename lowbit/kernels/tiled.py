@@ -90,7 +90,7 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(64))  # bits 1-5: a kernel family's own flags
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -422,21 +422,14 @@ class GroupedLauncher(_ExpertsLauncher):
 ROUTED_ONE_WAVE = True
 
 
-def routed_glu_fits(k_in: int) -> bool:
-    """Whether the routed GEMV stages ``silu(gate) * up`` for ``K_in`` itself (flag bit 5): its 8 staged rows
-    of ``ceil(K_in / 256) * 512 + 16`` bytes fit 40 KB of shared memory (csrc/tiled/gemv.cuh, kGluMaxBytes)."""
-    return 8 * (-(-k_in // 256) * 512 + 16) <= 40 * 1024
-
-
 class RoutedLauncher(_ExpertsLauncher):
     """The routed (MoE, unsorted rows) GEMV of one expert stack: ``launcher(x [rows, K_in], route_ids int64
     [rows * rows_per_x], rows_per_x)`` -> y ``[len(route_ids), N]``, row r = x row ``r // rows_per_x`` times
-    expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes). ``glu=True``
-    (rows_per_x 1, ``K_in <= ROUTED_GLU_MAX_K``): x is ``[rows, 2 K_in]`` and the input ``silu(gate) * up``."""
+    expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes)."""
 
     OP = "routed_gemv"
 
-    def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int, glu: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
         fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
         if x.data_ptr() % 16:
             x = x.clone()
@@ -446,8 +439,7 @@ class RoutedLauncher(_ExpertsLauncher):
             return y
         vp = ctypes.c_void_p
         err = fn(vp(x.data_ptr()), vp(route_ids.data_ptr()), ctypes.c_int(count), ctypes.c_int(rows_per_x), qw, qa, cb,
-                 sc, vp(y.data_ptr()), experts, n, k, ctas,
-                 _pdl_arg(self.pdl_ok, (0 if ROUTED_ONE_WAVE else 16) | (32 if glu else 0)),
+                 sc, vp(y.data_ptr()), experts, n, k, ctas, _pdl_arg(self.pdl_ok, 0 if ROUTED_ONE_WAVE else 16),
                  vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("routed_gemv")[0], err)

@@ -102,22 +102,18 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
 
 
 def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                       top_k_weights: torch.Tensor, gate_up, down, glu: bool = False) -> torch.Tensor:
+                       top_k_weights: torch.Tensor, gate_up, down) -> torch.Tensor:
     """:func:`moe_forward` without the sort: ``gate_up(x, ids, k)`` and ``down(x, ids, 1)`` take row r of
     their output from x row ``r // rows_per_x`` and expert ``ids[r]`` (the router's flattened top-k), so
     rows stay in (token, rank) order and each token's k rows are summed in place. Bit-identical to
     :func:`moe_forward` (each row meets the same weights in the same kernel; sentinel ids >= E give zero
-    rows of weight 0). ``glu``: ``down(gate_up_out, ids, 1, True)`` makes ``silu(gate) * up`` itself (the
-    block's act_fn is SiLU), with the same roundings."""
+    rows of weight 0)."""
     _check_block_args(mod, hidden_states, top_k_index, top_k_weights)
     tokens, k = top_k_index.shape
     ids = top_k_index.reshape(-1).to(torch.int64).contiguous()
     gu = gate_up(hidden_states.contiguous(), ids, k)
-    if glu:
-        out = down(gu, ids, 1, True)
-    else:
-        inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
-        out = down(inter.contiguous(), ids, 1)
+    inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
+    out = down(inter.contiguous(), ids, 1)
     weights = torch.where((ids >= 0) & (ids < mod.num_experts), top_k_weights.reshape(-1), 0).to(torch.float32)
     return (out.float() * weights[:, None]).view(tokens, k, mod.hidden_dim).sum(dim=1).to(hidden_states.dtype)
 
@@ -291,8 +287,7 @@ class KbitMoeExperts(QuantizedModule):
         return dispatch.kbit_grouped_op(x, offsets, s["qweight"], s["qabsmax"], s["codebook"], s["scales"],
                                         self.bits, n, k, check_offsets=False)  # forward built them: valid
 
-    def _routed(self, idx: int, prefix: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int,
-                glu: bool = False) -> torch.Tensor:
+    def _routed(self, idx: int, prefix: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             launchers = self._launchers if self._launchers is not None else {}
             per = launchers.get("routed")
@@ -301,17 +296,16 @@ class KbitMoeExperts(QuantizedModule):
                                              for p in ("gate_up", "down")]
                 self._launchers = launchers
             if per[idx] is not None:
-                return per[idx](x, ids, rows_per_x, glu)
+                return per[idx](x, ids, rows_per_x)
         s = self._stack(prefix)
         return ops.kbit_routed_gemv(x, ids, s["qweight"], s["qabsmax"], s["codebook"], s["scales"], self.bits,
-                                    *self._shape(prefix), rows_per_x, glu)
+                                    *self._shape(prefix), rows_per_x)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         if dispatch.moe_routed(hidden_states, top_k_index.numel(), self.num_experts):
             return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
                                       lambda x, ids, d: self._routed(0, "gate_up", x, ids, d),
-                                      lambda x, ids, d, glu=False: self._routed(1, "down", x, ids, d, glu),
-                                      glu=dispatch.moe_glu(self.act_fn, self.intermediate_dim, hidden_states.shape[0]))
+                                      lambda x, ids, d: self._routed(1, "down", x, ids, d))
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
                            lambda x, offsets: self._grouped(1, "down", x, offsets))

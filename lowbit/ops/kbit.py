@@ -193,17 +193,15 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None):
     return x.new_empty((m, n))
 
 
-def _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in, glu=False) -> int:
-    """The expert count of a valid stacked tiled weight and x [rows, K_in] (glu: [rows, 2 K_in]); raises otherwise."""
+def _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in) -> int:
+    """The expert count of a valid stacked tiled weight and x [rows, K_in]; raises otherwise."""
     check_tensor("qweight", qweight, dtypes=(torch.int32,))
     if qweight.dim() != 6:
         raise ValueError(f"qweight must be [E, tiles, groups, bits, 32, 4] for grouped experts, got {tuple(qweight.shape)}")
     experts = qweight.shape[0]
     check_tiled_args(qweight, qabsmax, codebook, scales, bits, n, k_in, experts=experts)
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
-    if glu and x.shape[1] != 2 * k_in:
-        raise ValueError(f"glu: x must be [rows, 2 x K_in = {2 * k_in}] (gate | up), got {tuple(x.shape)}")
-    if not glu and x.shape[1] != k_in:
+    if x.shape[1] != k_in:
         raise ValueError(f"x must have shape [tokens, K_in={k_in}], got {tuple(x.shape)}")
     return experts
 
@@ -258,10 +256,8 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
 ROUTED_MAX_ROUTES = 256
 
 
-def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu=False) -> int:
-    experts = _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in, glu)
-    if glu and rows_per_x != 1:
-        raise ValueError(f"glu: rows_per_x must be 1 (x holds one row per route), got {rows_per_x!r}")
+def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x) -> int:
+    experts = _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in)
     check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
     if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
         raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
@@ -275,7 +271,7 @@ def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bit
 @torch.library.custom_op("lowbit::kbit_routed_gemv", mutates_args=())
 def kbit_routed_gemv(
     x: Tensor, route_ids: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
-    bits: int, n: int, k_in: int, rows_per_x: int = 1, glu: bool = False,
+    bits: int, n: int, k_in: int, rows_per_x: int = 1,
 ) -> Tensor:
     """MoE experts on unsorted rows, one call: output row r is x row ``r // rows_per_x`` times expert
     ``route_ids[r]`` -> ``[len(route_ids), n]``.
@@ -285,28 +281,18 @@ def kbit_routed_gemv(
     gather or scatter around it. Ids outside ``[0, E)`` (expert-parallel sentinels) give zero rows.
     fp16/bf16 x with at most ``ROUTED_MAX_ROUTES`` routes runs the grouped CUDA kernel (which orders the
     routes by expert itself, so routes sharing an expert share its weight pass); fp32 x and CPU the reference.
-    ``glu=True`` (the expert MLP's down projection): x rows are ``[gate | up]`` (``2 * k_in`` wide) and the input
-    is ``silu(gate) * up`` in x's dtype, as transformers' expert MLP computes it; the kernel makes it once per
-    element while staging x.
     """
-    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu)
-    return routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu)
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    return routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
 
 
 @kbit_routed_gemv.register_fake
-def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, glu=False):
-    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, glu)
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
     return x.new_empty((route_ids.shape[0], n))
 
 
-def glu_input(x: Tensor, k_in: int) -> Tensor:
-    """``silu(gate) * up`` of x rows ``[gate | up]``, in x's dtype (transformers' expert MLP)."""
-    return torch.nn.functional.silu(x[:, :k_in]) * x[:, k_in:]
-
-
-def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, glu=False):
-    if glu:
-        x = glu_input(x, k_in)
+def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
     experts = qweight.shape[0]
     ids = route_ids.tolist()
     y = x.new_zeros((len(ids), n))

@@ -171,7 +171,8 @@ def test_quantize_act_bit_identical(dtype, gen):
     """Random rows at every magnitude, exact midpoints (ties), zero and all-equal blocks, a saturating
     tensor scale (block scales > 448) and one that sends small blocks to the subnormal scales."""
     rows, k = 7, 4096
-    x = torch.randn(rows, k, generator=gen) * torch.exp(3 * torch.randn(rows, 1, generator=gen))
+    # row scales e^(3 N(0,1)), capped at e^8 so that fp16 holds every value (a row scaled past ~1e4 overflowed)
+    x = torch.randn(rows, k, generator=gen) * torch.exp((3 * torch.randn(rows, 1, generator=gen)).clamp(max=8.0))
     x[1, :16] = 0
     x[1, 16:32] = -3.0
     mids = torch.tensor(nvfp4._MIDPOINTS)
