@@ -1,5 +1,11 @@
-# routed MoE GEMV: its GPU tests, then Qwen3-30B-A3B-shaped decode A/B (sorted vs routed) at batch 1 and 4
+#!/usr/bin/env bash
+# One device call for an MoE-step A/B: GPU tests (TESTS: pytest node ids / paths, no spaces; default the routed
+# GEMV's), then Qwen3-30B-A3B-shaped decode (8 layers) at batch 1 and 4, rows with and without one
+# `e2e_gpu.py` switch A (default @no-routed): variants B1 / B4 override the rows. NO_E2E=1: tests only.
+#   A=qk-norm-modules bash benchmarks/tools/dev_routed.sh
+set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=$PWD/.lowbit_cache PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider -n 6 --tb=short ${TESTS:-tests/gpu/test_kbit_gemv_gpu.py -k routed} \
   > $OUT/tests.log 2>&1
