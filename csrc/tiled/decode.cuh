@@ -161,6 +161,58 @@ struct Lut {
     }
 };
 
+// ---- K=2 in registers, no table. The four codebook values' low bytes sit in one register and their high
+// bytes in another, so one byte permute (PRMT) looks up two codes: selector nibbles (a, a + 4, b, b + 4) give
+// the pair (cb[a], cb[b]). The table's quad lookups move 8 bytes through the shared-memory data path per
+// 4 codes (with x, ~11x the code bytes), which bound K=2 there (ncu: MIO throttle the first stall); this way
+// moves none, for ~3 ALU instructions per pair instead of 1.
+struct Cb2Regs {
+    uint32_t lo, hi;  // byte c: low / high byte of codebook value c (as T)
+};
+
+// Every lane of the warp: cb is the lane's Lut::fetch value (code lane % 4).
+template <typename T>
+__device__ __forceinline__ Cb2Regs cb2_regs(float cb) {
+    const uint32_t p01 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 0), __shfl_sync(kFullMask, cb, 1));
+    const uint32_t p23 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2), __shfl_sync(kFullMask, cb, 3));
+    return {__byte_perm(p01, p23, 0x6420u), __byte_perm(p01, p23, 0x7531u)};
+}
+
+// Codes 4k + S (k = 0..3) of a block's word (code n at bits 2n) as two pairs: lo = (cb[c_S], cb[c_4+S]),
+// hi = (cb[c_8+S], cb[c_12+S]). The mask leaves code 4k + S in byte k; times 0x11 it fills nibbles 2k and
+// 2k + 1; + 0x4040 points the odd nibbles at the high bytes. mad.hi does the same for bytes 2, 3 shifted down.
+// prmt with a computed selector: __byte_perm would mask it with 0x7777 first (one more instruction).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+template <int S>
+__device__ __forceinline__ void cb2_decode(uint32_t w, const Cb2Regs& cb, uint32_t& lo, uint32_t& hi) {
+    const uint32_t c = shift<-2 * S>(w) & 0x03030303u;
+    uint32_t sel_hi;
+    asm("mad.hi.u32 %0, %1, %2, %3;\n" : "=r"(sel_hi) : "r"(c), "n"(0x110000), "n"(0x4040));
+    lo = prmt(cb.lo, cb.hi, c * 0x11u + 0x4040u);
+    hi = prmt(cb.lo, cb.hi, sel_hi);
+}
+
+// A block's A fragments from registers. Code 4k + S is column 2k + S % 2 of row g + 8 (S / 2) (the tiled
+// layout's pairs: lowbit/formats/kbit/tiled.py), so the pairs above hold columns of one parity: MMA e takes
+// the columns e, e + 2, e + 4, e + 6 of the lane's 8, and x must come in that order (cb2_x).
+__device__ __forceinline__ void cb2_block(uint32_t (&frag)[2][4], uint32_t w, const Cb2Regs& cb) {
+    cb2_decode<0>(w, cb, frag[0][0], frag[0][2]);  // row g: columns 0, 2 | 4, 6
+    cb2_decode<2>(w, cb, frag[0][1], frag[0][3]);  // row g + 8
+    cb2_decode<1>(w, cb, frag[1][0], frag[1][2]);  // row g: columns 1, 3 | 5, 7
+    cb2_decode<3>(w, cb, frag[1][1], frag[1][3]);  // row g + 8
+}
+
+// x's 8 columns (pairs 01 23 45 67) as cb2_block's B operands: 02 46 | 13 57.
+__device__ __forceinline__ uint4 cb2_x(const uint4& x) {
+    return make_uint4(__byte_perm(x.x, x.y, 0x5410u), __byte_perm(x.z, x.w, 0x5410u),
+                      __byte_perm(x.x, x.y, 0x7632u), __byte_perm(x.z, x.w, 0x7632u));
+}
+
 template <int BITS> struct GroupData {
     uint4 w[BITS];  // this lane's code words for 8 blocks
     uint4 a;        // absmax bytes of rows g (bytes 0..7) and g+8 (8..15), blocks 0..7

@@ -10,7 +10,7 @@
 // Per 16 weights a lane does: 8 pair lookups (one 4-byte shared load each, giving two fp16/bf16
 // codebook values; its address is one byte permute for K=4, mask + LEA for K=3/5 plus a funnel
 // shift for the few fields that straddle two words) or, for K=2 in stream-K, 4 quad lookups
-// (one 8-byte load each); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block
+// (one 8-byte load each; two blocks of a group's 8 decode in registers instead, kK2RegBlocks); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block
 // scales to the block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
 // 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
 // not by issue (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md).
@@ -46,6 +46,7 @@ struct LaneCtx {
     uint32_t table;    // the table's shared-window address (uniform)
     int k_blocks;      // k_in / 32
     uint32_t rot;      // ROT: this lane's Hadamard A-fragment value (rotate_x)
+    Cb2Regs cb2;       // K=2 register decode (kRegDecode): the codebook's bytes
 };
 
 // ---- rotation = 32 (lowbit/formats/kbit/rotation.py): the weight holds W H per 32-column block
@@ -100,15 +101,30 @@ __device__ __forceinline__ uint4 rotate_x(const uint4& xv, uint32_t p) {
 template <bool ROT>
 constexpr float kRotFix = ROT ? kRotOutFix : 1.f;
 
+// K=2 in the stream-K kernel: which of a group's 8 blocks decode in registers (bit J: cb2_block) instead of
+// through the table. The table path is bound by the shared-memory data path, the register path costs ~3x its
+// ALU instructions; two blocks of eight balance them. H100, M = 1, 8192x29568: 33.9 us with none, 31.2 with
+// blocks 0 and 4, 33.9 with 0, 3, 6, 35.4 with every other block, 43.4 with all
+// (benchmarks/journal/2026-11-26_k2_register_decode.md).
+constexpr unsigned kK2RegBlocks = 0x11;
+template <int BITS, bool QUAD, int J> constexpr bool kRegDecode = QUAD && BITS == 2 && ((kK2RegBlocks >> J) & 1);
+
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 // NVFP4 (FP4): the lane's 8 columns lie in one 16-column block, so its fragments are scaled before
 // the MMAs (exact in fp16/bf16, as in the GEMM) and the MMAs accumulate straight into acc.
-template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, int J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, bool XPERM, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
-                                              const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot) {
-    const uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
+                                              const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot,
+                                              const Cb2Regs& cb2) {
+    constexpr bool REG = kRegDecode<BITS, QUAD, J>;
+    uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
     uint32_t frag[2][4];
-    lookup_block<BITS, QUAD, J>(frag, w, lane_op, table);
+    if constexpr (REG) {
+        cb2_block(frag, w[J], cb2);
+        if constexpr (!XPERM) xv = cb2_x(xv);  // XPERM: stage_x stored this block's x in that order
+    } else {
+        lookup_block<BITS, QUAD, J>(frag, w, lane_op, table);
+    }
     if constexpr (FP4) {
         uint32_t lo, hi;
         scale_pairs<T, J, true>(a, lo, hi);
@@ -134,11 +150,11 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
     acc[3] = fmaf(s_hi, part[3], acc[3]);
 }
 
-template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, int... J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, bool XPERM, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                                const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
-                                               uint32_t rot, std::integer_sequence<int, J...>) {
-    (process_block<BITS, QUAD, T, FP4, ROT, J>(acc, w, a, xv[J], lane_op, table, rot), ...);
+                                               uint32_t rot, const Cb2Regs& cb2, std::integer_sequence<int, J...>) {
+    (process_block<BITS, QUAD, T, FP4, ROT, XPERM, J>(acc, w, a, xv[J], lane_op, table, rot, cb2), ...);
 }
 
 // The output factor besides the tensor scale: kbit partial sums carry the block scales times
@@ -159,6 +175,9 @@ constexpr int kScaleStride = FP4 ? 16 : 8;
 // global memory; global through the coherent path after pdl_wait, under PDL (common.cuh: ld_x); or a
 // copy in shared memory (stage_x), zero-padded to whole groups.
 constexpr int kXGlobal = 0, kXCoherent = 1, kXShared = 2;
+// x staged in shared memory (and not rotated, which needs the natural order) is stored in the register
+// decode's order by stage_x, instead of 4 byte permutes per block here.
+template <int BITS, bool QUAD, int XSRC, bool ROT> constexpr bool kXPerm = QUAD && BITS == 2 && XSRC == kXShared && !ROT;
 
 // x[k..k+7] of one block.
 template <int XSRC, typename T>
@@ -196,20 +215,22 @@ __host__ __device__ constexpr size_t x_row_bytes(int k_in) { return size_t((k_in
 
 // Copy x's m rows into shared memory at xs (all threads of the CTA; the caller publishes it with a
 // barrier). Read through the coherent path: under PDL x may come from the kernel before.
-template <typename T>
+// PERM: bit j set: the chunks of block j of every group are stored in cb2_x's order (the register decode's).
+template <unsigned PERM, typename T>
 __device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, int k_in) {
     const int row_chunks = int(x_row_bytes(k_in) / 16);  // 16-byte chunks per shared row (the last: padding)
     const int chunks = m * row_chunks, valid = k_in / 8;  // k_in % 32 == 0: whole chunks
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
         const int row = c / row_chunks, col = c - row * row_chunks;
-        const uint4 v = col < valid ? ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col) : make_uint4(0, 0, 0, 0);
+        uint4 v = col < valid ? ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col) : make_uint4(0, 0, 0, 0);
+        if (PERM != 0 && ((PERM >> ((col >> 2) & 7)) & 1)) v = cb2_x(v);
         reinterpret_cast<uint4*>(xs)[c] = v;
     }
 }
 
 // One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
 // they add exactly 0 (never 0 * Inf).
-template <int BITS, bool QUAD, typename T, bool FP4 = false, bool ROT = false>
+template <int BITS, bool QUAD, typename T, bool FP4 = false, bool ROT = false, bool XPERM = false>
 __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BITS>& d, const uint4 (&xv)[kGroupBlocks],
                                              const LaneCtx<T>& ctx) {
 
@@ -219,7 +240,7 @@ __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BI
         w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
     }
     const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
-    process_blocks<BITS, QUAD, T, FP4, ROT>(acc, w, a, xv, ctx.lane_op, ctx.table, ctx.rot,
+    process_blocks<BITS, QUAD, T, FP4, ROT, XPERM>(acc, w, a, xv, ctx.lane_op, ctx.table, ctx.rot, ctx.cb2,
                                             std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
@@ -228,7 +249,7 @@ __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<B
                                               int grp) {
     uint4 xv[kGroupBlocks];
     load_x<XSRC>(xv, ctx, grp);
-    decode_group<BITS, QUAD, T, FP4, ROT>(acc, d, xv, ctx);
+    decode_group<BITS, QUAD, T, FP4, ROT, kXPerm<BITS, QUAD, XSRC, ROT>>(acc, d, xv, ctx);
 }
 
 template <int BITS, bool QUAD, typename T>
@@ -242,6 +263,7 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
     c.rot = rot_fragment<T>(lane);
+    c.cb2 = Cb2Regs{0, 0};
     return c;
 }
 
@@ -374,12 +396,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
+    const Cb2Regs cb2 = QUAD ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
     if constexpr (XS) {
         pdl_wait();  // x, y, workspace and counters belong to the stream order
         pdl_launch_dependents();
-        stage_x(xs, x, m, k_in);
+        stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? kK2RegBlocks : 0u>(xs, x, m, k_in);
     }
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
@@ -389,8 +412,9 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         pdl_launch_dependents();
     }
     LOWBIT_TRACE(2);  // past the PDL wait
-    const LaneCtx<T> ctx = XS ? lane_ctx<BITS, QUAD, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
-                              : lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
+    LaneCtx<T> ctx = XS ? lane_ctx<BITS, QUAD, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
+                        : lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
+    if constexpr (QUAD) ctx.cb2 = cb2;
     constexpr int XSRC = XS ? kXShared : kXCoherent;
     const int first_tile = u_begin / n_groups;
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
