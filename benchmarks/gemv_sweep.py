@@ -21,7 +21,7 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import FLAG_GLOBAL_X, FLAG_LOCAL, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
+from lowbit.kernels.tiled import FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--local-ctas", default="", help="comma-separated grids for the CTA-local mode (default: one wave)")
     ap.add_argument("--no-streamk", action="store_true", help="skip the global stream-K lines")
     ap.add_argument("--global-x", action="store_true", help="also time CTA-local with x read from global memory")
+    ap.add_argument("--rotate", action="store_true", help="the kernels' rotation = 32 instances (x H in registers)")
     ap.add_argument("--peers", action="store_true",
                     help="also time torch int4 (tinygemm, bf16) per shape and, once, a 1-element fill kernel "
                          "(the graph's per-launch floor)")
@@ -72,7 +73,7 @@ def main() -> None:
             cnt = counters(dev, tiles)
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
-            pdl = int(args.pdl)
+            pdl = int(args.pdl) | (FLAG_ROT32 if args.rotate else 0)
             picked = dense_path(lib, dev, bits, torch.float16, n, k_in)
 
             def split_call(c, ctas):

@@ -10,8 +10,9 @@
 // Per 16 weights a lane does: 8 pair lookups (one 4-byte shared load each, giving two fp16/bf16
 // codebook values; its address is one byte permute for K=4, mask + LEA for K=3/5 plus a funnel
 // shift for the few fields that straddle two words) or, for K=2 in stream-K, 4 quad lookups
-// (one 8-byte load each; two blocks of a group's 8 decode in registers instead, kK2RegBlocks); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block
-// scales to the block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
+// (one 8-byte load each; two or three blocks of a group's 8 decode in registers instead,
+// kK2RegBlocks); 2 MMAs, 2 absmax decodes and 4 FMAs that apply the two rows' block scales to the
+// block's partial sums: ~2 instructions per weight at K=4 (ncu: ~300 per group of
 // 4,096). At 16 warps per SM the large shapes are bound by load latency and the access pattern,
 // not by issue (benchmarks/journal/2026-11-23_round_3_large_shapes_what_limits.md).
 // Layout: see lowbit/formats/kbit/tiled.py (the reference repack that defines it).
@@ -102,21 +103,24 @@ template <bool ROT>
 constexpr float kRotFix = ROT ? kRotOutFix : 1.f;
 
 // K=2 in the stream-K kernel: which of a group's 8 blocks decode in registers (bit J: cb2_block) instead of
-// through the table. The table path is bound by the shared-memory data path, the register path costs ~3x its
-// ALU instructions; two blocks of eight balance them. H100, M = 1, 8192x29568: 33.9 us with none, 31.2 with
-// blocks 0 and 4, 33.9 with 0, 3, 6, 35.4 with every other block, 43.4 with all
-// (benchmarks/journal/2026-11-26_k2_register_decode.md).
-constexpr unsigned kK2RegBlocks = 0x11;
-template <int BITS, bool QUAD, int J> constexpr bool kRegDecode = QUAD && BITS == 2 && ((kK2RegBlocks >> J) & 1);
+// through the table, by the instance's token count. The table path is bound by the shared-memory data path,
+// the register path costs ~3x its ALU instructions; two or three blocks of eight balance them. H100,
+// 8192x29568, us:
+//   M = 1: none 33.9, blocks 0 4 31.2, 0 2 4 30.7, 0 3 6 33.9, 0 1 4 5 32.6, every other 35.4, all 43.4
+//   M = 2: none 36.9, blocks 0 4 37.6, 0 2 4 38.8 (4096x28672: 20.7, 19.2, 18.6)
+//   M = 4: none 38.0, blocks 0 4 36.2, 0 2 4 38.2, every other 39.8, all 47.1
+// The rotated instances keep the table: their x is permuted after the rotation, in registers, and at M = 4 that
+// spilled (8192x29568 47.9 -> 51.4 us). (benchmarks/journal/2026-11-26_k2_register_decode.md.)
+__host__ __device__ constexpr unsigned kK2RegBlocks(int maxm, bool rot) { return rot ? 0u : maxm == 1 ? 0x15u : 0x11u; }
 
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 // NVFP4 (FP4): the lane's 8 columns lie in one 16-column block, so its fragments are scaled before
 // the MMAs (exact in fp16/bf16, as in the GEMM) and the MMAs accumulate straight into acc.
-template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, bool XPERM, int J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, unsigned K2REG, bool XPERM, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                               const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot,
                                               const Cb2Regs& cb2) {
-    constexpr bool REG = kRegDecode<BITS, QUAD, J>;
+    constexpr bool REG = QUAD && BITS == 2 && ((K2REG >> J) & 1);
     uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
     uint32_t frag[2][4];
     if constexpr (REG) {
@@ -150,11 +154,11 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
     acc[3] = fmaf(s_hi, part[3], acc[3]);
 }
 
-template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, bool XPERM, int... J>
+template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, unsigned K2REG, bool XPERM, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                                const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
                                                uint32_t rot, const Cb2Regs& cb2, std::integer_sequence<int, J...>) {
-    (process_block<BITS, QUAD, T, FP4, ROT, XPERM, J>(acc, w, a, xv[J], lane_op, table, rot, cb2), ...);
+    (process_block<BITS, QUAD, T, FP4, ROT, K2REG, XPERM, J>(acc, w, a, xv[J], lane_op, table, rot, cb2), ...);
 }
 
 // The output factor besides the tensor scale: kbit partial sums carry the block scales times
@@ -230,7 +234,7 @@ __device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, i
 
 // One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
 // they add exactly 0 (never 0 * Inf).
-template <int BITS, bool QUAD, typename T, bool FP4 = false, bool ROT = false, bool XPERM = false>
+template <int BITS, bool QUAD, typename T, bool FP4 = false, bool ROT = false, unsigned K2REG = 0, bool XPERM = false>
 __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BITS>& d, const uint4 (&xv)[kGroupBlocks],
                                              const LaneCtx<T>& ctx) {
 
@@ -240,16 +244,16 @@ __device__ __forceinline__ void decode_group(float (&acc)[4], const GroupData<BI
         w[4 * c] = d.w[c].x; w[4 * c + 1] = d.w[c].y; w[4 * c + 2] = d.w[c].z; w[4 * c + 3] = d.w[c].w;
     }
     const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
-    process_blocks<BITS, QUAD, T, FP4, ROT, XPERM>(acc, w, a, xv, ctx.lane_op, ctx.table, ctx.rot, ctx.cb2,
+    process_blocks<BITS, QUAD, T, FP4, ROT, K2REG, XPERM>(acc, w, a, xv, ctx.lane_op, ctx.table, ctx.rot, ctx.cb2,
                                             std::make_integer_sequence<int, kGroupBlocks>{});
 }
 
-template <int BITS, bool QUAD, typename T, int XSRC, bool FP4 = false, bool ROT = false>
+template <int BITS, bool QUAD, typename T, int XSRC, bool FP4 = false, bool ROT = false, unsigned K2REG = 0>
 __device__ __forceinline__ void compute_group(float (&acc)[4], const GroupData<BITS>& d, const LaneCtx<T>& ctx,
                                               int grp) {
     uint4 xv[kGroupBlocks];
     load_x<XSRC>(xv, ctx, grp);
-    decode_group<BITS, QUAD, T, FP4, ROT, kXPerm<BITS, QUAD, XSRC, ROT>>(acc, d, xv, ctx);
+    decode_group<BITS, QUAD, T, FP4, ROT, K2REG, kXPerm<BITS, QUAD, XSRC, ROT>>(acc, d, xv, ctx);
 }
 
 template <int BITS, bool QUAD, typename T>
@@ -285,7 +289,7 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path).
-template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, typename Flush>
+template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, unsigned K2REG, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
@@ -297,7 +301,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
             if (u < u_end) {
                 if (u + S - 1 < u_end)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                compute_group<BITS, QUAD, T, XSRC, FP4, ROT>(acc, buf[i], ctx, grp);
+                compute_group<BITS, QUAD, T, XSRC, FP4, ROT, K2REG>(acc, buf[i], ctx, grp);
                 LOWBIT_TRACE(3 + (u - u_begin < 16 ? int(u - u_begin) : 15));  // unit decoded
                 ++u;
                 if (++grp == n_groups || u == u_end) {
@@ -392,17 +396,18 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     // The codebook's load first (Lut::fetch), then the first groups', whose latency hides the table build.
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     constexpr int S = kStreamStages(BITS, MAXM);
+    constexpr unsigned K2REG = QUAD ? kK2RegBlocks(MAXM, ROT) : 0u;  // K=2: blocks decoded in registers
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = QUAD ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
+    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
     if constexpr (XS) {
         pdl_wait();  // x, y, workspace and counters belong to the stream order
         pdl_launch_dependents();
-        stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? kK2RegBlocks : 0u>(xs, x, m, k_in);
+        stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? K2REG : 0u>(xs, x, m, k_in);
     }
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
@@ -414,7 +419,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     LOWBIT_TRACE(2);  // past the PDL wait
     LaneCtx<T> ctx = XS ? lane_ctx<BITS, QUAD, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
                         : lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
-    if constexpr (QUAD) ctx.cb2 = cb2;
+    if constexpr (K2REG != 0) ctx.cb2 = cb2;
     constexpr int XSRC = XS ? kXShared : kXCoherent;
     const int first_tile = u_begin / n_groups;
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
@@ -459,7 +464,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         store(sum, tile);
         if (lane == 0) counters[tile] = 0;  // ready for the next launch (graph replays too)
     };
-    run_units<BITS, QUAD, T, S, XSRC, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
+    run_units<BITS, QUAD, T, S, XSRC, FP4, ROT, K2REG>(buf, qw_lane, qa_lane, ctx, u_begin, u_end, first_tile,
                                                 u_begin - first_tile * n_groups, n_groups, flush);
     LOWBIT_TRACE(19);  // units done
     if (!local) return;
@@ -729,7 +734,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, PDL, FP4, ROT>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
