@@ -178,9 +178,6 @@ __device__ __forceinline__ Cb2Regs cb2_regs(float cb) {
     return {__byte_perm(p01, p23, 0x6420u), __byte_perm(p01, p23, 0x7531u)};
 }
 
-// Codes 4k + S (k = 0..3) of a block's word (code n at bits 2n) as two pairs: lo = (cb[c_S], cb[c_4+S]),
-// hi = (cb[c_8+S], cb[c_12+S]). The mask leaves code 4k + S in byte k; times 0x11 it fills nibbles 2k and
-// 2k + 1; + 0x4040 points the odd nibbles at the high bytes. mad.hi does the same for bytes 2, 3 shifted down.
 // prmt with a computed selector: __byte_perm would mask it with 0x7777 first (one more instruction).
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     uint32_t d;
@@ -188,6 +185,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return d;
 }
 
+// Codes 4k + S (k = 0..3) of a block's word (code n at bits 2n) as two pairs: lo = (cb[c_S], cb[c_4+S]),
+// hi = (cb[c_8+S], cb[c_12+S]). The mask leaves code 4k + S in byte k; times 0x11 it fills nibbles 2k and
+// 2k + 1; + 0x4040 points the odd nibbles at the high bytes. mad.hi does the same for bytes 2, 3 shifted down.
 template <int S>
 __device__ __forceinline__ void cb2_decode(uint32_t w, const Cb2Regs& cb, uint32_t& lo, uint32_t& hi) {
     const uint32_t c = shift<-2 * S>(w) & 0x03030303u;
