@@ -430,8 +430,12 @@ def setup(device_type: str):
 
 
 def teardown() -> None:
-    """End the process group (generate's, under torchrun)."""
+    """End the process group (generate's, under torchrun). A barrier first: every rank's collectives are
+    finished before any rank destroys the group. Without it a gloo rank could be torn down with work still
+    queued on its worker threads, and at exit that aborted ("terminate called without an active exception",
+    seen once in the CPU suite)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
