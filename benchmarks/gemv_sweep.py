@@ -2,10 +2,10 @@
 kernel at several warp counts, and the stream-K kernel's CTA-local mode (one CTA per SM).
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
-                                    [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers] [--global-x]
+                                    [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers] [--global-x] [--rotate]
 
 ``--global-x``: also time CTA-local with x read from global memory (the kernel stages a shared copy
-of x at K <= 3); ``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
+of x at K <= 3); ``--rotate``: the rotation = 32 instances (x H computed in registers); ``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
 lookup table fewer times); ``--pdl``: every call with programmatic dependent launch (back-to-back
 calls of the same GEMV, as in the graph, overlap).
 
@@ -21,7 +21,8 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, counters, dense_path, gemv_warps, local_ctas, split_max_ctas
+from lowbit.kernels.tiled import (FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, counters, dense_path,
+                                  gemv_warps, local_ctas, split_max_ctas)
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
