@@ -15,7 +15,9 @@ A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, 
 ``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@routed`` / ``@no-routed``
 (``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert), ``@routed-split-all``
 (``lowbit.kernels.tiled.ROUTED_ONE_WAVE = False``: the routed GEMV with one group per warp), ``@qk-norm-modules``
-(``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op).
+(``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op),
+``@no-fused-layers`` (``lowbit.hf.layers.FUSED = False``: the residual adds and the post-attention norm as kernels
+of their own, not in the GEMVs' outputs).
 """
 
 import argparse
@@ -129,6 +131,7 @@ def main():
         for b in ("flash", "mem_efficient", "cudnn", "math"):
             getattr(torch.backends.cuda, f"enable_{b}_sdp")(b == chosen)
     from lowbit.hf import attention as hf_attention
+    from lowbit.hf import layers as hf_layers
     from lowbit.kernels import tiled
 
     hf_attention.DECODE_KERNEL = not args.sdpa_attention
@@ -149,7 +152,8 @@ def main():
     switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
                 "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
-                "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False)}
+                "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),
+                "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
@@ -186,7 +190,7 @@ def main():
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
-                   "moe_routed": dispatch.MOE_ROUTED,
+                   "moe_routed": dispatch.MOE_ROUTED, "fused_layers": hf_layers.FUSED,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
                    "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",

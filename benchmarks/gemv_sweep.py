@@ -79,7 +79,7 @@ def main() -> None:
 
             def split_call(c, ctas):
                 a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
-                     k_in, ctas, pdl, stream_of(dev)]
+                     k_in, ctas, pdl, None, stream_of(dev)]
                 lib.call("kbit_split_gemv", a, bits=bits, dtype=torch.float16)
 
             for ctas in [max_ctas] + [int(v) for v in args.split_ctas.split(",") if v]:
@@ -92,7 +92,7 @@ def main() -> None:
 
                 def call(c):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(ws), ptr(cnt),
-                         args.m, n, k_in, warps, pdl, stream_of(dev)]
+                         args.m, n, k_in, warps, pdl, None, stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 
                 t = graph_time([lambda c=c: call(c) for c in copies], replays=10)
@@ -103,7 +103,8 @@ def main() -> None:
             for ctas in [one_wave] + [min(tiles, int(v)) for v in args.local_ctas.split(",") if v]:
                 def local_call(c, k=ctas, extra=0):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(None),
-                         ptr(None), args.m, n, k_in, STREAM_CTA_WARPS * k, pdl | FLAG_LOCAL | extra, stream_of(dev)]
+                         ptr(None), args.m, n, k_in, STREAM_CTA_WARPS * k, pdl | FLAG_LOCAL | extra, None,
+                         stream_of(dev)]
                     lib.call("kbit_gemv", a, bits=bits, dtype=torch.float16, m=args.m)
 
                 t = graph_time([lambda c=c: local_call(c) for c in copies], replays=10)

@@ -51,6 +51,21 @@ LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(5)
 //       weight-only lookup GEMV (num_sums <= 4, group a multiple of 128)
 // (declared where they are defined; the Python loader's signatures: lowbit/kernels/sbvr.py)
 
+// The decode step's glue fused into where a tiled GEMV writes y (kbit's GEMV and split-GEMV entries take a
+// pointer to one, null: none; every field may be null). With y = x W^T (+ bias), per token row r and output row j:
+//   rms_x [m, k_in]: y *= rsqrt(mean(rms_x[r]^2) + eps) before the bias -- the RMSNorm factor of the row the
+//     caller's x was made from (x = rms_x * norm weight, the norm's division left to this kernel);
+//   residual [m, n]: y += residual[r, j] before the one rounding (a residual add);
+//   yw [m, n], norm_weight [n]: also write yw[r, j] = round(y[r, j] * norm_weight[j]) (the next norm's weight
+//     applied to the new residual, the x of the GEMV that takes rms_x = y). All of x's dtype.
+struct lowbit_epilogue {
+    const void* rms_x;
+    const void* residual;
+    const void* norm_weight;
+    void* yw;
+    float eps;
+};
+
 // Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.
 int lowbit_read_bw(const void* src, int64_t n_bytes, void* sink, int grid, int mode, void* stream);
 // Copy probe: dst = src, n_bytes a multiple of 16, both 16-byte aligned.

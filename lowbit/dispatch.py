@@ -447,3 +447,31 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
     extra = (rotation,) if rotation else ()
     return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in,
                *extra)
+
+
+def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`kbit_gemv_epilogue_op` takes ``module(x2)`` for x2 ``[rows, k]`` of ``dtype`` on ``device``:
+    a kbit module (fused ones too) and a call the decode GEMV runs (CUDA, fp16/bf16, 1..GEMV_MAX_M rows), not
+    forced elsewhere."""
+    return (getattr(module, "format_name", None) == "kbit" and k == module.in_features  # a KbitLinear (nn is above)
+            and use_gemv(device.type == "cuda", dtype, rows)
+            and _forced in (None, "gemv") and module.qweight.device == device)
+
+
+def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None):
+    """``module(x2)`` through the GEMV with the decode step's glue in its output
+    (:func:`lowbit.ops.kbit_gemv_epilogue`): ``(y, yw)``. Eager calls go straight to the module's launcher;
+    compiled ones through the op. The caller checks :func:`kbit_epilogue_ok` first."""
+    b, n, k = module._buffers, module.out_features, module.in_features
+    if x2.is_cuda and not torch.compiler.is_compiling():
+        launch = module._launcher
+        if launch is None or launch.tensors[0] is not b["qweight"] or launch.index != x2.get_device():
+            launch = module._launcher = eager_launcher("gemv", b, module.bits, n, k, x2, module.rotation)
+        if launch is not None:
+            from .kernels.kbit import run_gemv_epilogue
+
+            m = ops.check_gemv_epilogue_args(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
+                                             module.bias, module.rotation, rms_x, residual, norm_weight)
+            return run_gemv_epilogue(launch, x2.contiguous(), m, module.bias, rms_x, eps, residual, norm_weight)
+    return ops.kbit_gemv_epilogue(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
+                                  module.bias, module.rotation, rms_x, eps, residual, norm_weight)

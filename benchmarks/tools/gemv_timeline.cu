@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     const int flags = local ? lowbit::gemv::kFlagLocal : 0;
     auto call = [&](int c) {
         int err = lowbit::gemv::launch_gemv<BITS, __half, 1>(x, qw[c], qa[c], cb, scale, y, nullptr, ws, counters, 1, n,
-                                                             k_in, n_warps, flags, nullptr);
+                                                             k_in, n_warps, flags, nullptr, nullptr);
         if (err) {
             fprintf(stderr, "launch: %s\n", cudaGetErrorString(cudaError_t(err)));
             exit(1);

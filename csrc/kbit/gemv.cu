@@ -6,9 +6,9 @@
     extern "C" int lowbit_kbit_gemv_b##BITS##_##NAME##_m##M(                                                  \
         const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,   \
         void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,      \
-        int flags, void* stream) {                                                                              \
+        int flags, const lowbit_epilogue* epi, void* stream) {                                                                              \
         return lowbit::gemv::launch_gemv<BITS, TYPE, M>(x, qweight, qabsmax, codebook, scale, y, bias,        \
-                                                        workspace, counters, m, n, k_in, n_warps, flags, stream);\
+                                                        workspace, counters, m, n, k_in, n_warps, flags, epi, stream);\
     }                                                                                                         \
     /* resident warps per SM (one-wave grid of the stream-K kernel) */                                       \
     extern "C" int lowbit_kbit_gemv_occupancy_b##BITS##_##NAME##_m##M(void) {                                 \
@@ -18,9 +18,9 @@
     extern "C" int lowbit_kbit_split_gemv_b##BITS##_##NAME(                                                    \
         const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,          \
         const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
-        int max_ctas, int flags, void* stream) {                                                                 \
+        int max_ctas, int flags, const lowbit_epilogue* epi, void* stream) {                                     \
         return lowbit::gemv::launch_split<BITS, TYPE>(x, offsets, m_dense, qweight, qabsmax, codebook, scales, \
-                                                      y, bias, n_experts, n, k_in, max_ctas, flags, stream);    \
+                                                      y, bias, n_experts, n, k_in, max_ctas, flags, epi, stream);\
     }                                                                                                          \
     /* routed MoE rows: route r = expert ids[r] times x row r / x_div into y row r (gemv.cuh: Routes) */   \
     extern "C" int lowbit_kbit_routed_gemv_b##BITS##_##NAME(                                                   \
@@ -28,7 +28,8 @@
         const float* codebook, const float* scales, void* y, int n_experts, int n, int k_in, int max_ctas,     \
         int flags, void* stream) {                                                                               \
         return lowbit::gemv::launch_split<BITS, TYPE>(x, nullptr, 0, qweight, qabsmax, codebook, scales, y,    \
-                                                      nullptr, n_experts, n, k_in, max_ctas, flags, stream,     \
+                                                      nullptr, n_experts, n, k_in, max_ctas, flags, nullptr,    \
+                                                      stream,                                                   \
                                                       lowbit::gemv::Routes{ids, count, x_div});                 \
     }                                                                                                          \
     extern "C" int lowbit_kbit_split_gemv_occupancy_b##BITS##_##NAME(int n_experts) {                          \

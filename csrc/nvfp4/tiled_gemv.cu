@@ -7,9 +7,9 @@
     extern "C" int lowbit_nvfp4_gemv_##NAME##_m##M(                                                          \
         const void* x, const void* qweight, const void* qscales, const float* codebook, const float* scale,  \
         void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,     \
-        int flags, void* stream) {                                                                             \
+        int flags, const lowbit_epilogue* epi, void* stream) {                                                                             \
         return lowbit::gemv::launch_gemv<4, TYPE, M, true>(x, qweight, qscales, codebook, scale, y, bias,    \
-                                                           workspace, counters, m, n, k_in, n_warps, flags, stream);\
+                                                           workspace, counters, m, n, k_in, n_warps, flags, epi, stream);\
     }                                                                                                        \
     extern "C" int lowbit_nvfp4_gemv_occupancy_##NAME##_m##M(void) {                                         \
         return lowbit::gemv::gemv_occupancy<4, TYPE, M, true>();                                             \
@@ -23,9 +23,10 @@
     extern "C" int lowbit_nvfp4_split_gemv_##NAME(                                                           \
         const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qscales,        \
         const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in, \
-        int max_ctas, int flags, void* stream) {                                                               \
+        int max_ctas, int flags, const lowbit_epilogue* epi, void* stream) {                                   \
         return lowbit::gemv::launch_split<4, TYPE, true>(x, offsets, m_dense, qweight, qscales, codebook,    \
-                                                         scales, y, bias, n_experts, n, k_in, max_ctas, flags, stream);\
+                                                         scales, y, bias, n_experts, n, k_in, max_ctas, flags, epi, \
+                                                         stream);                                              \
     }                                                                                                        \
     extern "C" int lowbit_nvfp4_split_gemv_occupancy_##NAME(int n_experts) {                                 \
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, true, false, true>,     \

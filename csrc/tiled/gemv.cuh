@@ -271,6 +271,70 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     return c;
 }
 
+// ---- The decode step's glue, fused into the output (lowbit_epilogue, lowbit.h): a residual add and the
+// next RMSNorm's weight where the residual stream is written (o_proj, down_proj), the norm's per-token
+// factor where its output is read (the next GEMV). Uniform runtime branches; all-null costs nothing in the
+// unit loop.
+template <typename T>
+struct Epilogue {
+    const T* rms_x;     // [m, k_in]: y *= rsqrt(mean(rms_x[tok]^2) + eps) before the bias
+    const T* residual;  // [m, n]: y += residual before the one rounding
+    const T* norm_w;    // [n] with yw [m, n]: yw = round(y * norm_w)
+    T* yw;
+    float eps;
+};
+
+template <typename T>
+__host__ Epilogue<T> epilogue_of(const lowbit_epilogue* e) {
+    if (e == nullptr) return Epilogue<T>{nullptr, nullptr, nullptr, nullptr, 0.f};
+    return Epilogue<T>{static_cast<const T*>(e->rms_x), static_cast<const T*>(e->residual),
+                       static_cast<const T*>(e->norm_weight), static_cast<T*>(e->yw), e->eps};
+}
+
+constexpr int kRmsRows = 8;  // token rows a GEMV launch normalizes (it takes <= 8)
+
+// Per-warp sums of squares of rms_x's m rows into part[warp][row], by every thread of the CTA after
+// pdl_wait (rms_x is the previous kernel's output); a barrier publishes them. Fixed order: deterministic.
+template <int WARPS, typename T>
+__device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* rms_x, int m, int k_in) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = 0; r < m; ++r) {
+        const uint4* row = reinterpret_cast<const uint4*>(rms_x + int64_t(r) * k_in);
+        float s = 0.f;
+        for (int c = threadIdx.x; c < k_in / 8; c += WARPS * 32) {
+            const uint4 v = ld_x(row + c);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const float2 f = to_float2<T>(w[q]);
+                s = fmaf(f.x, f.x, s);
+                s = fmaf(f.y, f.y, s);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
+        if (lane == 0) part[warp][r] = s;
+    }
+}
+
+// The norm's factor for token tok from the published partials (warp order).
+template <int WARPS>
+__device__ __forceinline__ float rms_factor(const float (*part)[kRmsRows], int tok, int k_in, float eps) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += part[w][tok];
+    return rsqrtf(s / float(k_in) + eps);
+}
+
+// y[idx] = v (+ residual[idx]), rounded once; and yw[idx] = round(y[idx] * norm_w[row]).
+template <typename T>
+__device__ __forceinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
+    if (epi.residual != nullptr) v += to_float(epi.residual[idx]);
+    const T out = from_float<T>(v);
+    y[idx] = out;
+    if (epi.yw != nullptr) epi.yw[idx] = from_float<T>(to_float(out) * to_float(epi.norm_w[row]));
+}
+
 // ---- The unit loop: an S-deep register pipeline (the split kernel: 2, its warps' slices are a
 // few groups, often one; the stream-K kernel: kStreamStages).
 constexpr int kSplitStages = 2;
@@ -372,8 +436,9 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
-    int n_warps, StreamK sk, bool local, StreamK tiles) {
+    int n_warps, StreamK sk, bool local, StreamK tiles, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
+    __shared__ float rms_part[kStreamWarps][kRmsRows];
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -404,15 +469,17 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
-    if constexpr (XS) {
-        pdl_wait();  // x, y, workspace and counters belong to the stream order
+    const bool rms = epi.rms_x != nullptr;  // the norm's statistics, before the barrier like x's copy
+    if (XS || rms) {
+        pdl_wait();  // x, y, workspace, counters and the epilogue's tensors belong to the stream order
         pdl_launch_dependents();
-        stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? K2REG : 0u>(xs, x, m, k_in);
     }
+    if constexpr (XS) stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? K2REG : 0u>(xs, x, m, k_in);
+    if (rms) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
-    if constexpr (!XS) {
+    if (!XS && !rms) {
         pdl_wait();
         pdl_launch_dependents();
     }
@@ -428,7 +495,10 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
+            if (tok < m && row < n) {
+                const float f = rms ? rms_factor<kStreamWarps>(rms_part, tok, k_in, epi.eps) * scale : scale;
+                write_out(y, epi, int64_t(tok) * n + row, row, v[i] * kGemvOutFix<FP4> * f + bias_of(bias, row));
+            }
         }
     };
     auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
@@ -621,9 +691,10 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
     const float* __restrict__ scales, T* __restrict__ y, const T* __restrict__ bias, int n_experts, int n, int k_in,
-    int n_tiles, int n_groups, int split, const SplitPlan plan, const Routes routes) {
+    int n_tiles, int n_groups, int split, const SplitPlan plan, const Routes routes, const Epilogue<T> epi) {
     constexpr int S_ = kSplitStages;
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
+    __shared__ float rms_part[kWarps][kRmsRows];  // the epilogue's norm statistics (dense only)
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
     __shared__ int rowmap[ROUTED ? kMaxRoutes : 1];  // ROUTED: the route at each position
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -650,7 +721,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
             if (tok < m && row < n) {
                 const int y_row = ROUTED ? rowmap[tok0 + tok] : tok0 + tok;
-                y[int64_t(y_row) * n + row] = from_float<T>(sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * scale + bias_of(ebias, row));
+                // the epilogue: dense only (host-checked), so y_row is the token row of rms_x and residual
+                const float f = epi.rms_x != nullptr ? rms_factor<kWarps>(rms_part, y_row, k_in, epi.eps) * scale : scale;
+                write_out(y, epi, int64_t(y_row) * n + row, row, sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * f + bias_of(ebias, row));
             }
         }
     };
@@ -669,6 +742,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
         const float scale = *scales;
         Lut<BITS, false>::template store<kWarps * 32, T>(cb);
+        if (epi.rms_x != nullptr) rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
         __syncthreads();
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -710,6 +784,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
     } else if (expert_offsets != nullptr) {
         n_active = compact_experts(list, expert_offsets, scales, n_experts);
+    } else if (epi.rms_x != nullptr) {
+        rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
     }
     __syncthreads();
 
@@ -777,8 +853,9 @@ struct Launch {
 template <int BITS, typename T, int MAXM, bool FP4 = false>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
-                int flags, void* stream) {
+                int flags, const lowbit_epilogue* epi, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    if (m > kRmsRows && epi != nullptr && epi->rms_x != nullptr) return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     if (m < 1 || k_in < 32 || k_in % 32) return static_cast<int>(cudaErrorInvalidValue);
     const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
@@ -804,7 +881,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
         codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
-        n_groups, n_warps, sk, local, tiles);
+        n_groups, n_warps, sk, local, tiles, epilogue_of<T>(epi));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
@@ -826,8 +903,11 @@ inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarp
 template <int BITS, typename T, bool FP4 = false>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,
                  const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n, int k_in,
-                 int max_ctas, int flags, void* stream, Routes routes = Routes{nullptr, 0, 1}) {
+                 int max_ctas, int flags, const lowbit_epilogue* epi, void* stream, Routes routes = Routes{nullptr, 0, 1}) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    // the epilogue is for dense calls (token rows = y rows), and normalizes at most kRmsRows of them
+    if (epi != nullptr && (offsets != nullptr || routes.ids != nullptr || (epi->rms_x != nullptr && m_dense > kRmsRows)))
+        return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
     const bool routed = routes.ids != nullptr;
@@ -872,7 +952,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),
-        n_experts, n, k_in, n_tiles, n_groups, split, plan, routes);
+        n_experts, n, k_in, n_tiles, n_groups, split, plan, routes, epilogue_of<T>(epi));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }

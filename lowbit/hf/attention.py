@@ -112,9 +112,11 @@ FUSED_CLASSES = {"LlamaAttention": False, "MistralAttention": False, "Qwen2Atten
 _fused_classes: dict[type, type] = {}
 
 
-def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
+def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs, project: bool = True):
     """The decode step through :func:`lowbit.ops.decode_attention_append`, or None when this call is not
-    one it takes (prefill, a cache other than a filled static layer, extra attention arguments, ...)."""
+    one it takes (prefill, a cache other than a filled static layer, extra attention arguments, ...).
+    ``project=False``: the attention output before ``o_proj`` (``[B, 1, heads * head_dim]``; the fused decoder
+    layer projects it with the residual add, :mod:`lowbit.hf.layers`)."""
     from transformers.cache_utils import StaticLayer
 
     from ..kernels import attention as kattn
@@ -167,7 +169,7 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
     # read them before waiting for it
     out = decode_attention_append(q, k, v, cos, sin, keys, values, layer.cumulative_length, mask, float(self.scaling),
                                   kattn.EARLY_KV, **norms)
-    return self.o_proj(out.view(b, 1, -1))
+    return self.o_proj(out.view(b, 1, -1)) if project else out.view(b, 1, -1)
 
 
 #: Qwen3's per-head q/k RMSNorms run inside the fused decode op (False: as the model's own modules before it;

@@ -130,7 +130,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
                   profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
                   profile_trace: str | None = None, pdl: bool | None = None,
-                  lowbit_router: bool = True, fused_attention: bool = True) -> DecodeResult:
+                  lowbit_router: bool = True, fused_attention: bool = True, fused_layers: bool = True) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
@@ -148,6 +148,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     ``fused_attention``: with ``gqa_sdpa`` on CUDA, run each Llama-pattern attention layer's decode step
     (rotary embedding, KV-cache append, attention) as one kernel
     (:func:`lowbit.hf.attention.use_fused_decode_attention`; kept too).
+    ``fused_layers``: with ``fused_attention``, run each Llama-pattern decoder layer's residual adds and
+    post-attention RMSNorm inside its kbit GEMVs (:func:`lowbit.hf.layers.use_fused_decode_layers`; kept too).
     """
     from transformers import StaticCache
 
@@ -167,6 +169,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
         # attention function, and switching them twice changes nothing
         if fused_attention and getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
             use_fused_decode_attention(model)
+            if fused_layers:
+                from .layers import use_fused_decode_layers
+
+                use_fused_decode_layers(model)
     if lowbit_router and device.type == "cuda":
         from .router import use_lowbit_router
 

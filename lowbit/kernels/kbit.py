@@ -13,7 +13,7 @@ from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, RoutedLauncher,
-                    check_offsets_on_device, kbit_format, tiled_signatures, with_bias)
+                    check_offsets_on_device, epilogue, kbit_format, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -67,6 +67,31 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
         return ops.gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
     launch = GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in, rotation)
     return with_bias(lambda b: launch(x, x.shape[0], (x.shape[0], n), b), x, bias)
+
+
+@ops.kbit_gemv_epilogue.register_kernel("cuda")
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None, eps=1e-6, residual=None,
+      norm_weight=None):
+    m = ops.check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+                                     norm_weight)
+    lib = library_or_none(x.device)
+    if lib is None:
+        return ops.gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, eps,
+                                           residual, norm_weight)
+    return run_gemv_epilogue(GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in, rotation),
+                             x, m, bias, rms_x, eps, residual, norm_weight)
+
+
+def run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight):
+    """One launch of ``launch`` (a :class:`~.tiled.GemvLauncher`) with the epilogue: (y, yw or an empty tensor)."""
+    n = launch.n
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    yw = torch.empty((m, n) if norm_weight is not None else (0,), dtype=x.dtype, device=x.device)
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()  # added in the kernel, after the norm's factor
+    epi = epilogue(rms_x, eps, residual, norm_weight, yw if norm_weight is not None else None)
+    launch(x, m, (m, n), bias, epilogue=epi, y=y)
+    return y, yw
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")

@@ -29,12 +29,12 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
     :func:`~lowbit.kernels.library.register_signatures`."""
     out = {
         # x, qweight, qscales, values, scale, y, bias (null: none), workspace, counters, m, n, k_in, n_warps,
-        # pdl (0/1), stream
-        f"{name}_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+        # flags, epilogue (lowbit_epilogue*, null: none), stream
+        f"{name}_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P],
         f"{name}_gemv_occupancy": [],
         # x, expert_offsets (null: dense), m_dense, qweight, qscales, values, scales, y, bias ([n_experts, n]
-        # or null), n_experts, n, k_in, max_ctas, pdl (0/1), stream
-        f"{name}_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P],
+        # or null), n_experts, n, k_in, max_ctas, flags, epilogue (dense only; null: none), stream
+        f"{name}_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P],
         f"{name}_split_gemv_occupancy": [_I],
         # x, qweight, qscales, values, scale, y, bias (null: none), workspace, counters, m, n, k_in, splits, stream
         f"{name}_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
@@ -103,6 +103,24 @@ def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
     """The kernels add a bias of x's dtype, contiguous, in fp32 before rounding; any other bias is
     added after them."""
     return bias.dtype == x.dtype and bias.is_contiguous()
+
+
+class Epilogue(ctypes.Structure):
+    """``lowbit_epilogue`` (csrc/lowbit.h): the decode step's glue fused into a GEMV's output --
+    ``y = (x W^T) * rsqrt(mean(rms_x^2) + eps) + bias + residual`` (one rounding), and
+    ``yw = round(y * norm_weight)``; null pointers leave a part out."""
+
+    _fields_ = [("rms_x", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("norm_weight", ctypes.c_void_p),
+                ("yw", ctypes.c_void_p), ("eps", ctypes.c_float)]
+
+
+def epilogue(rms_x=None, eps: float = 0.0, residual=None, norm_weight=None, yw=None) -> Epilogue:
+    """An :class:`Epilogue` over these tensors (contiguous, on the GEMV's device; the caller keeps them
+    alive until the launch is queued)."""
+    def p(t):
+        return None if t is None else t.data_ptr()
+
+    return Epilogue(p(rms_x), p(residual), p(norm_weight), p(yw), float(eps))
 
 
 # ------------------------------------------------------------------ GEMV (tiled layout)
@@ -349,26 +367,31 @@ class GemvLauncher(_Launcher):
         self._plans[(dtype, m)] = plan
         return plan
 
-    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None,
+                 epilogue: Epilogue | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
+        """``epilogue``: the fused glue (:func:`epilogue`; its tensors checked by the caller); ``y``: the output
+        buffer when the caller made it (for an epilogue's ``yw`` beside it)."""
         dtype = x.dtype
         plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
         if x.data_ptr() % 16:
             x = x.clone()  # the kernels read x with 16-byte loads
-        y = torch.empty(out_shape, dtype=dtype, device=self.device)
+        if y is None:
+            y = torch.empty(out_shape, dtype=dtype, device=self.device)
         vp = ctypes.c_void_p
         stream = vp(_current_stream(self.index))
         b = None if bias is None else vp(bias.data_ptr())
+        epi = None if epilogue is None else ctypes.byref(epilogue)
         if plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
-                          _pdl_arg(self.pdl_ok, plan[3]), stream)
+                          _pdl_arg(self.pdl_ok, plan[3]), epi, stream)
         else:
             qw, qa, cb, sc = plan[2]
             cnt, m_, n, k, warps = plan[3]
             # workspace (global mode): alive until the launch is queued, like y
             ws = torch.empty((plan[4], 2, 128), dtype=torch.float32, device=self.device) if plan[4] else None
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, vp(None if ws is None else ws.data_ptr()), cnt, m_, n, k,
-                          warps, _pdl_arg(self.pdl_ok, plan[5]), stream)
+                          warps, _pdl_arg(self.pdl_ok, plan[5]), epi, stream)
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y
@@ -412,7 +435,7 @@ class GroupedLauncher(_ExpertsLauncher):
             return y
         vp = ctypes.c_void_p
         err = fn(vp(x.data_ptr()), vp(expert_offsets.data_ptr()), self._ZERO, qw, qa, cb, sc, vp(y.data_ptr()), None, experts,
-                 n, k, ctas, _pdl_arg(self.pdl_ok), vp(_current_stream(self.index)))
+                 n, k, ctas, _pdl_arg(self.pdl_ok), None, vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("grouped_gemv")[0], err)
         return y

@@ -128,6 +128,75 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
     return x.new_empty((m, n))
 
 
+# ------------------------------------------------------------------ the GEMV with the decode step's glue
+def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+                             norm_weight) -> int:
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    if rms_x is not None:
+        check_tensor("rms_x", rms_x, dtypes=(x.dtype,), dim=2)
+        if tuple(rms_x.shape) != (m, k_in) or not rms_x.is_contiguous():
+            raise ValueError(f"rms_x must be a contiguous [M={m}, K_in={k_in}] tensor of x's dtype, got {tuple(rms_x.shape)}")
+    if residual is not None:
+        check_tensor("residual", residual, dtypes=(x.dtype,), dim=2)
+        if tuple(residual.shape) != (m, n) or not residual.is_contiguous():
+            raise ValueError(f"residual must be a contiguous [M={m}, N={n}] tensor of x's dtype, got {tuple(residual.shape)}")
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, dtypes=(x.dtype,), dim=1)
+        if norm_weight.shape[0] != n or not norm_weight.is_contiguous():
+            raise ValueError(f"norm_weight must be a contiguous [N={n}] tensor of x's dtype, got {tuple(norm_weight.shape)}")
+    check_same_device(x=x, **{k: v for k, v in (("rms_x", rms_x), ("residual", residual), ("norm_weight", norm_weight))
+                              if v is not None})
+    return m
+
+
+@torch.library.custom_op("lowbit::kbit_gemv_epilogue", mutates_args=())
+def kbit_gemv_epilogue(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
+                       k_in: int, bias: Tensor | None = None, rotation: int = 0, rms_x: Tensor | None = None,
+                       eps: float = 1e-6, residual: Tensor | None = None,
+                       norm_weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`kbit_gemv` with a decode step's glue in its output, one rounding:
+
+    ``y = (x @ W^T) * rsqrt(mean(rms_x^2, -1) + eps) + bias + residual`` (each part only when given; the
+    mean over fp32 squares, per row), and ``yw = round(y * norm_weight)`` when ``norm_weight`` is given (else
+    an empty tensor). With ``x = yw`` of the GEMV before it and ``rms_x`` its ``y``, the pair computes
+    ``residual add -> RMSNorm -> linear`` with no kernel between them (:mod:`lowbit.hf.layers`)."""
+    check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+                             norm_weight)
+    return gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, eps,
+                                   residual, norm_weight)
+
+
+@kbit_gemv_epilogue.register_fake
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None, eps=1e-6, residual=None,
+      norm_weight=None):
+    m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+                                 norm_weight)
+    return x.new_empty((m, n)), x.new_empty((m, n) if norm_weight is not None else (0,))
+
+
+def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: float = 1e-6, residual=None,
+                   norm_weight=None) -> tuple[Tensor, Tensor]:
+    """The epilogue's definition on an fp32 product ``y32 [M, N]`` (see :func:`kbit_gemv_epilogue`)."""
+    if rms_x is not None:
+        y32 = y32 * torch.rsqrt(rms_x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+    if bias is not None:
+        y32 = y32 + bias.to(torch.float32)
+    if residual is not None:
+        y32 = y32 + residual.to(torch.float32)
+    y = y32.to(dtype)
+    yw = (y.to(torch.float32) * norm_weight.to(torch.float32)).to(dtype) if norm_weight is not None else y.new_empty((0,))
+    return y, yw
+
+
+def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None,
+                            eps=1e-6, residual=None, norm_weight=None):
+    x32 = x.to(torch.float32)
+    if rotation:
+        x32 = kbit_rotation.rotate(x32)
+    y32 = x32 @ kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in).t()
+    return apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
+
+
 #: the GEMM's grid takes 64 rows per CTA in its third dimension (<= 65535)
 GEMM_MAX_ROWS = 65535 * 64
 

@@ -69,7 +69,7 @@ def test_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
                 ptr(counters(x.device, tiles)),
-                m, n, k_in, warps, pdl, stream_of(x.device)]
+                m, n, k_in, warps, pdl, ptr(None), stream_of(x.device)]
         lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
         torch.cuda.synchronize()
         y = buf[: m * n].view(m, n)
@@ -93,7 +93,7 @@ def test_streamk_every_warp_count(bits, gen):
             buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
             ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
             args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
-                    ptr(counters(x.device, 24)), m, n, k_in, warps, 0, stream_of(x.device)]
+                    ptr(counters(x.device, 24)), m, n, k_in, warps, 0, ptr(None), stream_of(x.device)]
             lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
             torch.cuda.synchronize()
             err = _rel(buf[: m * n].view(m, n), ref)
@@ -123,7 +123,7 @@ def test_local_gemv_every_grid(bits, pdl, gen):
                     buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
                     args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(None),
                             ptr(None), m, n, k_in, tiled.STREAM_CTA_WARPS * ctas, pdl | tiled.FLAG_LOCAL,
-                            stream_of(x.device)]
+                            ptr(None), stream_of(x.device)]
                     lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
                     torch.cuda.synchronize()
                     assert buf[m * n :].isnan().all()
@@ -157,7 +157,7 @@ def test_streamk_shared_x_equals_global_x(bits, local, gen):
                     ws = torch.empty((warps, 2, 128), dtype=torch.float32, device="cuda")
                     cnt, flags = counters(x.device, tiles), extra
                 args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws), ptr(cnt),
-                        m, n, k_in, warps, flags, stream_of(x.device)]
+                        m, n, k_in, warps, flags, ptr(None), stream_of(x.device)]
                 lib.call("kbit_gemv", args, bits=bits, dtype=torch.float16, m=tiled.gemv_instance(m))
                 torch.cuda.synchronize()
                 assert buf[m * n :].isnan().all()
@@ -176,7 +176,7 @@ def test_local_gemv_rejects_bad_grids(gen):
     y = torch.empty(1, n, dtype=torch.float16, device="cuda")
     for warps in (15, 24, 16 * 5):
         args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), ptr(None), ptr(None),
-                1, n, k_in, warps, tiled.FLAG_LOCAL, stream_of(x.device)]
+                1, n, k_in, warps, tiled.FLAG_LOCAL, ptr(None), stream_of(x.device)]
         with pytest.raises(RuntimeError):
             lib.call("kbit_gemv", args, bits=4, dtype=torch.float16, m=1)
 
@@ -195,7 +195,7 @@ def test_split_gemv_poisoned_output_and_guard(bits, m, pdl, gen):
         buf = torch.full((m * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
         max_ctas = split_max_ctas(lib, x.device, bits, torch.float16, 1)
         args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n, k_in,
-                max_ctas, pdl, stream_of(x.device)]
+                max_ctas, pdl, ptr(None), stream_of(x.device)]
         lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
         torch.cuda.synchronize()
         assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in}"
@@ -220,7 +220,7 @@ def test_split_every_group_count(bits, m, gen):
         for max_ctas in (split_max_ctas(lib, x.device, bits, torch.float16, 1), 3):  # one wave; grid-stride
             buf[: m * n].fill_(float("nan"))
             args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n,
-                    k_in, max_ctas, 0, stream_of(x.device)]
+                    k_in, max_ctas, 0, ptr(None), stream_of(x.device)]
             lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
             torch.cuda.synchronize()
             assert _rel(buf[: m * n].view(m, n), _ref(x, q)) <= 1e-3, f"N={n} K_in={k_in} ctas={max_ctas}"
@@ -334,7 +334,7 @@ def test_grouped_many_active_many_tokens(bits, k_in, gen):
     tokens = x.shape[0]
     buf = torch.full((tokens * n + 64,), float("nan"), dtype=torch.float16, device="cuda")
     args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(ex.codebook), ptr(ex.scales), ptr(buf), ptr(None), e_count, n, k_in,
-            split_max_ctas(lib, x.device, bits, torch.float16, e_count), 0, stream_of(x.device)]
+            split_max_ctas(lib, x.device, bits, torch.float16, e_count), 0, ptr(None), stream_of(x.device)]
     lib.call("kbit_split_gemv", args, bits=bits, dtype=torch.float16)
     torch.cuda.synchronize()
     assert buf[tokens * n :].isnan().all()
@@ -555,12 +555,12 @@ def test_rotated_gemv_poisoned_output_and_guard(pdl, dense_kernel, gen):
             warps = gemv_warps(lib, x.device, 3, torch.float16, m, n, k_in)
             ws = torch.full((warps, 2, 128), float("nan"), dtype=torch.float32, device="cuda")
             args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), ptr(ws),
-                    ptr(counters(x.device, -(-n // 16))), m, n, k_in, warps, flags, stream_of(x.device)]
+                    ptr(counters(x.device, -(-n // 16))), m, n, k_in, warps, flags, ptr(None), stream_of(x.device)]
             lib.call("kbit_gemv", args, bits=3, dtype=torch.float16, m=tiled.gemv_instance(m))
         else:
             ctas = split_max_ctas(lib, x.device, 3, torch.float16, 1)
             args = [ptr(x), ptr(None), m, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(None), 1, n,
-                    k_in, ctas, flags, stream_of(x.device)]
+                    k_in, ctas, flags, ptr(None), stream_of(x.device)]
             lib.call("kbit_split_gemv", args, bits=3, dtype=torch.float16)
         torch.cuda.synchronize()
         assert _rel(buf[: m * n].view(m, n), _rotated_ref(x, q)) <= 1e-3
@@ -578,7 +578,7 @@ def test_rotated_gemv_refused_for_nvfp4():
     from lowbit.kernels.nvfp4 import e2m1_codebook
 
     args = [ptr(x), ptr(None), 1, ptr(qw), ptr(qs), ptr(e2m1_codebook(x.device)), ptr(w.scale_2), ptr(y), ptr(None), 1,
-            64, 256, ctas, tiled.FLAG_ROT32, stream_of(x.device)]
+            64, 256, ctas, tiled.FLAG_ROT32, ptr(None), stream_of(x.device)]
     with pytest.raises(RuntimeError, match="invalid argument"):
         lib.call("nvfp4_split_gemv", args, dtype=torch.float16)
 

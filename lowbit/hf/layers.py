@@ -1,0 +1,162 @@
+"""A decode step's glue inside lowbit's GEMVs, for Llama-pattern decoder layers.
+
+transformers' decoder layer runs, per token::
+
+    h2 = h + o_proj(attention(input_norm(h)))
+    h3 = h2 + down_proj(act(gate_proj(post_norm(h2))) * up_proj(post_norm(h2)))
+
+With kbit projections each line is a chain of kernels: the GEMVs, and between them a residual add fused
+with the post-attention RMSNorm, and the activation. :func:`use_fused_decode_layers` gives such a layer a
+subclass whose decode step moves the glue into the GEMVs' outputs (:func:`lowbit.ops.kbit_gemv_epilogue`):
+
+* ``o_proj`` adds the residual ``h`` and also writes ``hw = h2 * post_norm.weight``;
+* the gate|up GEMV reads ``hw`` and scales its output rows by the norm's ``rsqrt(mean(h2^2) + eps)``,
+  which it computes from ``h2`` itself: ``W (h2 * rstd * w) = rstd * W (h2 * w)``;
+* ``down_proj`` adds the residual ``h2``.
+
+The post-attention norm is then no kernel of its own, and every projection of the layer is a lowbit kernel
+that starts under its predecessor (programmatic launch). The rounding differs from transformers' in where
+it happens, not in how much: one rounding of ``h2`` instead of two, the norm's factor applied in fp32 to
+the product instead of to its input (``tests/test_layers.py`` bounds it against the fp32 computation).
+
+It takes the decode step only (one token per sequence, at most 8 sequences, the layer's attention through
+:func:`lowbit.hf.attention.use_fused_decode_attention`, kbit projections on a GPU, the model's plain
+RMSNorm); every other call runs the layer's own forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dispatch
+from .attention import _PLAIN_RMS_NORMS, _fused_step
+
+#: decoder layers whose forward is Llama's (pre-norm attention and gated MLP, two residual adds)
+LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+#: MLPs whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
+
+#: take decode steps through the fused layer (False: the layer's own forward; comparisons)
+FUSED = True
+#: run the fused step on CPU too, through the op's reference (tests: the same code path without a GPU)
+CPU_REFERENCE = False
+
+_fused_classes: dict[type, type] = {}
+
+
+def _is_transformers(mod, names) -> bool:
+    cls = type(mod)
+    return any(c.__name__ in names and c.__module__.startswith("transformers.") for c in cls.__mro__)
+
+
+def _norm_eps(norm) -> float | None:
+    """The epsilon of transformers' plain RMSNorm (its forward not overridden, a 1-D weight), else None."""
+    w = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", None)
+    if not (_is_transformers(norm, _PLAIN_RMS_NORMS) and type(norm).forward.__qualname__.split(".")[0] in _PLAIN_RMS_NORMS
+            and isinstance(w, torch.Tensor) and w.dim() == 1 and isinstance(eps, float)):
+        return None
+    return eps
+
+
+def _gate_up(mlp):
+    """(module, gate columns, up columns) when gate_proj and up_proj are parts of one fused kbit module, or
+    [(gate module, None), (up module, None)] as two modules; None when the MLP is not kbit's."""
+    from ..nn.fused import LinearPart
+
+    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+    if isinstance(gate, LinearPart) and isinstance(up, LinearPart) and gate.fused is up.fused:
+        f = gate.fused
+        cols = [(f.offsets[p.index], f.offsets[p.index] + f.out_sizes[p.index]) for p in (gate, up)]
+        return f, cols
+    if isinstance(gate, LinearPart) or isinstance(up, LinearPart):
+        return None
+    return [gate, up], None
+
+
+def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
+    if like.is_cuda:
+        return dispatch.kbit_epilogue_ok(mod, rows, k, like.dtype, like.device)
+    from ..nn.linear import KbitLinear
+
+    return (CPU_REFERENCE and isinstance(mod, KbitLinear) and mod.in_features == k and 1 <= rows <= dispatch.GEMV_MAX_M
+            and like.dtype in dispatch.GEMV_DTYPES and mod.qweight.device == like.device)
+
+
+def _plan(self, hidden_states):
+    """What the fused step needs from this layer for this call, or None when it does not take it."""
+    if not FUSED or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
+        return None
+    attn, mlp, eps = getattr(self, "self_attn", None), getattr(self, "mlp", None), self._lowbit_post_eps
+    if getattr(attn, "_lowbit_qk_norm", None) is None or not self._lowbit_plain_mlp:
+        return None  # the attention layer is not lowbit's fused one, or the MLP not the plain gated one
+    b, d = hidden_states.shape[0], hidden_states.shape[2]
+    w = self.post_attention_layernorm.weight if eps is not None else None
+    if w is None or w.dtype != hidden_states.dtype or w.shape[0] != d:
+        return None
+    gu = _gate_up(mlp)
+    o, down = getattr(attn, "o_proj", None), getattr(mlp, "down_proj", None)
+    if gu is None or o is None or down is None:
+        return None
+    mods, cols = gu
+    gate_up = [mods] if cols is not None else mods
+    inter = (cols[0][1] - cols[0][0]) if cols is not None else gate_up[0].out_features
+    if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
+            and all(_takes(m, b, hidden_states, d) for m in gate_up)
+            and _takes(down, b, hidden_states, inter) and down.out_features == d
+            and (cols is None or cols[1][1] - cols[1][0] == inter)
+            and (cols is not None or gate_up[1].out_features == inter)):
+        return None
+    return eps, gate_up, cols
+
+
+def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                   position_embeddings=None, **kwargs):
+    plan = _plan(self, hidden_states)
+    if plan is None:
+        return super(type(self), self).forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                               past_key_values=past_key_values, use_cache=use_cache,
+                                               position_embeddings=position_embeddings, **kwargs)
+    eps, gate_up, cols = plan
+    attn, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
+    b, d = hidden_states.shape[0], hidden_states.shape[2]
+    x = self.input_layernorm(hidden_states)
+    a = _fused_step(attn, x, position_embeddings, attention_mask, past_key_values,
+                    {"position_ids": position_ids, "use_cache": use_cache, **kwargs}, project=False)
+    if a is None:  # the attention op does not take this call: the layer's own computation from here
+        a, _ = attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
+                    past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        h2 = hidden_states + a
+        return h2 + mlp(post(h2))
+    h = hidden_states.reshape(b, d).contiguous()
+    op = dispatch.kbit_gemv_epilogue_op
+    # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
+    h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
+    if cols is not None:  # one fused gate|up: the norm's factor from h2, in its output
+        gu, _ = op(gate_up[0], hw, rms_x=h2, eps=eps)
+        gate, up = gu[:, cols[0][0]:cols[0][1]], gu[:, cols[1][0]:cols[1][1]]
+    else:
+        gate, up = (op(m, hw, rms_x=h2, eps=eps)[0] for m in gate_up)
+    h3, _ = op(mlp.down_proj, (mlp.act_fn(gate) * up).contiguous(), residual=h2)
+    return h3.view(b, 1, d)
+
+
+def use_fused_decode_layers(model) -> int:
+    """Give every decoder layer of ``model`` listed in :data:`LAYERS` a subclass whose decode step runs the
+    residual adds and the post-attention RMSNorm inside its kbit GEMVs (module docstring); every other call
+    runs the layer's own forward. Needs the layers' attention switched by
+    :func:`lowbit.hf.attention.use_fused_decode_attention` (else nothing changes at run time). Parameters and
+    state dict names stay; returns how many layers it switched."""
+    n = 0
+    for mod in model.modules():
+        cls = type(mod)
+        if cls.__name__ in LAYERS and cls.__module__.startswith("transformers.") and cls not in _fused_classes.values():
+            if cls not in _fused_classes:
+                _fused_classes[cls] = type(f"LowbitFused{cls.__name__}", (cls,), {"forward": _fused_forward,
+                                                                                 "__module__": __name__})
+            mod.__class__ = _fused_classes[cls]
+            # what does not change between calls, decided here (dynamo does not trace class introspection)
+            mod._lowbit_post_eps = _norm_eps(getattr(mod, "post_attention_layernorm", None))
+            mod._lowbit_plain_mlp = _is_transformers(getattr(mod, "mlp", None), MLPS)
+            n += 1
+    return n

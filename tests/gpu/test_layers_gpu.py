@@ -1,0 +1,133 @@
+"""The GEMV epilogue kernels (lowbit.ops.kbit_gemv_epilogue on CUDA) against the op's fp32 definition, through
+every dense GEMV kernel, and the fused decoder layer (lowbit.hf.layers) in a compiled decode against the
+model's own layers.
+
+Bound (the epilogue): relative norm error of y vs the fp64 definition (product, RMS factor, bias, residual)
+<= 1e-3 fp16 / 8e-3 bf16 (kbit_check.BOUND: the output's own rounding dominates); yw is exactly
+round(y * norm_weight) of the kernel's own y; NaN never passes. An all-zero residual changes nothing: y is
+bit-identical to the plain GEMV's."""
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import ops
+from lowbit.formats.kbit import tiled as kbit_tiled
+from lowbit.kernels import tiled
+
+from .kbit_check import BOUND, DTYPES
+from .kbit_check import dtype_id as ids
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(params=["streamk", "local", "split"])
+def dense_path(request, monkeypatch):
+    monkeypatch.setattr(tiled, "DENSE_PATH", request.param)
+    return request.param
+
+
+def _case(gen, n, k, m, bits, dtype):
+    lin = torch.nn.Linear(k, n, bias=False)
+    lin.weight.data = torch.randn(n, k, generator=gen)
+    q = lowbit.nn.KbitLinear.from_linear(lin, bits=bits).cuda()
+    t = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).cuda()  # noqa: E731
+    return q, t(m, k), t(m, k, scale=3.0), t(m, n), (torch.rand(n, generator=gen) + 0.5).to(dtype).cuda(), t(n)
+
+
+def _want(q, x, rms_x, residual, bias, eps):
+    w = kbit_tiled.dequantize(q.qweight, q.qabsmax, q.codebook, q.scale, q.bits, q.out_features, q.in_features)
+    y = x.double() @ w.double().t()
+    if rms_x is not None:
+        y = y * torch.rsqrt(rms_x.double().pow(2).mean(-1, keepdim=True) + eps)
+    y = y + bias.double()
+    return y + residual.double() if residual is not None else y
+
+
+def _rel(y, want):
+    assert not y.isnan().any(), "NaN in output"
+    return ((y.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+def test_epilogue_through_every_kernel(bits, m, dtype, dense_path, gen):
+    for n, k in ((int(torch.randint(16, 400, (1,), generator=gen)), 32 * int(torch.randint(1, 40, (1,), generator=gen))),
+                 (256, 4096)):
+        q, x, rms_x, residual, nw, bias = _case(gen, n, k, m, bits, dtype)
+        args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias, 0)
+        # the consumer side: the norm's factor
+        y, yw = ops.kbit_gemv_epilogue(*args, rms_x, 1e-5)
+        assert yw.numel() == 0 and _rel(y, _want(q, x, rms_x, None, bias, 1e-5)) <= BOUND[dtype]
+        # the producer side: residual add and the next norm's weight
+        y, yw = ops.kbit_gemv_epilogue(*args, None, 1e-6, residual, nw)
+        assert _rel(y, _want(q, x, None, residual, bias, 0)) <= BOUND[dtype]
+        assert torch.equal(yw, (y.float() * nw.float()).to(dtype))
+        # a zero residual: the plain GEMV, bit for bit
+        y, _ = ops.kbit_gemv_epilogue(*args, None, 1e-6, torch.zeros_like(residual))
+        assert torch.equal(y, ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias))
+
+
+def test_epilogue_under_pdl_in_a_graph(gen):
+    """Three GEMVs chained as the fused layer chains them (producer -> consumer -> producer), launched with
+    programmatic launch and replayed in a CUDA graph: each reads what the one before wrote."""
+    dtype, d, inter = torch.bfloat16, 1024, 2048
+    o, _, _, _, nw, _ = _case(gen, d, d, 1, 4, dtype)
+    gu, *_ = _case(gen, 2 * inter, d, 1, 4, dtype)
+    down, *_ = _case(gen, d, inter, 1, 4, dtype)
+    a = torch.randn(1, d, generator=gen).to(dtype).cuda()
+    h = torch.randn(1, d, generator=gen).to(dtype).cuda()
+    from lowbit import dispatch
+
+    def step():
+        h2, hw = dispatch.kbit_gemv_epilogue_op(o, a, residual=h, norm_weight=nw)
+        g_u, _ = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5)
+        act = torch.nn.functional.silu(g_u[:, :inter]) * g_u[:, inter:]
+        return dispatch.kbit_gemv_epilogue_op(down, act.contiguous(), residual=h2)[0]
+
+    with lowbit.programmatic_launch():
+        want = step()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.cuda.graph(g):
+            out = step()
+        for _ in range(3):
+            a.copy_(torch.randn(1, d, generator=gen).to(dtype))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, step())
+    assert not want.isnan().any()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_layers_decode_as_the_model(compiled, gen, monkeypatch):
+    """A tiny kbit4 Llama (bf16) on the GPU decoding 3 steps: the fused layers' logits match the model's own
+    layers within bf16 rounding of a few ops (2% of the logits' spread, as on CPU)."""
+    from lowbit.hf import attention as hf_attention
+    from lowbit.hf import layers as hf_layers
+
+    from ..test_layers import _decode
+    from ..tiny_models import build
+
+    torch._dynamo.reset()
+    model = build("llama", 0, hidden=256, inter=512)
+    lowbit.quantize_model(model, bits=4)
+    model = model.to(device="cuda", dtype=torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    hf_attention.use_gqa_sdpa(model)
+    hf_attention.use_fused_decode_attention(model)
+    ids_ = torch.randint(0, 320, (2, 7), generator=gen).cuda()
+    steps = torch.randint(0, 320, (3, 2, 1), generator=gen).cuda()
+    want = _decode(model, ids_, steps, compiled)
+    assert hf_layers.use_fused_decode_layers(model) == 2
+    calls = []
+    real = ops.kbit_gemv_epilogue
+    monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    torch._dynamo.reset()
+    got = _decode(model, ids_, steps, compiled)
+    assert not torch.isnan(got).any()
+    assert (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())
+    if compiled:
+        assert calls  # dynamo traced the op
