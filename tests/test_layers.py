@@ -78,9 +78,10 @@ def _decode(model, ids, steps, compiled):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     """A tiny kbit4 Llama (bf16) decoding 3 steps: with the layers switched, every decode step of every layer
-    runs three epilogue GEMVs (o_proj, gate|up or gate and up, down_proj) and no post-attention norm module;
-    the logits match the layer's own forward within bf16 rounding of a few ops (bound: 2% of the logits'
-    spread, measured max ~0.3%); prefill runs the layer's own forward."""
+    runs its projections as epilogue GEMVs (o_proj, gate|up or gate and up, down_proj; q|k|v after the first layer)
+    and no post-attention norm module, and only the first layer its input norm module; the logits match the
+    layer's own forward within bf16 rounding of a few ops (bound: 2% of the logits' spread); prefill runs the
+    layer's own forward."""
     from .tiny_models import build
 
     torch._dynamo.reset()
@@ -96,19 +97,23 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
     assert hf_layers.use_fused_decode_layers(model) == 2
     assert hf_layers.use_fused_decode_layers(model) == 0  # already switched
-    calls, norms = [], []
+    calls, norms, in_norms = [], [], []
     real = ops.kbit_gemv_epilogue
     monkeypatch.setattr(ops, "kbit_gemv_epilogue",
                         lambda *a, **kw: calls.append(tuple(i for i in (8, 10, 12, 13) if len(a) > i and a[i] is not None))
                         or real(*a, **kw))
     for layer in model.model.layers:
         layer.post_attention_layernorm.register_forward_hook(lambda *a: norms.append(1))
+        layer.input_layernorm.register_forward_hook(lambda *a: in_norms.append(1))
     torch._dynamo.reset()
     got = _decode(model, ids, steps, compiled)
-    per_layer = 3 if fuse else 4
-    assert len(calls) == 3 * 2 * per_layer
-    assert sorted(set(calls)) == sorted({(12, 13), (10,), (12,)})  # (residual, norm_weight), (rms_x,), (residual,)
+    per_step = 7 if fuse else 11  # layer 0: o, gate|up, down; layer 1: q|k|v too (split: 2 + 3 more launches)
+    assert len(calls) == 3 * per_step
+    # (residual, norm_weight): o_proj and layer 0's down_proj; (rms_x,): gate|up, q|k|v; (residual,): the last down
+    assert sorted(set(calls)) == sorted({(12, 13), (10,), (12,)})
     assert norms == [1, 1]  # the prefill's layers only
+    if not compiled:  # (dynamo traces hooks once)
+        assert len(in_norms) == 2 + 3  # the prefill's, then layer 0's per step
     assert not torch.isnan(got).any()
     spread = want.amax() - want.amin()
     assert (got - want).abs().max() <= 0.02 * spread

@@ -112,11 +112,14 @@ FUSED_CLASSES = {"LlamaAttention": False, "MistralAttention": False, "Qwen2Atten
 _fused_classes: dict[type, type] = {}
 
 
-def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs, project: bool = True):
+def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs, project: bool = True,
+                qkv=None):
     """The decode step through :func:`lowbit.ops.decode_attention_append`, or None when this call is not
     one it takes (prefill, a cache other than a filled static layer, extra attention arguments, ...).
     ``project=False``: the attention output before ``o_proj`` (``[B, 1, heads * head_dim]``; the fused decoder
-    layer projects it with the residual add, :mod:`lowbit.hf.layers`)."""
+    layer projects it with the residual add, :mod:`lowbit.hf.layers`); ``qkv``: a callable giving the q, k and v
+    projections ``[B, n]`` of this step instead of the layer's own projections of ``hidden_states`` (the fused layer's,
+    with the input norm in the GEMV), called only once the step is taken."""
     from transformers.cache_utils import StaticLayer
 
     from ..kernels import attention as kattn
@@ -151,9 +154,11 @@ def _fused_step(self, hidden_states, position_embeddings, attention_mask, past_k
     if decode_mask(attention_mask, b, keys.shape[2]) is False:
         return None
     mask = attention_mask
-    q = self.q_proj(hidden_states).view(b, heads, d)
-    k = self.k_proj(hidden_states).view(b, kv_heads, d)
-    v = self.v_proj(hidden_states).view(b, kv_heads, d)
+    if qkv is not None:
+        q, k, v = qkv()
+    else:
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    q, k, v = q.view(b, heads, d), k.view(b, kv_heads, d), v.view(b, kv_heads, d)
     norms = {}
     if self._lowbit_qk_norm:
         eps = getattr(self, "_lowbit_norm_eps", None)  # set by use_fused_decode_attention

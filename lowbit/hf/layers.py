@@ -27,6 +27,7 @@ RMSNorm); every other call runs the layer's own forward.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .. import dispatch
 from .attention import _PLAIN_RMS_NORMS, _fused_step
@@ -59,19 +60,38 @@ def _norm_eps(norm) -> float | None:
     return eps
 
 
-def _gate_up(mlp):
-    """(module, gate columns, up columns) when gate_proj and up_proj are parts of one fused kbit module, or
-    [(gate module, None), (up module, None)] as two modules; None when the MLP is not kbit's."""
+def _group(mods):
+    """Projections that read one x: ``(fused module, [(start, end) columns of each])`` when they are parts of one
+    fused kbit module, ``(modules, None)`` when each is a module of its own, None when some are parts and some not."""
     from ..nn.fused import LinearPart
 
-    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
-    if isinstance(gate, LinearPart) and isinstance(up, LinearPart) and gate.fused is up.fused:
-        f = gate.fused
-        cols = [(f.offsets[p.index], f.offsets[p.index] + f.out_sizes[p.index]) for p in (gate, up)]
-        return f, cols
-    if isinstance(gate, LinearPart) or isinstance(up, LinearPart):
+    if any(m is None for m in mods):
         return None
-    return [gate, up], None
+    if all(isinstance(m, LinearPart) for m in mods) and all(m.fused is mods[0].fused for m in mods):
+        f = mods[0].fused
+        return f, [(f.offsets[p.index], f.offsets[p.index] + f.out_sizes[p.index]) for p in mods]
+    if any(isinstance(m, LinearPart) for m in mods):
+        return None
+    return list(mods), None
+
+
+def _widths(group) -> list[int]:
+    mods, cols = group
+    return [e - s for s, e in cols] if cols is not None else [m.out_features for m in mods]
+
+
+def _launches(group) -> list:
+    return [group[0]] if group[1] is not None else group[0]
+
+
+def _project(group, x, rms_x, eps) -> list:
+    """Each projection of the group of ``x``, with the norm's factor of ``rms_x`` (one launch when fused)."""
+    op = dispatch.kbit_gemv_epilogue_op
+    mods, cols = group
+    if cols is not None:
+        y, _ = op(mods, x, rms_x=rms_x, eps=eps)
+        return [y[:, s:e] for s, e in cols]
+    return [op(m, x, rms_x=rms_x, eps=eps)[0] for m in mods]
 
 
 def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
@@ -83,47 +103,59 @@ def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
             and like.dtype in dispatch.GEMV_DTYPES and mod.qweight.device == like.device)
 
 
+def _norm_ok(norm, eps, like) -> bool:
+    w = getattr(norm, "weight", None) if eps is not None else None
+    return w is not None and w.dtype == like.dtype and w.shape[0] == like.shape[-1]
+
+
 def _plan(self, hidden_states):
-    """What the fused step needs from this layer for this call, or None when it does not take it."""
+    """What the fused step needs from this layer for this call (the post-attention norm's eps, the gate|up group,
+    the q|k|v group or None where the input norm cannot go into its GEMV), or None when it does not take it."""
     if not FUSED or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
         return None
     attn, mlp, eps = getattr(self, "self_attn", None), getattr(self, "mlp", None), self._lowbit_post_eps
     if getattr(attn, "_lowbit_qk_norm", None) is None or not self._lowbit_plain_mlp:
         return None  # the attention layer is not lowbit's fused one, or the MLP not the plain gated one
     b, d = hidden_states.shape[0], hidden_states.shape[2]
-    w = self.post_attention_layernorm.weight if eps is not None else None
-    if w is None or w.dtype != hidden_states.dtype or w.shape[0] != d:
+    if not _norm_ok(self.post_attention_layernorm, eps, hidden_states):
         return None
-    gu = _gate_up(mlp)
+    gu = _group([getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)])
     o, down = getattr(attn, "o_proj", None), getattr(mlp, "down_proj", None)
     if gu is None or o is None or down is None:
         return None
-    mods, cols = gu
-    gate_up = [mods] if cols is not None else mods
-    inter = (cols[0][1] - cols[0][0]) if cols is not None else gate_up[0].out_features
+    inter = _widths(gu)
     if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
-            and all(_takes(m, b, hidden_states, d) for m in gate_up)
-            and _takes(down, b, hidden_states, inter) and down.out_features == d
-            and (cols is None or cols[1][1] - cols[1][0] == inter)
-            and (cols is not None or gate_up[1].out_features == inter)):
+            and all(_takes(m, b, hidden_states, d) for m in _launches(gu))
+            and inter[0] == inter[1] and _takes(down, b, hidden_states, inter[0]) and down.out_features == d):
         return None
-    return eps, gate_up, cols
+    qkv = _group([getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")])
+    if qkv is None or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states) \
+            or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv)):
+        qkv = None
+    return eps, gu, qkv
 
 
 def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                    position_embeddings=None, **kwargs):
+    # what the layer before left for this one: (its output, that output 2-D, output * this input norm's weight)
+    stash, self._lowbit_in = self._lowbit_in, None
     plan = _plan(self, hidden_states)
     if plan is None:
         return super(type(self), self).forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                                past_key_values=past_key_values, use_cache=use_cache,
                                                position_embeddings=position_embeddings, **kwargs)
-    eps, gate_up, cols = plan
+    eps, gate_up, qkv = plan
     attn, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
     b, d = hidden_states.shape[0], hidden_states.shape[2]
-    x = self.input_layernorm(hidden_states)
-    a = _fused_step(attn, x, position_embeddings, attention_mask, past_key_values,
-                    {"position_ids": position_ids, "use_cache": use_cache, **kwargs}, project=False)
+    step_kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}
+    if qkv is not None and stash is not None and stash[0] is hidden_states:
+        # the input norm in the q|k|v GEMV: x = h * weight (written by the last GEMV), its factor from h
+        x, project = hidden_states, lambda: _project(qkv, stash[2], stash[1], self._lowbit_in_eps)
+    else:
+        x, project = self.input_layernorm(hidden_states), None
+    a = _fused_step(attn, x, position_embeddings, attention_mask, past_key_values, step_kwargs, project=False, qkv=project)
     if a is None:  # the attention op does not take this call: the layer's own computation from here
+        x = self.input_layernorm(hidden_states) if project is not None else x
         a, _ = attn(hidden_states=x, attention_mask=attention_mask, position_ids=position_ids,
                     past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         h2 = hidden_states + a
@@ -132,13 +164,16 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     op = dispatch.kbit_gemv_epilogue_op
     # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
     h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
-    if cols is not None:  # one fused gate|up: the norm's factor from h2, in its output
-        gu, _ = op(gate_up[0], hw, rms_x=h2, eps=eps)
-        gate, up = gu[:, cols[0][0]:cols[0][1]], gu[:, cols[1][0]:cols[1][1]]
-    else:
-        gate, up = (op(m, hw, rms_x=h2, eps=eps)[0] for m in gate_up)
-    h3, _ = op(mlp.down_proj, (mlp.act_fn(gate) * up).contiguous(), residual=h2)
-    return h3.view(b, 1, d)
+    gate, up = _project(gate_up, hw, h2, eps)  # the norm's factor from h2, in the output
+    # down_proj + the residual add; and the next layer's x when it takes its input norm the same way
+    nxt = self._lowbit_next
+    nxt_plan = _plan(nxt, hidden_states) if nxt is not None else None
+    nw = nxt.input_layernorm.weight if nxt_plan is not None and nxt_plan[2] is not None else None
+    h3, h3w = op(mlp.down_proj, (mlp.act_fn(gate) * up).contiguous(), residual=h2, norm_weight=nw)
+    out = h3.view(b, 1, d)
+    if nw is not None:
+        nxt._lowbit_in = (out, h3, h3w)
+    return out
 
 
 def use_fused_decode_layers(model) -> int:
@@ -157,6 +192,16 @@ def use_fused_decode_layers(model) -> int:
             mod.__class__ = _fused_classes[cls]
             # what does not change between calls, decided here (dynamo does not trace class introspection)
             mod._lowbit_post_eps = _norm_eps(getattr(mod, "post_attention_layernorm", None))
+            mod._lowbit_in_eps = _norm_eps(getattr(mod, "input_layernorm", None))
             mod._lowbit_plain_mlp = _is_transformers(getattr(mod, "mlp", None), MLPS)
+            mod._lowbit_in = None
             n += 1
+    # each switched layer's successor in its model's layer list (a plain attribute, not a child module)
+    for lst in model.modules():
+        if isinstance(lst, nn.ModuleList):
+            layers = list(lst)
+            for i, mod in enumerate(layers):
+                if type(mod) in _fused_classes.values():
+                    nxt = layers[i + 1] if i + 1 < len(layers) else None
+                    mod.__dict__["_lowbit_next"] = nxt if type(nxt) in _fused_classes.values() else None
     return n
