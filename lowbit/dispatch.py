@@ -454,6 +454,7 @@ def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torc
     a kbit module (fused ones too) and a call the decode GEMV runs (CUDA, fp16/bf16, 1..GEMV_MAX_M rows), not
     forced elsewhere."""
     return (getattr(module, "format_name", None) == "kbit" and k == module.in_features  # a KbitLinear (nn is above)
+            and getattr(module, "rotation", 0) == 0
             and use_gemv(device.type == "cuda", dtype, rows)
             and _forced in (None, "gemv") and module.qweight.device == device)
 
@@ -461,7 +462,7 @@ def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torc
 def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None):
     """``module(x2)`` through the GEMV with the decode step's glue in its output
     (:func:`lowbit.ops.kbit_gemv_epilogue`): ``(y, yw)``. Eager calls go straight to the module's launcher;
-    compiled ones through the op. The caller checks :func:`kbit_epilogue_ok` first."""
+    compiled ones through the op. The caller checks :func:`kbit_epilogue_ok` first (unrotated weights only)."""
     b, n, k = module._buffers, module.out_features, module.in_features
     if x2.is_cuda and not torch.compiler.is_compiling():
         launch = module._launcher
@@ -471,7 +472,7 @@ def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 
             from .kernels.kbit import run_gemv_epilogue
 
             m = ops.check_gemv_epilogue_args(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
-                                             module.bias, module.rotation, rms_x, residual, norm_weight)
+                                             module.bias, rms_x, residual, norm_weight)
             return run_gemv_epilogue(launch, x2.contiguous(), m, module.bias, rms_x, eps, residual, norm_weight)
     return ops.kbit_gemv_epilogue(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
-                                  module.bias, module.rotation, rms_x, eps, residual, norm_weight)
+                                  module.bias, rms_x, eps, residual, norm_weight)

@@ -30,7 +30,7 @@ def test_epilogue_reference_is_its_definition(parts, gen):
     residual = torch.randn(m, n, generator=gen).to(torch.bfloat16) if parts in ("residual", "all") else None
     nw = torch.rand(n, generator=gen).to(torch.bfloat16) + 0.5 if parts in ("norm_weight", "all") else None
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    y, yw = ops.kbit_gemv_epilogue(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, k, bias, 0, rms_x, 1e-5, residual, nw)
+    y, yw = ops.kbit_gemv_epilogue(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, k, bias, rms_x, 1e-5, residual, nw)
     w = kbit_tiled.dequantize(q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, k)
     want = x.float() @ w.t()
     if rms_x is not None:
@@ -50,13 +50,17 @@ def test_epilogue_errors(gen):
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
     args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, k)
     with pytest.raises(ValueError, match="rms_x must be"):
-        ops.kbit_gemv_epilogue(*args, None, 0, torch.zeros(m, n, dtype=torch.bfloat16))
+        ops.kbit_gemv_epilogue(*args, None, torch.zeros(m, n, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="residual must be"):
-        ops.kbit_gemv_epilogue(*args, None, 0, None, 1e-6, torch.zeros(m + 1, n, dtype=torch.bfloat16))
+        ops.kbit_gemv_epilogue(*args, None, None, 1e-6, torch.zeros(m + 1, n, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="norm_weight must be"):
-        ops.kbit_gemv_epilogue(*args, None, 0, None, 1e-6, None, torch.zeros(k, dtype=torch.bfloat16))
+        ops.kbit_gemv_epilogue(*args, None, None, 1e-6, None, torch.zeros(k, dtype=torch.bfloat16))
     with pytest.raises((TypeError, ValueError), match="dtype"):
-        ops.kbit_gemv_epilogue(*args, None, 0, None, 1e-6, torch.zeros(m, n, dtype=torch.float16))
+        ops.kbit_gemv_epilogue(*args, None, None, 1e-6, torch.zeros(m, n, dtype=torch.float16))
+    # modules the fused layer does not take: rotated weights (the epilogue's instances are unrotated), fp32 rows
+    rotated = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(k, n, bias=False), bits=4, rotation=32)
+    assert not hf_layers._takes(rotated, m, x, k)
+    assert not hf_layers._takes(q, m, x.float(), k)
 
 
 def _decode(model, ids, steps, compiled):
@@ -100,7 +104,7 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     calls, norms, in_norms = [], [], []
     real = ops.kbit_gemv_epilogue
     monkeypatch.setattr(ops, "kbit_gemv_epilogue",
-                        lambda *a, **kw: calls.append(tuple(i for i in (8, 10, 12, 13) if len(a) > i and a[i] is not None))
+                        lambda *a, **kw: calls.append(tuple(i for i in (8, 9, 11, 12) if len(a) > i and a[i] is not None))
                         or real(*a, **kw))
     for layer in model.model.layers:
         layer.post_attention_layernorm.register_forward_hook(lambda *a: norms.append(1))
@@ -110,7 +114,7 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     per_step = 7 if fuse else 11  # layer 0: o, gate|up, down; layer 1: q|k|v too (split: 2 + 3 more launches)
     assert len(calls) == 3 * per_step
     # (residual, norm_weight): o_proj and layer 0's down_proj; (rms_x,): gate|up, q|k|v; (residual,): the last down
-    assert sorted(set(calls)) == sorted({(12, 13), (10,), (12,)})
+    assert sorted(set(calls)) == sorted({(11, 12), (9,), (11,)})
     assert norms == [1, 1]  # the prefill's layers only
     if not compiled:  # (dynamo traces hooks once)
         assert len(in_norms) == 2 + 3  # the prefill's, then layer 0's per step

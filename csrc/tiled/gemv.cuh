@@ -317,18 +317,24 @@ __device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* r
     }
 }
 
-// The norm's factor for token tok from the published partials (warp order).
+// The norm's factor of each token from the published partials (warp order), into this warp's own row of
+// `factor` (lanes < m; no CTA barrier: each warp sums the same partials in the same order). The stores then
+// read one value: the summation is not repeated at every store site (code size matters in these kernels).
 template <int WARPS>
-__device__ __forceinline__ float rms_factor(const float (*part)[kRmsRows], int tok, int k_in, float eps) {
-    float s = 0.f;
+__device__ __forceinline__ void rms_factors(float* factor, const float (*part)[kRmsRows], int m, int k_in, float eps) {
+    const int lane = threadIdx.x & 31;
+    if (lane < m) {
+        float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += part[w][tok];
-    return rsqrtf(s / float(k_in) + eps);
+        for (int w = 0; w < WARPS; ++w) s += part[w][lane];
+        factor[lane] = rsqrtf(s / float(k_in) + eps);
+    }
+    __syncwarp();
 }
 
 // y[idx] = v (+ residual[idx]), rounded once; and yw[idx] = round(y[idx] * norm_w[row]).
 template <typename T>
-__device__ __forceinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
+__device__ __noinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
     if (epi.residual != nullptr) v += to_float(epi.residual[idx]);
     const T out = from_float<T>(v);
     y[idx] = out;
@@ -431,14 +437,14 @@ struct StreamK {
 // both instructions are no-ops (a plain-launch instance doubled the file's compile time for nothing).
 // XS: x is first copied to shared memory (stage_x, after the PDL wait), so that no unit waits on an L2
 // round trip for its x (the launcher picks it where it pays: kStageX).
-template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false, bool XS = false>
+template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false, bool XS = false, bool EPI = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk, bool local, StreamK tiles, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
-    __shared__ float rms_part[kStreamWarps][kRmsRows];
+    __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows], rms_f[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the norm
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -469,7 +475,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
-    const bool rms = epi.rms_x != nullptr;  // the norm's statistics, before the barrier like x's copy
+    const bool rms = EPI && epi.rms_x != nullptr;  // the norm's statistics, before the barrier like x's copy
     if (XS || rms) {
         pdl_wait();  // x, y, workspace, counters and the epilogue's tensors belong to the stream order
         pdl_launch_dependents();
@@ -479,6 +485,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
+    if (rms) rms_factors<kStreamWarps>(rms_f[warp], rms_part, m, k_in, epi.eps);
     if (!XS && !rms) {
         pdl_wait();
         pdl_launch_dependents();
@@ -496,8 +503,12 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         for (int i = 0; i < 4; ++i) {
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
             if (tok < m && row < n) {
-                const float f = rms ? rms_factor<kStreamWarps>(rms_part, tok, k_in, epi.eps) * scale : scale;
-                write_out(y, epi, int64_t(tok) * n + row, row, v[i] * kGemvOutFix<FP4> * f + bias_of(bias, row));
+                if constexpr (EPI) {
+                    const float f = rms ? rms_f[warp][tok] * scale : scale;
+                    write_out(y, epi, int64_t(tok) * n + row, row, v[i] * kGemvOutFix<FP4> * f + bias_of(bias, row));
+                } else {
+                    y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
+                }
             }
         }
     };
@@ -686,7 +697,8 @@ inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id,
 // 2048x512 K=4 3.50 -> 3.16 us). A separate instance, so the general kernel keeps its registers.
 // ROUTED: rows given by Routes (compact_routes) -- its own instance, so that the others keep their registers
 // (they sit at 128).
-template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false>
+template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false,
+          bool EPI = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -694,7 +706,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     int n_tiles, int n_groups, int split, const SplitPlan plan, const Routes routes, const Epilogue<T> epi) {
     constexpr int S_ = kSplitStages;
     __shared__ float partial[kWarps][4][32];  // [warp][acc register][lane]: conflict-free
-    __shared__ float rms_part[kWarps][kRmsRows];  // the epilogue's norm statistics (dense only)
+    __shared__ float rms_part[EPI ? kWarps : 1][kRmsRows], rms_f[EPI ? kWarps : 1][kRmsRows];  // EPI: the norm
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
     __shared__ int rowmap[ROUTED ? kMaxRoutes : 1];  // ROUTED: the route at each position
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -721,9 +733,13 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
             const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
             if (tok < m && row < n) {
                 const int y_row = ROUTED ? rowmap[tok0 + tok] : tok0 + tok;
-                // the epilogue: dense only (host-checked), so y_row is the token row of rms_x and residual
-                const float f = epi.rms_x != nullptr ? rms_factor<kWarps>(rms_part, y_row, k_in, epi.eps) * scale : scale;
-                write_out(y, epi, int64_t(y_row) * n + row, row, sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>) * f + bias_of(ebias, row));
+                const float v = sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>);
+                if constexpr (EPI) {  // dense only (host-checked): y_row is the token row of rms_x and residual
+                    const float f = epi.rms_x != nullptr ? rms_f[warp][y_row] * scale : scale;
+                    write_out(y, epi, int64_t(y_row) * n + row, row, v * f + bias_of(ebias, row));
+                } else {
+                    y[int64_t(y_row) * n + row] = from_float<T>(v * scale + bias_of(ebias, row));
+                }
             }
         }
     };
@@ -742,8 +758,9 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
         const float scale = *scales;
         Lut<BITS, false>::template store<kWarps * 32, T>(cb);
-        if (epi.rms_x != nullptr) rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
+        if (EPI && epi.rms_x != nullptr) rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
         __syncthreads();
+        if (EPI && epi.rms_x != nullptr) rms_factors<kWarps>(rms_f[warp], rms_part, m_dense, k_in, epi.eps);
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             decode_group<BITS, false, T, FP4, ROT>(acc, d, xv, ctx);
@@ -784,10 +801,11 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
     } else if (expert_offsets != nullptr) {
         n_active = compact_experts(list, expert_offsets, scales, n_experts);
-    } else if (epi.rms_x != nullptr) {
+    } else if (EPI && epi.rms_x != nullptr) {
         rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
     }
     __syncthreads();
+    if (EPI && epi.rms_x != nullptr) rms_factors<kWarps>(rms_f[warp], rms_part, m_dense, k_in, epi.eps);
 
     const int items = n_active * items_per_expert;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {  // block-uniform loop
@@ -855,15 +873,25 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
                 int flags, const lowbit_epilogue* epi, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    if (m > kRmsRows && epi != nullptr && epi->rms_x != nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    const bool with_epi = epi != nullptr;  // kbit, unrotated only (their own instances: EPI)
+    if (with_epi && (FP4 || (flags & kFlagRot32) || (epi->rms_x != nullptr && m > kRmsRows)))
+        return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     if (m < 1 || k_in < 32 || k_in % 32) return static_cast<int>(cudaErrorInvalidValue);
     const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
     const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes;
     const size_t smem = stream_smem<BITS>() + (xs ? x_bytes : 0);
     const int pdl = flags & kFlagPdl;
-    auto kernel = pick_instance<FP4>(flags, [xs](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [xs, with_epi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
+        if constexpr (!FP4 && !R) {
+            if (with_epi) {
+                if constexpr (kStageX<BITS, FP4>) {
+                    if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true>;
+                }
+                return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false, true>;
+            }
+        }
         if constexpr (kStageX<BITS, FP4>) {
             if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true>;
         }
@@ -906,7 +934,9 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                  int max_ctas, int flags, const lowbit_epilogue* epi, void* stream, Routes routes = Routes{nullptr, 0, 1}) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     // the epilogue is for dense calls (token rows = y rows), and normalizes at most kRmsRows of them
-    if (epi != nullptr && (offsets != nullptr || routes.ids != nullptr || (epi->rms_x != nullptr && m_dense > kRmsRows)))
+    const bool with_epi = epi != nullptr;  // kbit, unrotated only (their own instance: EPI)
+    if (with_epi && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.ids != nullptr ||
+                     (epi->rms_x != nullptr && m_dense > kRmsRows)))
         return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
@@ -937,12 +967,13 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     }
     const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
-    const bool one = !pdl && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
+    const bool one = !pdl && !with_epi && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
-    auto kernel = pick_instance<FP4>(flags, [one, routed](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
         if constexpr (!FP4 && !R) {
             if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
+            if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });

@@ -99,7 +99,8 @@ def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
         return dispatch.kbit_epilogue_ok(mod, rows, k, like.dtype, like.device)
     from ..nn.linear import KbitLinear
 
-    return (CPU_REFERENCE and isinstance(mod, KbitLinear) and mod.in_features == k and 1 <= rows <= dispatch.GEMV_MAX_M
+    return (CPU_REFERENCE and isinstance(mod, KbitLinear) and mod.in_features == k and mod.rotation == 0
+            and 1 <= rows <= dispatch.GEMV_MAX_M
             and like.dtype in dispatch.GEMV_DTYPES and mod.qweight.device == like.device)
 
 

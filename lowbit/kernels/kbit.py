@@ -70,15 +70,15 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
 
 
 @ops.kbit_gemv_epilogue.register_kernel("cuda")
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None, eps=1e-6, residual=None,
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6, residual=None,
       norm_weight=None):
-    m = ops.check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+    m = ops.check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
                                      norm_weight)
     lib = library_or_none(x.device)
     if lib is None:
-        return ops.gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, eps,
+        return ops.gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, eps,
                                            residual, norm_weight)
-    return run_gemv_epilogue(GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in, rotation),
+    return run_gemv_epilogue(GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in),
                              x, m, bias, rms_x, eps, residual, norm_weight)
 
 

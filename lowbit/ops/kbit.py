@@ -129,9 +129,9 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
 
 
 # ------------------------------------------------------------------ the GEMV with the decode step's glue
-def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
+def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
                              norm_weight) -> int:
-    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation)
+    m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
     if rms_x is not None:
         check_tensor("rms_x", rms_x, dtypes=(x.dtype,), dim=2)
         if tuple(rms_x.shape) != (m, k_in) or not rms_x.is_contiguous():
@@ -151,7 +151,7 @@ def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in
 
 @torch.library.custom_op("lowbit::kbit_gemv_epilogue", mutates_args=())
 def kbit_gemv_epilogue(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
-                       k_in: int, bias: Tensor | None = None, rotation: int = 0, rms_x: Tensor | None = None,
+                       k_in: int, bias: Tensor | None = None, rms_x: Tensor | None = None,
                        eps: float = 1e-6, residual: Tensor | None = None,
                        norm_weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """:func:`kbit_gemv` with a decode step's glue in its output, one rounding:
@@ -159,18 +159,17 @@ def kbit_gemv_epilogue(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Te
     ``y = (x @ W^T) * rsqrt(mean(rms_x^2, -1) + eps) + bias + residual`` (each part only when given; the
     mean over fp32 squares, per row), and ``yw = round(y * norm_weight)`` when ``norm_weight`` is given (else
     an empty tensor). With ``x = yw`` of the GEMV before it and ``rms_x`` its ``y``, the pair computes
-    ``residual add -> RMSNorm -> linear`` with no kernel between them (:mod:`lowbit.hf.layers`)."""
-    check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
-                             norm_weight)
-    return gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, eps,
-                                   residual, norm_weight)
+    ``residual add -> RMSNorm -> linear`` with no kernel between them (:mod:`lowbit.hf.layers`). Unrotated
+    weights only (``rotation=0``)."""
+    check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight)
+    return gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, eps, residual,
+                                   norm_weight)
 
 
 @kbit_gemv_epilogue.register_fake
-def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None, eps=1e-6, residual=None,
+def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6, residual=None,
       norm_weight=None):
-    m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rotation, rms_x, residual,
-                                 norm_weight)
+    m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight)
     return x.new_empty((m, n)), x.new_empty((m, n) if norm_weight is not None else (0,))
 
 
@@ -188,12 +187,9 @@ def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: 
     return y, yw
 
 
-def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0, rms_x=None,
-                            eps=1e-6, residual=None, norm_weight=None):
-    x32 = x.to(torch.float32)
-    if rotation:
-        x32 = kbit_rotation.rotate(x32)
-    y32 = x32 @ kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in).t()
+def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6,
+                            residual=None, norm_weight=None):
+    y32 = x.to(torch.float32) @ kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in).t()
     return apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
 
 

@@ -56,7 +56,7 @@ def test_epilogue_through_every_kernel(bits, m, dtype, dense_path, gen):
     for n, k in ((int(torch.randint(16, 400, (1,), generator=gen)), 32 * int(torch.randint(1, 40, (1,), generator=gen))),
                  (256, 4096)):
         q, x, rms_x, residual, nw, bias = _case(gen, n, k, m, bits, dtype)
-        args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias, 0)
+        args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias)
         # the consumer side: the norm's factor
         y, yw = ops.kbit_gemv_epilogue(*args, rms_x, 1e-5)
         assert yw.numel() == 0 and _rel(y, _want(q, x, rms_x, None, bias, 1e-5)) <= BOUND[dtype]
