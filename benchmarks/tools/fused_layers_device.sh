@@ -23,8 +23,8 @@ fi
 if [[ ,$PART, == *,gemv,* ]]; then
     python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.variants/head/old.so.xz'), open('/tmp/old.so', 'wb'))"
     S=${SHAPES:-8192x29568,4096x28672,4096x6144}
-    for r in 1 2; do
-        for bits in 3 2 4; do
+    for r in $(seq "${ROUNDS:-2}"); do
+        for bits in ${BITS:-3 2 4}; do
             echo "== round $r K=$bits HEAD" | tee -a "$OUT/gemv.txt"
             (cd .variants/head && PYTHONPATH=$PWD LOWBIT_LIBRARY=/tmp/old.so python3 benchmarks/gemv_sweep.py --bits $bits \
                 --m 1 --no-warps --no-streamk --shapes "$S") 2>&1 | grep -v "it/s\]" | tee -a "$OUT/gemv.txt"
