@@ -12,7 +12,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 case "${SUITE:-}" in
-  a) FILES="tests/gpu/test_kbit_gemv_gpu.py" ;;
+  a) FILES="tests/gpu/test_kbit_gemv_gpu.py tests/gpu/test_layers_gpu.py" ;;
   d) FILES="tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_kbit_dequant_gpu.py tests/gpu/test_kbit_tiled_dequant_gpu.py
             tests/gpu/test_bench_gpu.py" ;;
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;

@@ -295,25 +295,36 @@ constexpr int kRmsRows = 8;  // token rows a GEMV launch normalizes (it takes <=
 
 // Per-warp sums of squares of rms_x's m rows into part[warp][row], by every thread of the CTA after
 // pdl_wait (rms_x is the previous kernel's output); a barrier publishes them. Fixed order: deterministic.
+// Every row's loads are issued before any is summed: one L2 round trip for the m rows, not m.
 template <int WARPS, typename T>
 __device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* rms_x, int m, int k_in) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = 0; r < m; ++r) {
-        const uint4* row = reinterpret_cast<const uint4*>(rms_x + int64_t(r) * k_in);
-        float s = 0.f;
-        for (int c = threadIdx.x; c < k_in / 8; c += WARPS * 32) {
-            const uint4 v = ld_x(row + c);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    float s[kRmsRows];
+#pragma unroll
+    for (int r = 0; r < kRmsRows; ++r) s[r] = 0.f;
+    for (int c = threadIdx.x; c < k_in / 8; c += WARPS * 32) {
+        uint4 v[kRmsRows];
+#pragma unroll
+        for (int r = 0; r < kRmsRows; ++r)
+            if (r < m) v[r] = ld_x(reinterpret_cast<const uint4*>(rms_x + int64_t(r) * k_in) + c);
+#pragma unroll
+        for (int r = 0; r < kRmsRows; ++r) {
+            if (r >= m) continue;
+            const uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const float2 f = to_float2<T>(w[q]);
-                s = fmaf(f.x, f.x, s);
-                s = fmaf(f.y, f.y, s);
+                s[r] = fmaf(f.x, f.x, s[r]);
+                s[r] = fmaf(f.y, f.y, s[r]);
             }
         }
+    }
 #pragma unroll
-        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
-        if (lane == 0) part[warp][r] = s;
+    for (int r = 0; r < kRmsRows; ++r) {
+        if (r >= m) continue;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(kFullMask, s[r], o);
+        if (lane == 0) part[warp][r] = s[r];
     }
 }
 
