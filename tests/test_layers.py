@@ -106,17 +106,27 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     monkeypatch.setattr(ops, "kbit_gemv_epilogue",
                         lambda *a, **kw: calls.append(tuple(i for i in (8, 9, 11, 12) if len(a) > i and a[i] is not None))
                         or real(*a, **kw))
-    for layer in model.model.layers:
-        layer.post_attention_layernorm.register_forward_hook(lambda *a: norms.append(1))
-        layer.input_layernorm.register_forward_hook(lambda *a: in_norms.append(1))
+    # count the norm modules' calls without hooks (a hooked module keeps the layer's own forward: next test)
+    layers = model.model.layers
+    norm_cls = type(layers[0].input_layernorm)
+    real_norm = norm_cls.forward
+    def counted(m, x):
+        if any(m is layer.input_layernorm for layer in layers):
+            in_norms.append(1)
+        if any(m is layer.post_attention_layernorm for layer in layers):
+            norms.append(1)
+        return real_norm(m, x)
+
+    monkeypatch.setattr(norm_cls, "forward", counted)
     torch._dynamo.reset()
     got = _decode(model, ids, steps, compiled)
     per_step = 7 if fuse else 11  # layer 0: o, gate|up, down; layer 1: q|k|v too (split: 2 + 3 more launches)
     assert len(calls) == 3 * per_step
     # (residual, norm_weight): o_proj and layer 0's down_proj; (rms_x,): gate|up, q|k|v; (residual,): the last down
     assert sorted(set(calls)) == sorted({(11, 12), (9,), (11,)})
-    assert norms == [1, 1]  # the prefill's layers only
-    if not compiled:  # (dynamo traces hooks once)
+    if not compiled:
+        assert norms == [1, 1]  # the prefill's layers only
+    if not compiled:  # (dynamo traces the forwards once)
         assert len(in_norms) == 2 + 3  # the prefill's, then layer 0's per step
     assert not torch.isnan(got).any()
     spread = want.amax() - want.amin()
@@ -143,3 +153,41 @@ def test_fused_layer_keeps_its_forward_where_it_does_not_apply(gen, monkeypatch)
     want = _decode(model, ids, steps, False)
     monkeypatch.setattr(hf_layers, "FUSED", True)
     assert not torch.equal(_decode(model, ids, steps, False), want)  # (the switch does switch)
+
+
+def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
+    """A forward hook on a module the fused step would not call (tensor parallelism's all-reduce on o_proj, a
+    profiler's on a norm) keeps the layer's own forward: the hook runs on every step, logits bit for bit."""
+    from .tiny_models import build
+
+    model = build("llama", 2)
+    lowbit.quantize_model(model, bits=4)
+    model = model.to(torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    hf_attention.use_gqa_sdpa(model)
+    hf_attention.use_fused_decode_attention(model)
+    ids = torch.randint(0, 320, (1, 5), generator=gen)
+    steps = torch.randint(0, 320, (2, 1, 1), generator=gen)
+    monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
+    want = _decode(model, ids, steps, False)  # (not switched yet: the model's own layers)
+    hf_layers.use_fused_decode_layers(model)
+    for name in ("self_attn.o_proj", "post_attention_layernorm", "mlp.down_proj", "mlp.gate_proj"):
+        seen = []
+        handles = [layer.get_submodule(name).register_forward_hook(lambda *a: seen.append(1))
+                   for layer in model.model.layers]
+        calls = []
+        real = ops.kbit_gemv_epilogue
+        monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        got = _decode(model, ids, steps, False)
+        monkeypatch.setattr(ops, "kbit_gemv_epilogue", real)
+        for h in handles:
+            h.remove()
+        assert torch.equal(got, want), name
+        assert len(seen) == 2 * 3 and not calls, name  # prefill + 2 steps, 2 layers; no fused step
+    # a forward replaced on the instance, as transformers' tensor parallelism wraps a sharded module
+    for layer in model.model.layers:
+        o = layer.self_attn.o_proj
+        o.forward = lambda x, _f=o.forward: _f(x)
+    calls = []
+    monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    assert torch.equal(_decode(model, ids, steps, False), want) and not calls
