@@ -4,7 +4,8 @@
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
 Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS, except in ``kbit<K>+lm_head<B>`` variants; ``nvfp4[+fuse]``: NVFP4 linears); ``+fuse``: projections of one
+cuBLAS, except in ``kbit<K>+lm_head<B>`` variants, and ``+dense_head``: bf16 through lowbit's dense GEMV;
+``nvfp4[+fuse]``: NVFP4 linears); ``+fuse``: projections of one
 input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the modules named <name>
 unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
@@ -76,13 +77,18 @@ def convert(model, variant):
         return swap(model, DenseGemvLinear)
     if variant == "torch-int4":
         return swap(model, TorchInt4Linear)
-    if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][-keep-<module name>]
+    if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][+dense_head][-keep-<module name>]
         variant, _, keep = variant.partition("-keep-")
+        dense_head = "+dense_head" in variant  # the bf16 head through lowbit's dense GEMV, not cuBLAS
+        variant = variant.replace("+dense_head", "")
         fuse = "+fuse" in variant  # quantize_model's default is fused; plain kbit<K> rows stay unfused
         variant = variant.replace("+fuse", "")
         bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
         skip = lowbit.model.quantize.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
         lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
+        head = model.get_output_embeddings()
+        if dense_head and isinstance(head, nn.Linear):
+            model.set_output_embeddings(DenseGemvLinear(head))
         return
     if variant in ("nvfp4", "nvfp4+fuse"):  # as kbit: plain rows quantize each linear alone
         lowbit.quantize_model(model, format="nvfp4", fuse="+fuse" in variant, progress=False)

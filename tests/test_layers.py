@@ -172,12 +172,11 @@ def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
     want = _decode(model, ids, steps, False)  # (not switched yet: the model's own layers)
     hf_layers.use_fused_decode_layers(model)
     for name in ("self_attn.o_proj", "post_attention_layernorm", "mlp.down_proj", "mlp.gate_proj"):
-        seen = []
-        handles = [layer.get_submodule(name).register_forward_hook(lambda *a: seen.append(1))
+        seen, calls, real = [], [], ops.kbit_gemv_epilogue
+        handles = [layer.get_submodule(name).register_forward_hook(lambda *a, seen=seen: seen.append(1))
                    for layer in model.model.layers]
-        calls = []
-        real = ops.kbit_gemv_epilogue
-        monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        monkeypatch.setattr(ops, "kbit_gemv_epilogue",
+                            lambda *a, calls=calls, real=real, **kw: calls.append(1) or real(*a, **kw))
         got = _decode(model, ids, steps, False)
         monkeypatch.setattr(ops, "kbit_gemv_epilogue", real)
         for h in handles:

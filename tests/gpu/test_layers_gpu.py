@@ -31,7 +31,7 @@ def _case(gen, n, k, m, bits, dtype):
     lin = torch.nn.Linear(k, n, bias=False)
     lin.weight.data = torch.randn(n, k, generator=gen)
     q = lowbit.nn.KbitLinear.from_linear(lin, bits=bits).cuda()
-    t = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).cuda()  # noqa: E731
+    t = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).cuda()
     return q, t(m, k), t(m, k, scale=3.0), t(m, n), (torch.rand(n, generator=gen) + 0.5).to(dtype).cuda(), t(n)
 
 
