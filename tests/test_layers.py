@@ -190,3 +190,31 @@ def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
     calls = []
     monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     assert torch.equal(_decode(model, ids, steps, False), want) and not calls
+
+
+def test_listed_classes_are_llamas():
+    """Every decoder layer and MLP class the fused layer takes (that this transformers has) runs Llama's forward:
+    the same body, so the fused step computes what it replaces."""
+    import importlib
+    import inspect
+    import re
+
+    def body(fn, start):
+        src = re.sub(r"\s+", " ", inspect.getsource(fn))
+        return src[src.index(start):]
+
+    from transformers.models.llama import modeling_llama as llama
+
+    want_layer = body(llama.LlamaDecoderLayer.forward, "residual = hidden_states")
+    want_mlp = body(llama.LlamaMLP.forward, "down_proj =")
+    checked = 0
+    for names, want, start in ((hf_layers.LAYERS, want_layer, "residual = hidden_states"), (hf_layers.MLPS, want_mlp, "down_proj =")):
+        for name in names:
+            family = re.sub(r"(DecoderLayer|MLP)$", "", name).lower()
+            try:
+                mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+            except ImportError:
+                continue
+            assert body(getattr(mod, name).forward, start) == want, name
+            checked += 1
+    assert checked >= 2

@@ -273,8 +273,9 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
 
 // ---- The decode step's glue, fused into the output (lowbit_epilogue, lowbit.h): a residual add and the
 // next RMSNorm's weight where the residual stream is written (o_proj, down_proj), the norm's per-token
-// factor where its output is read (the next GEMV). Uniform runtime branches; all-null costs nothing in the
-// unit loop.
+// factor where its output is read (the next GEMV). Only the kernels' EPI instances (kbit, unrotated) have it:
+// its branches at every store site of the plain kernels doubled their code and cost 2-9% with no epilogue
+// (benchmarks/journal/2026-11-26_decode_layer_glue_in_gemvs.md).
 template <typename T>
 struct Epilogue {
     const T* rms_x;     // [m, k_in]: y *= rsqrt(mean(rms_x[tok]^2) + eps) before the bias
@@ -343,7 +344,8 @@ __device__ __forceinline__ void rms_factors(float* factor, const float (*part)[k
     __syncwarp();
 }
 
-// y[idx] = v (+ residual[idx]), rounded once; and yw[idx] = round(y[idx] * norm_w[row]).
+// y[idx] = v (+ residual[idx]), rounded once; and yw[idx] = round(y[idx] * norm_w[row]). Out of line: the stores
+// are inlined into every pipeline stage's tile flush.
 template <typename T>
 __device__ __noinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
     if (epi.residual != nullptr) v += to_float(epi.residual[idx]);
@@ -769,9 +771,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         }
         const float scale = *scales;
         Lut<BITS, false>::template store<kWarps * 32, T>(cb);
-        if (EPI && epi.rms_x != nullptr) rms_partials<kWarps>(rms_part, epi.rms_x, m_dense, k_in);
+        static_assert(!EPI, "the epilogue runs in the general instance (launch_split)");
         __syncthreads();
-        if (EPI && epi.rms_x != nullptr) rms_factors<kWarps>(rms_f[warp], rms_part, m_dense, k_in, epi.eps);
         if (has_tile) {
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             decode_group<BITS, false, T, FP4, ROT>(acc, d, xv, ctx);

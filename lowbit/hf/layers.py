@@ -5,23 +5,28 @@ transformers' decoder layer runs, per token::
     h2 = h + o_proj(attention(input_norm(h)))
     h3 = h2 + down_proj(act(gate_proj(post_norm(h2))) * up_proj(post_norm(h2)))
 
-With kbit projections each line is a chain of kernels: the GEMVs, and between them a residual add fused
-with the post-attention RMSNorm, and the activation. :func:`use_fused_decode_layers` gives such a layer a
-subclass whose decode step moves the glue into the GEMVs' outputs (:func:`lowbit.ops.kbit_gemv_epilogue`):
+With kbit projections each line is a chain of kernels: the GEMVs, and between them the RMSNorms (each fused
+by inductor with the residual add before it) and the activation. :func:`use_fused_decode_layers` gives such a
+layer a subclass whose decode step moves the adds and the norms into the GEMVs' outputs
+(:func:`lowbit.ops.kbit_gemv_epilogue`), using ``W (h * rstd * w) = rstd * W (h * w)``:
 
-* ``o_proj`` adds the residual ``h`` and also writes ``hw = h2 * post_norm.weight``;
-* the gate|up GEMV reads ``hw`` and scales its output rows by the norm's ``rsqrt(mean(h2^2) + eps)``,
-  which it computes from ``h2`` itself: ``W (h2 * rstd * w) = rstd * W (h2 * w)``;
-* ``down_proj`` adds the residual ``h2``.
+* ``o_proj`` adds the residual ``h`` and also writes ``h2 * post_norm.weight``;
+* the gate|up GEMV reads that and scales its output rows by the norm's ``rstd = rsqrt(mean(h2^2) + eps)``,
+  which each of its CTAs computes from ``h2``;
+* ``down_proj`` adds the residual ``h2`` and, when the next layer takes it, also writes
+  ``h3 * next.input_norm.weight``; the next layer's q|k|v GEMV reads that and applies its input norm's factor
+  the same way (layer 0 runs its input norm as a kernel).
 
-The post-attention norm is then no kernel of its own, and every projection of the layer is a lowbit kernel
-that starts under its predecessor (programmatic launch). The rounding differs from transformers' in where
-it happens, not in how much: one rounding of ``h2`` instead of two, the norm's factor applied in fp32 to
-the product instead of to its input (``tests/test_layers.py`` bounds it against the fp32 computation).
+Per layer the step is then q|k|v, attention (lowbit's fused op), o_proj, gate|up, the activation, down_proj:
+no norm kernels, and every projection a lowbit kernel that starts under its predecessor (programmatic
+launch). The rounding differs from transformers' in where it happens, not in how much: one rounding of each
+residual instead of two, the norm's factor applied in fp32 to the product instead of to its input
+(``tests/test_layers.py`` bounds the logits against the model's own layers).
 
-It takes the decode step only (one token per sequence, at most 8 sequences, the layer's attention through
-:func:`lowbit.hf.attention.use_fused_decode_attention`, kbit projections on a GPU, the model's plain
-RMSNorm); every other call runs the layer's own forward.
+It takes the decode step only: one token per sequence, at most 8 sequences, the layer's attention through
+:func:`lowbit.hf.attention.use_fused_decode_attention`, unrotated kbit projections on a GPU, the model's plain
+RMSNorm, and no forward hooks or instance-level forwards on the modules it would not call (tensor
+parallelism's wrappers, offloading, profilers). Every other call runs the layer's own forward.
 """
 
 from __future__ import annotations
