@@ -149,7 +149,7 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     (rotary embedding, KV-cache append, attention) as one kernel
     (:func:`lowbit.hf.attention.use_fused_decode_attention`; kept too).
     ``fused_layers``: with ``fused_attention``, run each Llama-pattern decoder layer's residual adds and
-    post-attention RMSNorm inside its kbit GEMVs (:func:`lowbit.hf.layers.use_fused_decode_layers`; kept too).
+    RMSNorms inside its kbit GEMVs (:func:`lowbit.hf.layers.use_fused_decode_layers`; kept too).
     """
     from transformers import StaticCache
 
