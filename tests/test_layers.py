@@ -218,3 +218,30 @@ def test_listed_classes_are_llamas():
             assert body(getattr(mod, name).forward, start) == want, name
             checked += 1
     assert checked >= 2
+
+
+def test_fused_layer_next_to_an_unquantized_one(gen, monkeypatch):
+    """Layer 1's attention left unquantized: layer 0 still runs fused but writes no input for layer 1, which runs
+    its own forward; logits within the same bound as the whole fused model."""
+    from .tiny_models import build
+
+    model = build("llama", 3)
+    lowbit.quantize_model(model, bits=4, skip=("lm_head", "*.layers.1.self_attn.*"))
+    model = model.to(torch.bfloat16)
+    model.set_attn_implementation("sdpa")
+    hf_attention.use_gqa_sdpa(model)
+    hf_attention.use_fused_decode_attention(model)
+    ids = torch.randint(0, 320, (2, 6), generator=gen)
+    steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
+    want = _decode(model, ids, steps, False)
+    monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
+    hf_layers.use_fused_decode_layers(model)
+    calls = []
+    real = ops.kbit_gemv_epilogue
+    monkeypatch.setattr(ops, "kbit_gemv_epilogue",
+                        lambda *a, **kw: calls.append(tuple(i for i in (9, 11, 12) if len(a) > i and a[i] is not None))
+                        or real(*a, **kw))
+    got = _decode(model, ids, steps, False)
+    assert calls == [(11, 12), (9,), (11,)] * 3  # layer 0: o_proj, gate|up, down_proj without the next input
+    assert model.model.layers[1]._lowbit_in is None
+    assert (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())
