@@ -194,7 +194,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def use_fused_decode_layers(model) -> int:
     """Give every decoder layer of ``model`` listed in :data:`LAYERS` a subclass whose decode step runs the
-    residual adds and the post-attention RMSNorm inside its kbit GEMVs (module docstring); every other call
+    residual adds and the RMSNorms inside its kbit GEMVs (module docstring); every other call
     runs the layer's own forward. Needs the layers' attention switched by
     :func:`lowbit.hf.attention.use_fused_decode_attention` (else nothing changes at run time). Parameters and
     state dict names stay; returns how many layers it switched."""
