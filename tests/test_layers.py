@@ -78,6 +78,20 @@ def _decode(model, ids, steps, compiled):
     return torch.cat(out, 1).float()
 
 
+def _tiny_kbit_llama(seed, dtype=torch.bfloat16, **quantize):
+    """A tiny Llama quantized to kbit4 (``quantize``: more quantize_model arguments), in ``dtype``, its attention
+    layers switched to lowbit's fused decode step (the fused decoder layer needs it)."""
+    from .tiny_models import build
+
+    model = build("llama", seed)
+    lowbit.quantize_model(model, bits=4, **quantize)
+    model = model.to(dtype)
+    model.set_attn_implementation("sdpa")
+    assert hf_attention.use_gqa_sdpa(model)
+    assert hf_attention.use_fused_decode_attention(model) == len(model.model.layers)
+    return model
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused-gate-up", "separate"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
@@ -86,15 +100,8 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     and no post-attention norm module, and only the first layer its input norm module; the logits match the
     layer's own forward within bf16 rounding of a few ops (bound: 2% of the logits' spread); prefill runs the
     layer's own forward."""
-    from .tiny_models import build
-
     torch._dynamo.reset()
-    model = build("llama", 0)
-    lowbit.quantize_model(model, bits=4, fuse=None if fuse else False)
-    model = model.to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    assert hf_attention.use_gqa_sdpa(model)
-    assert hf_attention.use_fused_decode_attention(model) == 2
+    model = _tiny_kbit_llama(0, fuse=None if fuse else False)
     ids = torch.randint(0, 320, (2, 7), generator=gen)
     steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
     want = _decode(model, ids, steps, compiled)
@@ -135,13 +142,7 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
 
 def test_fused_layer_keeps_its_forward_where_it_does_not_apply(gen, monkeypatch):
     """fp32 (no GEMV), prefill and FUSED = False run transformers' own forward: bit-identical logits."""
-    from .tiny_models import build
-
-    model = build("llama", 1)
-    lowbit.quantize_model(model, bits=4)
-    model.set_attn_implementation("sdpa")
-    hf_attention.use_gqa_sdpa(model)
-    hf_attention.use_fused_decode_attention(model)
+    model = _tiny_kbit_llama(1, torch.float32)
     ids = torch.randint(0, 320, (1, 5), generator=gen)
     steps = torch.randint(0, 320, (2, 1, 1), generator=gen)
     want = _decode(model, ids, steps, False)
@@ -158,14 +159,7 @@ def test_fused_layer_keeps_its_forward_where_it_does_not_apply(gen, monkeypatch)
 def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
     """A forward hook on a module the fused step would not call (tensor parallelism's all-reduce on o_proj, a
     profiler's on a norm) keeps the layer's own forward: the hook runs on every step, logits bit for bit."""
-    from .tiny_models import build
-
-    model = build("llama", 2)
-    lowbit.quantize_model(model, bits=4)
-    model = model.to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    hf_attention.use_gqa_sdpa(model)
-    hf_attention.use_fused_decode_attention(model)
+    model = _tiny_kbit_llama(2)
     ids = torch.randint(0, 320, (1, 5), generator=gen)
     steps = torch.randint(0, 320, (2, 1, 1), generator=gen)
     monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
@@ -223,14 +217,7 @@ def test_listed_classes_are_llamas():
 def test_fused_layer_next_to_an_unquantized_one(gen, monkeypatch):
     """Layer 1's attention left unquantized: layer 0 still runs fused but writes no input for layer 1, which runs
     its own forward; logits within the same bound as the whole fused model."""
-    from .tiny_models import build
-
-    model = build("llama", 3)
-    lowbit.quantize_model(model, bits=4, skip=("lm_head", "*.layers.1.self_attn.*"))
-    model = model.to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    hf_attention.use_gqa_sdpa(model)
-    hf_attention.use_fused_decode_attention(model)
+    model = _tiny_kbit_llama(3, skip=("lm_head", "*.layers.1.self_attn.*"))
     ids = torch.randint(0, 320, (2, 6), generator=gen)
     steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
     want = _decode(model, ids, steps, False)
