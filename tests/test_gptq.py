@@ -63,14 +63,19 @@ def test_blocked_gptq_matches_unblocked_reference(fmt, bits, gen):
     a, b = make(), make()
     gptq(w, h, a, block_size=64)  # 3 blocks: the lazy updates between blocks are exercised
     gptq_reference(w, h, b)
-    # Same arithmetic in another order: fp32 noise may flip a code sitting on a rounding boundary, nothing more.
-    differ = (a.codes != b.codes).float().mean().item()
-    assert differ <= 2e-3, differ
+    # Same arithmetic in another order: fp32 noise may flip a code sitting on a rounding boundary, and the error
+    # feedback then carries the difference along the rest of that row (seed 3243044266: 24 codes of one row, kbit4).
+    # Over 551 seeds per format at most 1 row of 48 differed, in 0-1% of the cases, and the GPTQ objective
+    # tr((W - Q) H (W - Q)^T) of the two agreed within 0.12%.
+    rows = (a.codes != b.codes).reshape(48, -1).any(-1)
+    assert int(rows.sum()) <= 2, int(rows.sum())
     if fmt == "kbit":
         wa, wb = _kbit_weight(a.result(), 48, 192), _kbit_weight(b.result(), 48, 192)
     else:
         wa, wb = a.result().dequantize(torch.float32), b.result().dequantize(torch.float32)
-    assert rel_err(x @ wa.t(), x @ wb.t()) < 1e-2
+    assert torch.equal(wa[~rows], wb[~rows])  # rows with the same codes decode to the same weights
+    loss_a, loss_b = ((((w - q) @ h) * (w - q)).sum().item() for q in (wa, wb))
+    assert abs(loss_a / loss_b - 1) <= 1e-2, (loss_a, loss_b)
 
 
 @pytest.mark.parametrize("fmt, bits", [("kbit", 2), ("kbit", 3), ("kbit", 4), ("nvfp4", 4)])
