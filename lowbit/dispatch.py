@@ -449,13 +449,14 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
                *extra)
 
 
-def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device) -> bool:
+def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device,
+                     reference: bool = False) -> bool:
     """Whether :func:`kbit_gemv_epilogue_op` takes ``module(x2)`` for x2 ``[rows, k]`` of ``dtype`` on ``device``:
     a kbit module (fused ones too) and a call the decode GEMV runs (CUDA, fp16/bf16, 1..GEMV_MAX_M rows), not
-    forced elsewhere."""
+    forced elsewhere. ``reference``: the same call on any device, through the op's reference (tests)."""
     return (getattr(module, "format_name", None) == "kbit" and k == module.in_features  # a KbitLinear (nn is above)
             and getattr(module, "rotation", 0) == 0
-            and use_gemv(device.type == "cuda", dtype, rows)
+            and use_gemv(device.type == "cuda" or reference, dtype, rows)
             and _forced in (None, "gemv") and module.qweight.device == device)
 
 

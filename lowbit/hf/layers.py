@@ -100,13 +100,7 @@ def _project(group, x, rms_x, eps) -> list:
 
 
 def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
-    if like.is_cuda:
-        return dispatch.kbit_epilogue_ok(mod, rows, k, like.dtype, like.device)
-    from ..nn.linear import KbitLinear
-
-    return (CPU_REFERENCE and isinstance(mod, KbitLinear) and mod.in_features == k and mod.rotation == 0
-            and 1 <= rows <= dispatch.GEMV_MAX_M
-            and like.dtype in dispatch.GEMV_DTYPES and mod.qweight.device == like.device)
+    return dispatch.kbit_epilogue_ok(mod, rows, k, like.dtype, like.device, reference=CPU_REFERENCE)
 
 
 def _hooked(*mods) -> bool:

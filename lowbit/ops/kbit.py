@@ -189,7 +189,7 @@ def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: 
 
 def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6,
                             residual=None, norm_weight=None):
-    y32 = x.to(torch.float32) @ kbit_tiled.dequantize(qweight, qabsmax, codebook, scale, bits, n, k_in).t()
+    y32 = tiled_linear_reference(x.to(torch.float32), qweight, qabsmax, codebook, scale, bits, n, k_in)  # unrounded
     return apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
 
 

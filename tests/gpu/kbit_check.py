@@ -36,3 +36,4 @@ def capture(run):
     with torch.cuda.stream(s), torch.cuda.graph(g):
         out = run()
     return g, out
+

@@ -31,11 +31,6 @@ def _shapes(gen):
     yield 2048, 2048 + 96  # K_in not a multiple of 256 (padded group)
 
 
-@pytest.fixture(params=["streamk", "local", "split"])
-def dense_path(request, monkeypatch):
-    """Run a dense test through each GEMV kernel (auto picks one per shape: tiled.dense_path)."""
-    monkeypatch.setattr(tiled, "DENSE_PATH", request.param)
-    return request.param
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
