@@ -18,7 +18,8 @@ A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, 
 (``lowbit.kernels.tiled.ROUTED_ONE_WAVE = False``: the routed GEMV with one group per warp), ``@qk-norm-modules``
 (``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op),
 ``@no-fused-layers`` (``lowbit.hf.layers.FUSED = False``: the residual adds and the post-attention norm as kernels
-of their own, not in the GEMVs' outputs).
+of their own, not in the GEMVs' outputs), ``@no-swiglu`` (``lowbit.hf.layers.SWIGLU = False``: the fused layers'
+gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own).
 """
 
 import argparse
@@ -159,7 +160,8 @@ def main():
                 "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
                 "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),
-                "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False)}
+                "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False),
+                "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
@@ -196,7 +198,7 @@ def main():
             base = base or (tps if variant == "bf16" else None)
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
-                   "moe_routed": dispatch.MOE_ROUTED, "fused_layers": hf_layers.FUSED,
+                   "moe_routed": dispatch.MOE_ROUTED, "fused_layers": hf_layers.FUSED, "swiglu": hf_layers.SWIGLU,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
                    "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",

@@ -3,7 +3,7 @@
 
 #include "lowbit.h"
 
-#define LOWBIT_ABI_VERSION 12
+#define LOWBIT_ABI_VERSION 13
 
 extern "C" int lowbit_abi_version(void) { return LOWBIT_ABI_VERSION; }
 

@@ -58,12 +58,15 @@ LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(5)
 //   residual [m, n]: y += residual[r, j] before the one rounding (a residual add);
 //   yw [m, n], norm_weight [n]: also write yw[r, j] = round(y[r, j] * norm_weight[j]) (the next norm's weight
 //     applied to the new residual, the x of the GEMV that takes rms_x = y). All of x's dtype.
+//   swiglu (non-zero; the stream-K GEMV's CTA-local mode, n % 32 == 0, no residual or yw): the weight's rows are
+//     [gate; up] and y is [m, n / 2]: y[r, j] = silu(g) * u, g and u rounded to x's dtype first (gated MLPs).
 struct lowbit_epilogue {
     const void* rms_x;
     const void* residual;
     const void* norm_weight;
     void* yw;
     float eps;
+    int swiglu;
 };
 
 // Read-bandwidth probe: streams n_bytes (a multiple of 16, 16-byte aligned) once; XORs into *sink.

@@ -460,7 +460,8 @@ def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torc
             and _forced in (None, "gemv") and module.qweight.device == device)
 
 
-def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None):
+def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None,
+                          swiglu: bool = False):
     """``module(x2)`` through the GEMV with the decode step's glue in its output
     (:func:`lowbit.ops.kbit_gemv_epilogue`): ``(y, yw)``. Eager calls go straight to the module's launcher;
     compiled ones through the op. The caller checks :func:`kbit_epilogue_ok` first (unrotated weights only)."""
@@ -473,7 +474,7 @@ def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 
             from .kernels.kbit import run_gemv_epilogue
 
             m = ops.check_gemv_epilogue_args(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
-                                             module.bias, rms_x, residual, norm_weight)
-            return run_gemv_epilogue(launch, x2.contiguous(), m, module.bias, rms_x, eps, residual, norm_weight)
+                                             module.bias, rms_x, residual, norm_weight, swiglu)
+            return run_gemv_epilogue(launch, x2.contiguous(), m, module.bias, rms_x, eps, residual, norm_weight, swiglu)
     return ops.kbit_gemv_epilogue(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
-                                  module.bias, rms_x, eps, residual, norm_weight)
+                                  module.bias, rms_x, eps, residual, norm_weight, swiglu)

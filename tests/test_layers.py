@@ -44,6 +44,23 @@ def test_epilogue_reference_is_its_definition(parts, gen):
         assert torch.equal(yw, (y.float() * nw.float()).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("rms", [True, False])
+def test_swiglu_reference_is_its_definition(rms, gen):
+    """swiglu=True: silu(g) * u of the plain epilogue's rounded halves [g | u], in fp32, rounded once."""
+    m, n, k = 3, 64, 96
+    q = _weight(gen, n, k)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    rms_x = torch.randn(m, k, generator=gen).to(torch.bfloat16) * 3 if rms else None
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, k, bias, rms_x, 1e-5)
+    y, _ = ops.kbit_gemv_epilogue(*args)
+    s, yw = ops.kbit_gemv_epilogue(*args, swiglu=True)
+    assert s.shape == (m, n // 2) and s.dtype == torch.bfloat16 and yw.numel() == 0
+    g, u = y.float()[:, : n // 2], y.float()[:, n // 2:]
+    assert torch.equal(s, (g * torch.sigmoid(g) * u).to(torch.bfloat16))
+    assert not s.isnan().any()
+
+
 def test_epilogue_errors(gen):
     m, n, k = 2, 32, 64
     q = _weight(gen, n, k)
@@ -57,6 +74,11 @@ def test_epilogue_errors(gen):
         ops.kbit_gemv_epilogue(*args, None, None, 1e-6, None, torch.zeros(k, dtype=torch.bfloat16))
     with pytest.raises((TypeError, ValueError), match="dtype"):
         ops.kbit_gemv_epilogue(*args, None, None, 1e-6, torch.zeros(m, n, dtype=torch.float16))
+    with pytest.raises(ValueError, match="swiglu=True needs .* no residual"):
+        ops.kbit_gemv_epilogue(*args, None, None, 1e-6, torch.zeros(m, n, dtype=torch.bfloat16), swiglu=True)
+    q48 = _weight(gen, 48, k)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.kbit_gemv_epilogue(x, q48.qweight, q48.qabsmax, q48.codebook, q48.scale, 4, 48, k, swiglu=True)
     # modules the fused layer does not take: rotated weights (the epilogue's instances are unrotated), fp32 rows
     rotated = lowbit.nn.KbitLinear.from_linear(torch.nn.Linear(k, n, bias=False), bits=4, rotation=32)
     assert not hf_layers._takes(rotated, m, x, k)
@@ -92,7 +114,7 @@ def _tiny_kbit_llama(seed, dtype=torch.bfloat16, **quantize):
     return model
 
 
-@pytest.mark.parametrize("fuse", [True, False], ids=["fused-gate-up", "separate"])
+@pytest.mark.parametrize("fuse", ["swiglu", "fused-gate-up", "separate"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     """A tiny kbit4 Llama (bf16) decoding 3 steps: with the layers switched, every decode step of every layer
@@ -101,7 +123,8 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     layer's own forward within bf16 rounding of a few ops (bound: 2% of the logits' spread); prefill runs the
     layer's own forward."""
     torch._dynamo.reset()
-    model = _tiny_kbit_llama(0, fuse=None if fuse else False)
+    monkeypatch.setattr(hf_layers, "SWIGLU", fuse == "swiglu")
+    model = _tiny_kbit_llama(0, fuse=None if fuse != "separate" else False)
     ids = torch.randint(0, 320, (2, 7), generator=gen)
     steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
     want = _decode(model, ids, steps, compiled)
@@ -111,7 +134,8 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     calls, norms, in_norms = [], [], []
     real = ops.kbit_gemv_epilogue
     monkeypatch.setattr(ops, "kbit_gemv_epilogue",
-                        lambda *a, **kw: calls.append(tuple(i for i in (8, 9, 11, 12) if len(a) > i and a[i] is not None))
+                        lambda *a, **kw: calls.append(tuple(i for i in (8, 9, 11, 12, 13)
+                                                            if len(a) > i and a[i] is not None and a[i] is not False))
                         or real(*a, **kw))
     # count the norm modules' calls without hooks (a hooked module keeps the layer's own forward: next test)
     layers = model.model.layers
@@ -127,10 +151,11 @@ def test_fused_layer_decodes_as_the_model(fuse, compiled, gen, monkeypatch):
     monkeypatch.setattr(norm_cls, "forward", counted)
     torch._dynamo.reset()
     got = _decode(model, ids, steps, compiled)
-    per_step = 7 if fuse else 11  # layer 0: o, gate|up, down; layer 1: q|k|v too (split: 2 + 3 more launches)
+    per_step = 11 if fuse == "separate" else 7  # layer 0: o, gate|up, down; layer 1: q|k|v too (split: 2 + 3 more)
     assert len(calls) == 3 * per_step
-    # (residual, norm_weight): o_proj and layer 0's down_proj; (rms_x,): gate|up, q|k|v; (residual,): the last down
-    assert sorted(set(calls)) == sorted({(11, 12), (9,), (11,)})
+    # (residual, norm_weight): o_proj and layer 0's down_proj; (rms_x,): gate|up, q|k|v; (residual,): the last down;
+    # (rms_x, swiglu): gate|up with the activation
+    assert sorted(set(calls)) == sorted({(11, 12), (9,), (11,)} | ({(9, 13)} if fuse == "swiglu" else set()))
     if not compiled:
         assert norms == [1, 1]  # the prefill's layers only
     if not compiled:  # (dynamo traces the forwards once)

@@ -2,7 +2,8 @@
 # One device call for the fused decoder layers (lowbit.hf.layers): PART=tests runs the GPU tests the GEMV epilogue
 # touches; PART=e2e (default: both) times Llama-3-8B shapes with and without the fused layers in one process
 # (BATCH, default 1), alternating; PART=gemv times the GEMVs of this tree against .variants/head (HEAD's Python and
-# library, carried xz-compressed) where the epilogue's registers moved spills. Logs under $OUT.
+# library, carried xz-compressed) where the epilogue's registers moved spills; PART=e2ehead times VARIANTS_HEAD in
+# .variants/head. Logs under $OUT.
 #   LOWBIT_LIBRARY=<this tree's library> PART=tests,e2e bash benchmarks/tools/fused_layers_device.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD LOWBIT_CACHE_DIR=$PWD/.lowbit_cache
@@ -19,6 +20,14 @@ if [[ ,$PART, == *,e2e,* ]]; then
     V=${VARIANTS:-bf16,kbit4+fuse@no-fused-layers,kbit4+fuse,kbit4+fuse@no-fused-layers,kbit4+fuse}
     timeout 480 python3 benchmarks/e2e_gpu.py --model llama-3-8b --batch "${BATCH:-1}" --variants "$V" \
         --out "$OUT/e2e_b${BATCH:-1}.json" 2>&1 | grep -v "it/s\]" | grep -E "===|tok/s|Error|error" | tee "$OUT/e2e_b${BATCH:-1}.txt"
+fi
+if [[ ,$PART, == *,e2ehead,* ]]; then  # the same model in .variants/head (HEAD's tree and library), VARIANTS_HEAD
+    python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.variants/head/old.so.xz'), open('/tmp/old.so', 'wb'))"
+    # its own inductor caches: a cached graph of this tree's ops would be reused with HEAD's (other signatures)
+    (cd .variants/head && PYTHONPATH=$PWD LOWBIT_LIBRARY=/tmp/old.so TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_head \
+        TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 480 python3 benchmarks/e2e_gpu.py \
+        --model llama-3-8b --batch "${BATCH:-1}" --variants "${VARIANTS_HEAD:-kbit4+fuse}" --out "$OUT/e2e_head_b${BATCH:-1}.json") \
+        2>&1 | grep -v "it/s\]" | grep -E "===|tok/s|Error|error" | tee "$OUT/e2e_head_b${BATCH:-1}.txt"
 fi
 if [[ ,$PART, == *,gemv,* ]]; then
     python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.variants/head/old.so.xz'), open('/tmp/old.so', 'wb'))"

@@ -415,6 +415,10 @@ template <int BITS> __host__ __device__ constexpr size_t stream_table_bytes() { 
 template <int BITS> __host__ __device__ constexpr size_t stream_smem() {
     return stream_table_bytes<BITS>() + size_t(kStreamWarps) * 2 * 128 * sizeof(float);
 }
+// The SwiGLU epilogue's outputs of a CTA's tile pairs: [gate | up][pair][16 rows][8 tokens] fp32, up to
+// kSwiMaxPairs pairs (a CTA-local grid leaves ~7 pairs per CTA on Llama-3-8B's 28672-row gate|up).
+constexpr int kSwiMaxPairs = 32;
+__host__ __device__ constexpr size_t swi_smem(int pairs) { return size_t(pairs) * 2 * 16 * 8 * sizeof(float); }
 // Which instances stage x in shared memory (XS), up to how many bytes of it. K=2/3 move few bytes per
 // unit, so an L2 round trip for x on every unit shows: 8192x29568 K=2 35.9 -> 34.2 us, K=3 44.5 -> 41.6,
 // 4096x28672 K=3 25.4 -> 23.9 (H100, M = 1; benchmarks/journal/2026-11-25_gemv_x_staging.md). At K=4 the register pipeline already hides it and the copy
@@ -450,13 +454,21 @@ struct StreamK {
 // both instructions are no-ops (a plain-launch instance doubled the file's compile time for nothing).
 // XS: x is first copied to shared memory (stage_x, after the PDL wait), so that no unit waits on an L2
 // round trip for its x (the launcher picks it where it pays: kStageX).
-template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false, bool XS = false, bool EPI = false>
+// SWI (an EPI instance, CTA-local mode only): y = silu(round(gate)) * round(up) where the weight's rows are
+// [gate; up], each n / 2 (swiglu_fits). The tiles pair up -- gate tile j with up tile j + n_tiles / 2 -- and
+// `tiles` cuts the pairs among the CTAs; warps 0-7 stream a CTA's gate units, 8-15 its up units (both halves
+// the same size). Tiles are not written as they finish: their rounded-to-be fp32 values wait in shared
+// memory (swi_smem), and after the CTA's last barrier each thread writes one y value from its pair. The
+// activation's own kernel goes away, and the down projection can start under PDL behind this one.
+template <int BITS, typename T, int MAXM, bool FP4 = false, bool ROT = false, bool XS = false, bool EPI = false,
+          bool SWI = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y,
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk, bool local, StreamK tiles, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
+    static_assert(!SWI || (EPI && !FP4 && !ROT), "SwiGLU is a kbit epilogue");
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows], rms_f[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the norm
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -464,14 +476,26 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     // Global mode: warp w of all n_warps, ranges over all units. Local: warp `warp` of this CTA's
     // units, which start at unit_base (its first tile's first unit); sk then describes the CTA.
     int w = blockIdx.x * kStreamWarps + warp, unit_base = 0, cta_tiles = 0;
+    constexpr int kHalfWarps = kStreamWarps / 2;  // SWI: warps per half (gate | up)
+    [[maybe_unused]] int t0 = 0;                  // SWI: the CTA's first pair
     if (local) {
-        const int t0 = tiles.begin(blockIdx.x);
-        cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
-        const int units = cta_tiles * n_groups;
-        sk = StreamK{units / kStreamWarps, units % kStreamWarps};
-        unit_base = t0 * n_groups;
-        w = warp;
-        n_warps = kStreamWarps;
+        if constexpr (SWI) {  // `tiles` and cta_tiles count pairs; each half's units cut among its 8 warps
+            t0 = tiles.begin(blockIdx.x);
+            cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+            const int units = cta_tiles * n_groups, half = warp / kHalfWarps;
+            sk = StreamK{units / kHalfWarps, units % kHalfWarps};
+            unit_base = (t0 + half * (n_tiles / 2)) * n_groups;
+            w = warp - half * kHalfWarps;
+            n_warps = kHalfWarps;
+        } else {
+            const int t0 = tiles.begin(blockIdx.x);
+            cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+            const int units = cta_tiles * n_groups;
+            sk = StreamK{units / kStreamWarps, units % kStreamWarps};
+            unit_base = t0 * n_groups;
+            w = warp;
+            n_warps = kStreamWarps;
+        }
     }
     const int u_begin = unit_base + sk.begin(w), u_end = unit_base + sk.begin(w + 1);
     LOWBIT_TRACE(0);  // entry
@@ -487,7 +511,9 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
     const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
-    T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
+    // SWI: [half][pair][16 rows][8 tokens] fp32 outputs after the table and the partials, then x's copy
+    float* swi = reinterpret_cast<float*>(g_table + stream_smem<BITS>());
+    T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>() + (SWI ? swi_smem(tiles.q + (tiles.r > 0)) : 0));
     const bool rms = EPI && epi.rms_x != nullptr;  // the norm's statistics, before the barrier like x's copy
     if (XS || rms) {
         pdl_wait();  // x, y, workspace, counters and the epilogue's tensors belong to the stream order
@@ -497,7 +523,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     if (rms) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
-    if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps)
+    if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps, SWI: kHalfWarps)
     if (rms) rms_factors<kStreamWarps>(rms_f[warp], rms_part, m, k_in, epi.eps);
     if (!XS && !rms) {
         pdl_wait();
@@ -512,15 +538,25 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // local: [warp][slot][4][32]
     auto store = [&](const float (&v)[4], int tile) {
         const int row0 = tile * 16 + g;
+        if constexpr (SWI) {  // into the pair's shared slot (every row exists: n % 32 == 0)
+            const int th = tile >= n_tiles / 2, pair = tile - th * (n_tiles / 2) - t0;
+            float* o = swi + ((th * cta_tiles + pair) * 16 + g) * 8 + 2 * t;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
-            if (tok < m && row < n) {
-                if constexpr (EPI) {
-                    const float f = rms ? rms_f[warp][tok] * scale : scale;
-                    write_out(y, epi, int64_t(tok) * n + row, row, v[i] * kGemvOutFix<FP4> * f + bias_of(bias, row));
-                } else {
-                    y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
+            for (int i = 0; i < 4; ++i) {
+                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+                if (tok < m) o[(i >> 1) * 64 + (i & 1)] = v[i] * kGemvOutFix<FP4> * (rms ? rms_f[warp][tok] * scale : scale) + bias_of(bias, row);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+                if (tok < m && row < n) {
+                    if constexpr (EPI) {
+                        const float f = rms ? rms_f[warp][tok] * scale : scale;
+                        write_out(y, epi, int64_t(tok) * n + row, row, v[i] * kGemvOutFix<FP4> * f + bias_of(bias, row));
+                    } else {
+                        y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<FP4> * scale + bias_of(bias, row));
+                    }
                 }
             }
         }
@@ -565,16 +601,41 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     // CTA-local: each tile shared by warps w_first..w_last is summed in warp order by one warp.
     __syncthreads();
     LOWBIT_TRACE(20);  // partials published
-    for (int j = warp; j < cta_tiles; j += kStreamWarps) {
-        const int w_first = sk.warp_of(j * n_groups), w_last = sk.warp_of((j + 1) * n_groups - 1);
-        if (w_first == w_last) continue;  // one warp's whole tile: already written
-        float sum[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int v = w_first; v <= w_last; ++v) {
-            const float* p = red + (v * 2 + (j == sk.begin(v) / n_groups ? 0 : 1)) * 128 + lane;
+    if constexpr (!SWI) {
+        for (int j = warp; j < cta_tiles; j += kStreamWarps) {
+            const int w_first = sk.warp_of(j * n_groups), w_last = sk.warp_of((j + 1) * n_groups - 1);
+            if (w_first == w_last) continue;  // one warp's whole tile: already written
+            float sum[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int v = w_first; v <= w_last; ++v) {
+                const float* p = red + (v * 2 + (j == sk.begin(v) / n_groups ? 0 : 1)) * 128 + lane;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) sum[i] += p[32 * i];
+                for (int i = 0; i < 4; ++i) sum[i] += p[32 * i];
+            }
+            store(sum, unit_base / n_groups + j);
         }
-        store(sum, unit_base / n_groups + j);
+    } else {
+        // the gate half's shared tiles, then the up half's (jj over both; half h's warps are h * 8 + v)
+        for (int jj = warp; jj < 2 * cta_tiles; jj += kStreamWarps) {
+            const int h = jj >= cta_tiles, j = jj - h * cta_tiles;
+            const int w_first = sk.warp_of(j * n_groups), w_last = sk.warp_of((j + 1) * n_groups - 1);
+            if (w_first == w_last) continue;  // one warp's whole tile: already in shared memory
+            float sum[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int v = w_first; v <= w_last; ++v) {
+                const float* p = red + ((h * kHalfWarps + v) * 2 + (j == sk.begin(v) / n_groups ? 0 : 1)) * 128 + lane;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sum[i] += p[32 * i];
+            }
+            store(sum, t0 + h * (n_tiles / 2) + j);
+        }
+        // every pair's gate and up are in shared memory: y = silu(gate) * up, each rounded first
+        __syncthreads();
+        const int rows = cta_tiles * 16, half_n = n / 2;
+        for (int e = threadIdx.x; e < m * rows; e += kStreamWarps * 32) {
+            const int tok = e / rows, r = e - tok * rows;
+            const float* o = swi + r * 8 + tok;  // [pair][row] is r
+            const float gv = to_float(from_float<T>(o[0])), uv = to_float(from_float<T>(o[cta_tiles * 128]));
+            y[int64_t(tok) * half_n + t0 * 16 + r] = from_float<T>(gv / (1.f + __expf(-gv)) * uv);
+        }
     }
     LOWBIT_TRACE(21);  // done
 }
@@ -889,14 +950,30 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     if (with_epi && (FP4 || (flags & kFlagRot32) || (epi->rms_x != nullptr && m > kRmsRows)))
         return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
-    if (m < 1 || k_in < 32 || k_in % 32) return static_cast<int>(cudaErrorInvalidValue);
+    if (m < 1 || k_in < 32 || k_in % 32 || n_warps < 1) return static_cast<int>(cudaErrorInvalidValue);
+    const bool local = flags & kFlagLocal;
+    // SWI: CTA-local over tile pairs (kbit_gemv_kernel), y [m, n / 2], nothing else written
+    const bool swi = with_epi && epi->swiglu;
+    if (swi && (!local || n % 32 || epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const int owned = swi ? n_tiles / 2 : n_tiles;  // what CTA-local mode cuts among the CTAs: tiles (pairs)
+    const int grid = (n_warps + kStreamWarps - 1) / kStreamWarps;
+    const StreamK tiles{owned / grid, owned % grid};  // local: CTA c's tiles (pairs)
+    const int max_pairs = tiles.q + (tiles.r > 0);
+    if (swi && max_pairs > kSwiMaxPairs) return static_cast<int>(cudaErrorInvalidValue);
     const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
     const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes;
-    const size_t smem = stream_smem<BITS>() + (xs ? x_bytes : 0);
+    const size_t smem = stream_smem<BITS>() + (swi ? swi_smem(max_pairs) : 0) + (xs ? x_bytes : 0);
     const int pdl = flags & kFlagPdl;
-    auto kernel = pick_instance<FP4>(flags, [xs, with_epi](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [xs, with_epi, swi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
         if constexpr (!FP4 && !R) {
+            if (swi) {
+                if constexpr (kStageX<BITS, FP4>) {
+                    if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true, true>;
+                }
+                return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false, true, true>;
+            }
             if (with_epi) {
                 if constexpr (kStageX<BITS, FP4>) {
                     if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true>;
@@ -909,14 +986,15 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
         }
         return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false>;
     });
-    if (int err = configure(kernel, xs ? stream_smem<BITS>() + kStageXMaxBytes : smem)) return err;
+    // one attribute per instance, whatever the call: the most any call of it takes
+    if (int err = configure(kernel, xs || swi ? stream_smem<BITS>() + (xs ? kStageXMaxBytes : 0) +
+                                                    (swi ? swi_smem(kSwiMaxPairs) : 0)
+                                              : smem))
+        return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
-    const bool local = flags & kFlagLocal;
-    if (n_warps < 1 || units >= (int64_t(1) << 31) || (!local && n_warps > units)) return static_cast<int>(cudaErrorInvalidValue);
-    if (local && (n_warps % kStreamWarps || n_warps / kStreamWarps > n_tiles)) return static_cast<int>(cudaErrorInvalidValue);
+    if (units >= (int64_t(1) << 31) || (!local && n_warps > units)) return static_cast<int>(cudaErrorInvalidValue);
+    if (local && (n_warps % kStreamWarps || grid > owned)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
-    const int grid = (n_warps + kStreamWarps - 1) / kStreamWarps;
-    const StreamK tiles{n_tiles / grid, n_tiles % grid};  // local: CTA c's tiles
     Launch l(grid, kStreamWarps, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
@@ -947,7 +1025,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     // the epilogue is for dense calls (token rows = y rows), and normalizes at most kRmsRows of them
     const bool with_epi = epi != nullptr;  // kbit, unrotated only (their own instance: EPI)
-    if (with_epi && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.ids != nullptr ||
+    if (with_epi && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.ids != nullptr || epi->swiglu ||
                      (epi->rms_x != nullptr && m_dense > kRmsRows)))
         return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);

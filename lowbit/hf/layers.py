@@ -12,14 +12,15 @@ layer a subclass whose decode step moves the adds and the norms into the GEMVs' 
 
 * ``o_proj`` adds the residual ``h`` and also writes ``h2 * post_norm.weight``;
 * the gate|up GEMV reads that and scales its output rows by the norm's ``rstd = rsqrt(mean(h2^2) + eps)``,
-  which each of its CTAs computes from ``h2``;
+  which each of its CTAs computes from ``h2``; when gate|up is one fused ``[gate; up]`` module and the activation
+  SiLU, that GEMV also writes ``silu(gate) * up`` instead of gate|up (its CTAs own gate and up tiles in pairs);
 * ``down_proj`` adds the residual ``h2`` and, when the next layer takes it, also writes
   ``h3 * next.input_norm.weight``; the next layer's q|k|v GEMV reads that and applies its input norm's factor
   the same way (layer 0 runs its input norm as a kernel).
 
-Per layer the step is then q|k|v, attention (lowbit's fused op), o_proj, gate|up, the activation, down_proj:
-no norm kernels, and every projection a lowbit kernel that starts under its predecessor (programmatic
-launch). The rounding differs from transformers' in where it happens, not in how much: one rounding of each
+Per layer the step is then q|k|v, attention (lowbit's fused op), o_proj, gate|up with the activation,
+down_proj: five kernels, no norm or activation kernels, each a lowbit kernel that starts under its predecessor
+(programmatic launch). The rounding differs from transformers' in where it happens, not in how much: one rounding of each
 residual instead of two, the norm's factor applied in fp32 to the product instead of to its input
 (``tests/test_layers.py`` bounds the logits against the model's own layers).
 
@@ -46,6 +47,9 @@ MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 FUSED = True
 #: run the fused step on CPU too, through the op's reference (tests: the same code path without a GPU)
 CPU_REFERENCE = False
+#: a fused [gate; up] module with SiLU computes ``silu(gate) * up`` in its GEMV's output (the op's ``swiglu``; False:
+#: the GEMV writes gate|up and the product is a kernel of its own; comparisons)
+SWIGLU = True
 
 _fused_classes: dict[type, type] = {}
 
@@ -97,6 +101,19 @@ def _project(group, x, rms_x, eps) -> list:
         y, _ = op(mods, x, rms_x=rms_x, eps=eps)
         return [y[:, s:e] for s, e in cols]
     return [op(m, x, rms_x=rms_x, eps=eps)[0] for m in mods]
+
+
+def _gated(group, mlp, x, rms_x, eps) -> torch.Tensor:
+    """``act_fn(gate) * up`` of the gate|up group (the norm's factor of ``rms_x`` in the GEMV): one launch with the
+    SwiGLU epilogue where the group is one fused ``[gate; up]`` module and the activation SiLU, else the
+    projections and then the product."""
+    mods, cols = group
+    act = mlp.act_fn
+    if (SWIGLU and cols is not None and type(act).__name__ in ("SiLU", "SiLUActivation") and not _hooked(act)
+            and cols == [(0, cols[0][1]), (cols[0][1], mods.out_features)] and 2 * cols[0][1] == mods.out_features):
+        return dispatch.kbit_gemv_epilogue_op(mods, x, rms_x=rms_x, eps=eps, swiglu=True)[0]
+    gate, up = _project(group, x, rms_x, eps)
+    return (act(gate) * up).contiguous()
 
 
 def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
@@ -174,12 +191,12 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
     op = dispatch.kbit_gemv_epilogue_op
     # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
     h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
-    gate, up = _project(gate_up, hw, h2, eps)  # the norm's factor from h2, in the output
+    act = _gated(gate_up, mlp, hw, h2, eps)  # the norm's factor from h2, in the output
     # down_proj + the residual add; and the next layer's x when it takes its input norm the same way
     nxt = self._lowbit_next
     nxt_plan = _plan(nxt, hidden_states) if nxt is not None else None
     nw = nxt.input_layernorm.weight if nxt_plan is not None and nxt_plan[2] is not None else None
-    h3, h3w = op(mlp.down_proj, (mlp.act_fn(gate) * up).contiguous(), residual=h2, norm_weight=nw)
+    h3, h3w = op(mlp.down_proj, act, residual=h2, norm_weight=nw)
     out = h3.view(b, 1, d)
     if nw is not None:
         nxt._lowbit_in = (out, h3, h3w)

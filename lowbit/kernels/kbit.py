@@ -71,26 +71,30 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
 
 @ops.kbit_gemv_epilogue.register_kernel("cuda")
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6, residual=None,
-      norm_weight=None):
+      norm_weight=None, swiglu=False):
     m = ops.check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
-                                     norm_weight)
+                                     norm_weight, swiglu)
     lib = library_or_none(x.device)
     if lib is None:
         return ops.gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, eps,
-                                           residual, norm_weight)
+                                           residual, norm_weight, swiglu)
     return run_gemv_epilogue(GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in),
-                             x, m, bias, rms_x, eps, residual, norm_weight)
+                             x, m, bias, rms_x, eps, residual, norm_weight, swiglu)
 
 
-def run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight):
-    """One launch of ``launch`` (a :class:`~.tiled.GemvLauncher`) with the epilogue: (y, yw or an empty tensor)."""
+def run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight, swiglu=False):
+    """One launch of ``launch`` (a :class:`~.tiled.GemvLauncher`) with the epilogue: (y, yw or an empty tensor).
+    ``swiglu`` where the launcher cannot take it (``swiglu_ok``): the plain epilogue, then ``silu(g) * u`` in torch."""
     n = launch.n
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if swiglu and not launch.swiglu_ok(x.dtype, m):
+        y, yw = run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight)
+        return ops.swiglu_reference(y), yw
+    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     yw = torch.empty((m, n) if norm_weight is not None else (0,), dtype=x.dtype, device=x.device)
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()  # added in the kernel, after the norm's factor
-    epi = epilogue(rms_x, eps, residual, norm_weight, yw if norm_weight is not None else None)
-    launch(x, m, (m, n), bias, epilogue=epi, y=y)
+    epi = epilogue(rms_x, eps, residual, norm_weight, yw if norm_weight is not None else None, swiglu)
+    launch(x, m, y.shape, bias, epilogue=epi, y=y)
     return y, yw
 
 

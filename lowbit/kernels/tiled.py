@@ -108,19 +108,20 @@ def fusable_bias(bias: torch.Tensor, x: torch.Tensor) -> bool:
 class Epilogue(ctypes.Structure):
     """``lowbit_epilogue`` (csrc/lowbit.h): the decode step's glue fused into a GEMV's output --
     ``y = (x W^T) * rsqrt(mean(rms_x^2) + eps) + bias + residual`` (one rounding), and
-    ``yw = round(y * norm_weight)``; null pointers leave a part out."""
+    ``yw = round(y * norm_weight)``; null pointers leave a part out. ``swiglu``: the weight's rows are
+    ``[gate; up]`` and ``y = silu(gate) * up`` (``[M, N / 2]``; the CTA-local stream-K GEMV only)."""
 
     _fields_ = [("rms_x", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("norm_weight", ctypes.c_void_p),
-                ("yw", ctypes.c_void_p), ("eps", ctypes.c_float)]
+                ("yw", ctypes.c_void_p), ("eps", ctypes.c_float), ("swiglu", ctypes.c_int)]
 
 
-def epilogue(rms_x=None, eps: float = 0.0, residual=None, norm_weight=None, yw=None) -> Epilogue:
+def epilogue(rms_x=None, eps: float = 0.0, residual=None, norm_weight=None, yw=None, swiglu: bool = False) -> Epilogue:
     """An :class:`Epilogue` over these tensors (contiguous, on the GEMV's device; the caller keeps them
     alive until the launch is queued)."""
     def p(t):
         return None if t is None else t.data_ptr()
 
-    return Epilogue(p(rms_x), p(residual), p(norm_weight), p(yw), float(eps))
+    return Epilogue(p(rms_x), p(residual), p(norm_weight), p(yw), float(eps), int(swiglu))
 
 
 # ------------------------------------------------------------------ GEMV (tiled layout)
@@ -182,6 +183,22 @@ def local_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: in
     """CTAs of the stream-K kernel's CTA-local mode: one wave, at most one per tile."""
     tiles = -(-n // 16)
     return min(tiles, _stream_resident_warps(lib, device, fmt, dtype, m) // STREAM_CTA_WARPS)
+
+
+#: Tile pairs (a gate tile and its up tile) a CTA of the SwiGLU epilogue holds in shared memory at most
+#: (csrc/tiled/gemv.cuh: kSwiMaxPairs).
+SWIGLU_MAX_PAIRS = 32
+
+
+def swiglu_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int) -> int:
+    """CTAs of the SwiGLU epilogue's GEMV (CTA-local, one wave, at most one per pair of 16-row tiles) for a
+    ``[gate; up]`` weight of ``n`` rows; 0 where it cannot run (``n`` not a multiple of 32, or more pairs per CTA
+    than fit)."""
+    if n % 32 or tiled_format(fmt).name != "kbit":
+        return 0
+    pairs = n // 32
+    ctas = min(pairs, _stream_resident_warps(lib, device, fmt, dtype, m) // STREAM_CTA_WARPS)
+    return ctas if -(-pairs // ctas) <= SWIGLU_MAX_PAIRS else 0
 
 
 #: A tile-aligned warp count is used when it keeps at least this share of the resident warps busy.
@@ -340,10 +357,24 @@ class GemvLauncher(_Launcher):
             raise ValueError(f"rotation={rotation!r}: the GEMV rotates kbit weights' inputs by 32-blocks only")
         self.flags = FLAG_ROT32 if rotation else 0
 
-    def _plan(self, dtype, m):
+    def swiglu_ok(self, dtype, m: int) -> bool:
+        """Whether a call of ``m`` rows takes the SwiGLU epilogue (:func:`epilogue` ``swiglu``)."""
+        return self.flags == 0 and 1 <= m <= GEMV_MAX_M and swiglu_ctas(self.lib, self.device, self.fmt, dtype, m,
+                                                                         self.n) > 0
+
+    def _plan(self, dtype, m, swiglu: bool = False):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
+        if swiglu:  # CTA-local over tile pairs (csrc/tiled/gemv.cuh: SWI)
+            op, sym = fmt.symbol("gemv")
+            fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
+            warps = STREAM_CTA_WARPS * swiglu_ctas(lib, self.device, fmt, dtype, m, n)
+            flags = self.flags | FLAG_LOCAL | (0 if STAGE_X else FLAG_GLOBAL_X)
+            plan = ("streamk", fn, (qw, qa, cb, sc), (ctypes.c_void_p(None), c_int(m), c_int(n), c_int(k_in), c_int(warps)),
+                    0, flags)
+            self._plans[(dtype, m, True)] = plan
+            return plan
         path = dense_path(lib, self.device, fmt, dtype, n, k_in)
         if path == "split":
             op, sym = fmt.symbol("split_gemv")
@@ -372,7 +403,8 @@ class GemvLauncher(_Launcher):
         """``epilogue``: the fused glue (:func:`epilogue`; its tensors checked by the caller); ``y``: the output
         buffer when the caller made it (for an epilogue's ``yw`` beside it)."""
         dtype = x.dtype
-        plan = self._plans.get((dtype, m)) or self._plan(dtype, m)
+        swiglu = epilogue is not None and epilogue.swiglu
+        plan = self._plans.get((dtype, m, True) if swiglu else (dtype, m)) or self._plan(dtype, m, swiglu)
         if x.data_ptr() % 16:
             x = x.clone()  # the kernels read x with 16-byte loads
         if y is None:

@@ -130,8 +130,12 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
 
 # ------------------------------------------------------------------ the GEMV with the decode step's glue
 def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
-                             norm_weight) -> int:
+                             norm_weight, swiglu: bool = False) -> int:
     m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
+    if swiglu and (n % 32 or residual is not None or norm_weight is not None):
+        raise ValueError(f"swiglu=True needs N (gate rows + up rows) a multiple of 32 and no residual or norm_weight, "
+                         f"got N={n}{', a residual' if residual is not None else ''}"
+                         f"{', a norm_weight' if norm_weight is not None else ''}")
     if rms_x is not None:
         check_tensor("rms_x", rms_x, dtypes=(x.dtype,), dim=2)
         if tuple(rms_x.shape) != (m, k_in) or not rms_x.is_contiguous():
@@ -153,24 +157,30 @@ def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in
 def kbit_gemv_epilogue(x: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scale: Tensor, bits: int, n: int,
                        k_in: int, bias: Tensor | None = None, rms_x: Tensor | None = None,
                        eps: float = 1e-6, residual: Tensor | None = None,
-                       norm_weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       norm_weight: Tensor | None = None, swiglu: bool = False) -> tuple[Tensor, Tensor]:
     """:func:`kbit_gemv` with a decode step's glue in its output, one rounding:
 
     ``y = (x @ W^T) * rsqrt(mean(rms_x^2, -1) + eps) + bias + residual`` (each part only when given; the
     mean over fp32 squares, per row), and ``yw = round(y * norm_weight)`` when ``norm_weight`` is given (else
     an empty tensor). With ``x = yw`` of the GEMV before it and ``rms_x`` its ``y``, the pair computes
     ``residual add -> RMSNorm -> linear`` with no kernel between them (:mod:`lowbit.hf.layers`). Unrotated
-    weights only (``rotation=0``)."""
-    check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight)
+    weights only (``rotation=0``).
+
+    ``swiglu=True`` (a gated MLP's fused gate|up weight, rows ``[gate; up]`` of ``N / 2`` each; no residual or
+    ``norm_weight``): ``y = silu(g) * u`` of the two halves ``g, u`` of the above, each rounded to x's dtype first,
+    the product in fp32 and rounded once: ``[M, N / 2]``, what ``act_fn(gate_proj(x)) * up_proj(x)`` gives."""
+    check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight,
+                             swiglu)
     return gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, eps, residual,
-                                   norm_weight)
+                                   norm_weight, swiglu)
 
 
 @kbit_gemv_epilogue.register_fake
 def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6, residual=None,
-      norm_weight=None):
-    m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight)
-    return x.new_empty((m, n)), x.new_empty((m, n) if norm_weight is not None else (0,))
+      norm_weight=None, swiglu=False):
+    m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight,
+                                 swiglu)
+    return x.new_empty((m, n // 2 if swiglu else n)), x.new_empty((m, n) if norm_weight is not None else (0,))
 
 
 def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: float = 1e-6, residual=None,
@@ -187,10 +197,17 @@ def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: 
     return y, yw
 
 
+def swiglu_reference(y: Tensor) -> Tensor:
+    """``silu(g) * u`` of a rounded ``[M, N]`` output's halves ``[g | u]``, in fp32, rounded once."""
+    g, u = y.to(torch.float32).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(y.dtype)
+
+
 def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6,
-                            residual=None, norm_weight=None):
+                            residual=None, norm_weight=None, swiglu=False):
     y32 = tiled_linear_reference(x.to(torch.float32), qweight, qabsmax, codebook, scale, bits, n, k_in)  # unrounded
-    return apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
+    y, yw = apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
+    return (swiglu_reference(y), yw) if swiglu else (y, yw)
 
 
 #: the GEMM's grid takes 64 rows per CTA in its third dimension (<= 65535)

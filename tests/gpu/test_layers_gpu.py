@@ -5,7 +5,8 @@ model's own layers.
 Bound (the epilogue): relative norm error of y vs the fp64 definition (product, RMS factor, bias, residual)
 <= 1e-3 fp16 / 8e-3 bf16 (kbit_check.BOUND: the output's own rounding dominates); yw is exactly
 round(y * norm_weight) of the kernel's own y; NaN never passes. An all-zero residual changes nothing: y is
-bit-identical to the plain GEMV's."""
+bit-identical to the plain GEMV's. SwiGLU (``swiglu=True``): silu(g) * u of the fp64 definition's halves, same
+bound."""
 
 import pytest
 import torch
@@ -60,7 +61,60 @@ def test_epilogue_through_every_kernel(bits, m, dtype, dense_path, gen):
         assert torch.equal(y, ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias))
 
 
-def test_epilogue_under_pdl_in_a_graph(gen):
+def _want_swiglu(want):
+    g, u = want.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_swiglu_epilogue(bits, m, dtype, gen):
+    """The SwiGLU epilogue (CTA-local over gate/up tile pairs) against the definition, with and without the norm's
+    factor and a bias; into a NaN-poisoned y; on shapes of one pair to many pairs per CTA."""
+    from lowbit.kernels import tiled
+    from lowbit.kernels.library import get_library
+
+    inter = 16 * int(torch.randint(1, 80, (1,), generator=gen))
+    for half, k in ((inter, 32 * int(torch.randint(1, 40, (1,), generator=gen))), (16, 256), (2048, 4096),
+                    (16 * 132 * 7 + 16, 512)):
+        n = 2 * half
+        q, x, rms_x, _, _, bias = _case(gen, n, k, m, bits, dtype)
+        args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias)
+        for r in (rms_x, None):
+            y, yw = ops.kbit_gemv_epilogue(*args, r, 1e-5, swiglu=True)
+            assert y.shape == (m, half) and yw.numel() == 0
+            assert rel(y, _want_swiglu(_want(q, x, r, None, bias, 1e-5))) <= BOUND[dtype], (n, k, r is None)
+        launch = tiled.GemvLauncher(get_library(), q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k)
+        assert launch.swiglu_ok(dtype, m)
+        y = torch.full((m, half), float("nan"), dtype=dtype, device="cuda")
+        launch(x, m, y.shape, bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True), y=y)
+        assert not y.isnan().any()
+        assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
+
+
+def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
+    """More tile pairs per CTA than shared memory holds: the op still computes silu(g) * u (the plain epilogue,
+    then the product); the kernel itself refuses the call rather than write out of bounds."""
+    from lowbit.kernels import tiled
+    from lowbit.kernels.library import get_library
+
+    dtype, m = torch.bfloat16, 2
+    half = 16 * (tiled.SWIGLU_MAX_PAIRS + 1) * torch.cuda.get_device_properties(0).multi_processor_count
+    q, x, rms_x, _, _, bias = _case(gen, 2 * half, 64, m, 4, dtype)
+    launch = tiled.GemvLauncher(get_library(), q.qweight, q.qabsmax, q.codebook, q.scale, 4, 2 * half, 64)
+    assert not launch.swiglu_ok(dtype, m)
+    y, _ = ops.kbit_gemv_epilogue(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, 2 * half, 64, bias, rms_x, 1e-5,
+                                  swiglu=True)
+    assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
+    launch._plans[(dtype, m, True)] = launch._plan(dtype, m)  # force the kernel: refused, not run
+    with pytest.raises(RuntimeError):
+        launch(x, m, (m, half), bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True),
+               y=torch.empty(m, half, dtype=dtype, device="cuda"))
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["act-kernel", "swiglu"])
+def test_epilogue_under_pdl_in_a_graph(swiglu, gen):
     """Three GEMVs chained as the fused layer chains them (producer -> consumer -> producer), launched with
     programmatic launch and replayed in a CUDA graph: each reads what the one before wrote."""
     dtype, d, inter = torch.bfloat16, 1024, 2048
@@ -73,8 +127,11 @@ def test_epilogue_under_pdl_in_a_graph(gen):
 
     def step():
         h2, hw = dispatch.kbit_gemv_epilogue_op(o, a, residual=h, norm_weight=nw)
-        g_u, _ = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5)
-        act = torch.nn.functional.silu(g_u[:, :inter]) * g_u[:, inter:]
+        if swiglu:
+            act = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5, swiglu=True)[0]
+        else:
+            g_u, _ = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5)
+            act = torch.nn.functional.silu(g_u[:, :inter]) * g_u[:, inter:]
         return dispatch.kbit_gemv_epilogue_op(down, act.contiguous(), residual=h2)[0]
 
     with lowbit.programmatic_launch():
@@ -92,10 +149,12 @@ def test_epilogue_under_pdl_in_a_graph(gen):
     assert not want.isnan().any()
 
 
+@pytest.mark.parametrize("swiglu", [True, False], ids=["swiglu", "act-kernel"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_fused_layers_decode_as_the_model(compiled, gen, monkeypatch):
+def test_fused_layers_decode_as_the_model(compiled, swiglu, gen, monkeypatch):
     """A tiny kbit4 Llama (bf16) on the GPU decoding 3 steps: the fused layers' logits match the model's own
-    layers within bf16 rounding of a few ops (2% of the logits' spread, as on CPU)."""
+    layers within bf16 rounding of a few ops (2% of the logits' spread, as on CPU), with the activation in the
+    gate|up GEMV (SWIGLU) or its own kernel."""
     from lowbit.hf import attention as hf_attention
     from lowbit.hf import layers as hf_layers
 
@@ -113,6 +172,7 @@ def test_fused_layers_decode_as_the_model(compiled, gen, monkeypatch):
     steps = torch.randint(0, 320, (3, 2, 1), generator=gen).cuda()
     want = _decode(model, ids_, steps, compiled)
     assert hf_layers.use_fused_decode_layers(model) == 2
+    monkeypatch.setattr(hf_layers, "SWIGLU", swiglu)
     calls = []
     real = ops.kbit_gemv_epilogue
     monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
