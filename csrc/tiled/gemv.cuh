@@ -455,7 +455,7 @@ struct StreamK {
 // XS: x is first copied to shared memory (stage_x, after the PDL wait), so that no unit waits on an L2
 // round trip for its x (the launcher picks it where it pays: kStageX).
 // SWI (an EPI instance, CTA-local mode only): y = silu(round(gate)) * round(up) where the weight's rows are
-// [gate; up], each n / 2 (swiglu_fits). The tiles pair up -- gate tile j with up tile j + n_tiles / 2 -- and
+// [gate; up], each n / 2 (n % 32 == 0: launch_gemv checks). The tiles pair up -- gate tile j with up tile j + n_tiles / 2 -- and
 // `tiles` cuts the pairs among the CTAs; warps 0-7 stream a CTA's gate units, 8-15 its up units (both halves
 // the same size). Tiles are not written as they finish: their rounded-to-be fp32 values wait in shared
 // memory (swi_smem), and after the CTA's last barrier each thread writes one y value from its pair. The
