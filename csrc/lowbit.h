@@ -51,7 +51,7 @@ LOWBIT_DECLARE_KBIT_TILED_DEQUANT_BITS(5)
 //       weight-only lookup GEMV (num_sums <= 4, group a multiple of 128)
 // (declared where they are defined; the Python loader's signatures: lowbit/kernels/sbvr.py)
 
-// The decode step's glue fused into where a tiled GEMV writes y (kbit's GEMV and split-GEMV entries take a
+// The decode step's glue fused into where a tiled GEMV writes y (the kbit and NVFP4 GEMV and split-GEMV entries take a
 // pointer to one, null: none; every field may be null). With y = x W^T (+ bias), per token row r and output row j:
 //   rms_x [m, k_in]: y *= rsqrt(mean(rms_x[r]^2) + eps) before the bias -- the RMSNorm factor of the row the
 //     caller's x was made from (x = rms_x * norm weight, the norm's division left to this kernel);

@@ -449,29 +449,40 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
                *extra)
 
 
-def kbit_epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device,
-                     reference: bool = False) -> bool:
-    """Whether :func:`kbit_gemv_epilogue_op` takes ``module(x2)`` for x2 ``[rows, k]`` of ``dtype`` on ``device``:
-    a kbit module (fused ones too) and a call the decode GEMV runs (CUDA, fp16/bf16, 1..GEMV_MAX_M rows), not
-    forced elsewhere. ``reference``: the same call on any device, through the op's reference (tests)."""
-    return (getattr(module, "format_name", None) == "kbit" and k == module.in_features  # a KbitLinear (nn is above)
-            and getattr(module, "rotation", 0) == 0
-            and use_gemv(device.type == "cuda" or reference, dtype, rows)
-            and _forced in (None, "gemv") and module.qweight.device == device)
+def epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device, reference: bool = False) -> bool:
+    """Whether :func:`gemv_epilogue_op` takes ``module(x2)`` for x2 ``[rows, k]`` of ``dtype`` on ``device``: an
+    unrotated kbit or NVFP4 linear module (fused ones too; NVFP4 with K a multiple of 32, its tiled GEMV) and a call
+    the decode GEMV runs (CUDA, fp16/bf16, 1..GEMV_MAX_M rows), not forced elsewhere. ``reference``: the same call
+    on any device, through the op's reference (tests)."""
+    fmt = getattr(module, "format_name", None)  # a KbitLinear / NvFp4Linear (nn is above)
+    if fmt == "kbit":
+        ok, weight = getattr(module, "rotation", 0) == 0, module.qweight
+    elif fmt == "nvfp4":
+        ok, weight = k % 32 == 0, module.weight
+    else:
+        return False
+    return (ok and k == module.in_features and use_gemv(device.type == "cuda" or reference, dtype, rows)
+            and _forced in (None, "gemv") and weight.device == device)
 
 
-def kbit_gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None,
-                          swiglu: bool = False):
+def gemv_epilogue_op(module, x2: torch.Tensor, *, rms_x=None, eps: float = 1e-6, residual=None, norm_weight=None,
+                     swiglu: bool = False):
     """``module(x2)`` through the GEMV with the decode step's glue in its output
-    (:func:`lowbit.ops.kbit_gemv_epilogue`): ``(y, yw)``. Eager calls go straight to the module's launcher;
-    compiled ones through the op. The caller checks :func:`kbit_epilogue_ok` first (unrotated weights only)."""
-    b, n, k = module._buffers, module.out_features, module.in_features
+    (:func:`lowbit.ops.kbit_gemv_epilogue`, :func:`lowbit.ops.nvfp4_gemv_epilogue`): ``(y, yw)``. Eager kbit calls
+    go straight to the module's launcher; the rest through the op. The caller checks :func:`epilogue_ok` first."""
+    n, k = module.out_features, module.in_features
+    if module.format_name == "nvfp4":
+        w = module.nvfp4_weight()
+        qw, qs = w.tiled()
+        return ops.nvfp4_gemv_epilogue(x2, qw, qs, w.scale_2, n, k, module.bias, rms_x, eps, residual, norm_weight,
+                                       swiglu)
+    b = module._buffers
     if x2.is_cuda and not torch.compiler.is_compiling():
         launch = module._launcher
         if launch is None or launch.tensors[0] is not b["qweight"] or launch.index != x2.get_device():
             launch = module._launcher = eager_launcher("gemv", b, module.bits, n, k, x2, module.rotation)
         if launch is not None:
-            from .kernels.kbit import run_gemv_epilogue
+            from .kernels.tiled import run_gemv_epilogue
 
             m = ops.check_gemv_epilogue_args(x2, b["qweight"], b["qabsmax"], b["codebook"], b["scale"], module.bits, n, k,
                                              module.bias, rms_x, residual, norm_weight, swiglu)

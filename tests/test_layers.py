@@ -101,12 +101,12 @@ def _decode(model, ids, steps, compiled):
 
 
 def _tiny_kbit_llama(seed, dtype=torch.bfloat16, **quantize):
-    """A tiny Llama quantized to kbit4 (``quantize``: more quantize_model arguments), in ``dtype``, its attention
-    layers switched to lowbit's fused decode step (the fused decoder layer needs it)."""
+    """A tiny Llama quantized to kbit4 (``quantize``: more quantize_model arguments, e.g. ``format="nvfp4"``), in
+    ``dtype``, its attention layers switched to lowbit's fused decode step (the fused decoder layer needs it)."""
     from .tiny_models import build
 
     model = build("llama", seed)
-    lowbit.quantize_model(model, bits=4, **quantize)
+    lowbit.quantize_model(model, **{"bits": 4, **quantize})
     model = model.to(dtype)
     model.set_attn_implementation("sdpa")
     assert hf_attention.use_gqa_sdpa(model)
@@ -256,4 +256,55 @@ def test_fused_layer_next_to_an_unquantized_one(gen, monkeypatch):
     got = _decode(model, ids, steps, False)
     assert calls == [(11, 12), (9,), (11,)] * 3  # layer 0: o_proj, gate|up, down_proj without the next input
     assert model.model.layers[1]._lowbit_in is None
+    assert (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())
+
+
+def test_nvfp4_epilogue_reference_is_its_definition(gen):
+    """NVFP4's op: the same definition as kbit's on the NVFP4 weight's fp32 product (norm factor, bias, residual,
+    one rounding; yw; swiglu of the rounded halves), and the same argument checks."""
+    from lowbit.formats import nvfp4
+
+    m, n, k = 3, 64, 96
+    w = nvfp4.quantize(torch.randn(n, k, generator=gen))
+    qw, qs = w.tiled()
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    rms_x = torch.randn(m, k, generator=gen).to(torch.bfloat16) * 3
+    res = torch.randn(m, n, generator=gen).to(torch.bfloat16)
+    nw = torch.rand(n, generator=gen).to(torch.bfloat16) + 0.5
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    args = (x, qw, qs, w.scale_2, n, k, bias)
+    y32 = x.float() @ nvfp4.dequantize_tiled(qw, qs, w.scale_2, n, k).t()
+    want_y, want_yw = ops.apply_epilogue(y32, x.dtype, bias, rms_x, 1e-5, res, nw)
+    y, yw = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5, res, nw)
+    assert torch.equal(y, want_y) and torch.equal(yw, want_yw) and not y.isnan().any()
+    plain, _ = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5)
+    s, _ = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5, swiglu=True)
+    assert s.shape == (m, n // 2) and torch.equal(s, ops.swiglu_reference(plain))
+    with pytest.raises(ValueError, match="residual must be"):
+        ops.nvfp4_gemv_epilogue(*args, None, 1e-6, res[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="swiglu=True needs"):
+        ops.nvfp4_gemv_epilogue(*args, None, 1e-6, res, swiglu=True)
+    with pytest.raises(ValueError, match="1..8 rows"):
+        ops.nvfp4_gemv_epilogue(torch.zeros(9, k, dtype=torch.bfloat16), *args[1:])
+
+
+def test_fused_nvfp4_layer_decodes_as_the_model(gen, monkeypatch):
+    """The fused layer on a tiny NVFP4 Llama: every projection of a decode step through nvfp4_gemv_epilogue (gate|up
+    with swiglu), logits within the kbit test's bound of the model's own layers. Eager: on CPU the NVFP4 model's own
+    compiled step does not trace (its weight check is data-dependent); the GPU test compiles it."""
+    compiled = False
+    torch._dynamo.reset()
+    model = _tiny_kbit_llama(0, format="nvfp4")
+    ids = torch.randint(0, 320, (2, 7), generator=gen)
+    steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
+    want = _decode(model, ids, steps, compiled)
+    monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
+    assert hf_layers.use_fused_decode_layers(model) == 2
+    calls = []
+    real = ops.nvfp4_gemv_epilogue
+    monkeypatch.setattr(ops, "nvfp4_gemv_epilogue", lambda *a, **kw: calls.append(len(a) > 11 and a[11]) or real(*a, **kw))
+    torch._dynamo.reset()
+    got = _decode(model, ids, steps, compiled)
+    assert len(calls) == 3 * 7 and sum(calls) == 3 * 2  # o, gate|up (swiglu), down per layer; q|k|v in layer 1
+    assert not torch.isnan(got).any()
     assert (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())

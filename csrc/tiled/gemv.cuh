@@ -273,7 +273,7 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
 
 // ---- The decode step's glue, fused into the output (lowbit_epilogue, lowbit.h): a residual add and the
 // next RMSNorm's weight where the residual stream is written (o_proj, down_proj), the norm's per-token
-// factor where its output is read (the next GEMV). Only the kernels' EPI instances (kbit, unrotated) have it:
+// factor where its output is read (the next GEMV). Only the kernels' EPI instances (kbit and NVFP4, unrotated) have it:
 // its branches at every store site of the plain kernels doubled their code and cost 2-9% with no epilogue
 // (benchmarks/journal/2026-11-26_decode_layer_glue_in_gemvs.md).
 template <typename T>
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk, bool local, StreamK tiles, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
-    static_assert(!SWI || (EPI && !FP4 && !ROT), "SwiGLU is a kbit epilogue");
+    static_assert(!SWI || (EPI && !ROT), "SwiGLU is an epilogue of unrotated weights");
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows], rms_f[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the norm
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -946,8 +946,8 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
                 int flags, const lowbit_epilogue* epi, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    const bool with_epi = epi != nullptr;  // kbit, unrotated only (their own instances: EPI)
-    if (with_epi && (FP4 || (flags & kFlagRot32) || (epi->rms_x != nullptr && m > kRmsRows)))
+    const bool with_epi = epi != nullptr;  // unrotated only (their own instances: EPI)
+    if (with_epi && ((flags & kFlagRot32) || (epi->rms_x != nullptr && m > kRmsRows)))
         return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     if (m < 1 || k_in < 32 || k_in % 32 || n_warps < 1) return static_cast<int>(cudaErrorInvalidValue);
@@ -967,7 +967,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const int pdl = flags & kFlagPdl;
     auto kernel = pick_instance<FP4>(flags, [xs, with_epi, swi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
-        if constexpr (!FP4 && !R) {
+        if constexpr (!R) {
             if (swi) {
                 if constexpr (kStageX<BITS, FP4>) {
                     if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true, true>;
@@ -1024,8 +1024,8 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
                  int max_ctas, int flags, const lowbit_epilogue* epi, void* stream, Routes routes = Routes{nullptr, 0, 1}) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     // the epilogue is for dense calls (token rows = y rows), and normalizes at most kRmsRows of them
-    const bool with_epi = epi != nullptr;  // kbit, unrotated only (their own instance: EPI)
-    if (with_epi && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.ids != nullptr || epi->swiglu ||
+    const bool with_epi = epi != nullptr;  // unrotated only (their own instance: EPI)
+    if (with_epi && ((flags & kFlagRot32) || offsets != nullptr || routes.ids != nullptr || epi->swiglu ||
                      (epi->rms_x != nullptr && m_dense > kRmsRows)))
         return static_cast<int>(cudaErrorInvalidValue);
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
@@ -1061,9 +1061,11 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
     auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
+        if constexpr (!R) {
+            if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, false, true>;
+        }
         if constexpr (!FP4 && !R) {
             if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
-            if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });

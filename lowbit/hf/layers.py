@@ -5,10 +5,10 @@ transformers' decoder layer runs, per token::
     h2 = h + o_proj(attention(input_norm(h)))
     h3 = h2 + down_proj(act(gate_proj(post_norm(h2))) * up_proj(post_norm(h2)))
 
-With kbit projections each line is a chain of kernels: the GEMVs, and between them the RMSNorms (each fused
+With kbit or NVFP4 projections each line is a chain of kernels: the GEMVs, and between them the RMSNorms (each fused
 by inductor with the residual add before it) and the activation. :func:`use_fused_decode_layers` gives such a
 layer a subclass whose decode step moves the adds and the norms into the GEMVs' outputs
-(:func:`lowbit.ops.kbit_gemv_epilogue`), using ``W (h * rstd * w) = rstd * W (h * w)``:
+(:func:`lowbit.ops.kbit_gemv_epilogue`, :func:`lowbit.ops.nvfp4_gemv_epilogue`), using ``W (h * rstd * w) = rstd * W (h * w)``:
 
 * ``o_proj`` adds the residual ``h`` and also writes ``h2 * post_norm.weight``;
 * the gate|up GEMV reads that and scales its output rows by the norm's ``rstd = rsqrt(mean(h2^2) + eps)``,
@@ -25,7 +25,8 @@ residual instead of two, the norm's factor applied in fp32 to the product instea
 (``tests/test_layers.py`` bounds the logits against the model's own layers).
 
 It takes the decode step only: one token per sequence, at most 8 sequences, the layer's attention through
-:func:`lowbit.hf.attention.use_fused_decode_attention`, unrotated kbit projections on a GPU, the model's plain
+:func:`lowbit.hf.attention.use_fused_decode_attention`, unrotated kbit or NVFP4 projections (NVFP4: through its
+tiled GEMV, also where its checkpoint-layout GEMV would take the call) on a GPU, the model's plain
 RMSNorm, and no forward hooks or instance-level forwards on the modules it would not call (tensor
 parallelism's wrappers, offloading, profilers). Every other call runs the layer's own forward.
 """
@@ -71,7 +72,7 @@ def _norm_eps(norm) -> float | None:
 
 def _group(mods):
     """Projections that read one x: ``(fused module, [(start, end) columns of each])`` when they are parts of one
-    fused kbit module, ``(modules, None)`` when each is a module of its own, None when some are parts and some not."""
+    fused module, ``(modules, None)`` when each is a module of its own, None when some are parts and some not."""
     from ..nn.fused import LinearPart
 
     if any(m is None for m in mods):
@@ -95,7 +96,7 @@ def _launches(group) -> list:
 
 def _project(group, x, rms_x, eps) -> list:
     """Each projection of the group of ``x``, with the norm's factor of ``rms_x`` (one launch when fused)."""
-    op = dispatch.kbit_gemv_epilogue_op
+    op = dispatch.gemv_epilogue_op
     mods, cols = group
     if cols is not None:
         y, _ = op(mods, x, rms_x=rms_x, eps=eps)
@@ -111,13 +112,13 @@ def _gated(group, mlp, x, rms_x, eps) -> torch.Tensor:
     act = mlp.act_fn
     if (SWIGLU and cols is not None and type(act).__name__ in ("SiLU", "SiLUActivation") and not _hooked(act)
             and cols == [(0, cols[0][1]), (cols[0][1], mods.out_features)] and 2 * cols[0][1] == mods.out_features):
-        return dispatch.kbit_gemv_epilogue_op(mods, x, rms_x=rms_x, eps=eps, swiglu=True)[0]
+        return dispatch.gemv_epilogue_op(mods, x, rms_x=rms_x, eps=eps, swiglu=True)[0]
     gate, up = _project(group, x, rms_x, eps)
     return (act(gate) * up).contiguous()
 
 
 def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
-    return dispatch.kbit_epilogue_ok(mod, rows, k, like.dtype, like.device, reference=CPU_REFERENCE)
+    return dispatch.epilogue_ok(mod, rows, k, like.dtype, like.device, reference=CPU_REFERENCE)
 
 
 def _hooked(*mods) -> bool:
@@ -188,7 +189,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         h2 = hidden_states + a
         return h2 + mlp(post(h2))
     h = hidden_states.reshape(b, d).contiguous()
-    op = dispatch.kbit_gemv_epilogue_op
+    op = dispatch.gemv_epilogue_op
     # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
     h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
     act = _gated(gate_up, mlp, hw, h2, eps)  # the norm's factor from h2, in the output
@@ -205,10 +206,11 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
 
 def use_fused_decode_layers(model) -> int:
     """Give every decoder layer of ``model`` listed in :data:`LAYERS` a subclass whose decode step runs the
-    residual adds and the RMSNorms inside its kbit GEMVs (module docstring); every other call
+    residual adds and the RMSNorms inside its kbit or NVFP4 GEMVs (module docstring); every other call
     runs the layer's own forward. Needs the layers' attention switched by
     :func:`lowbit.hf.attention.use_fused_decode_attention` (else nothing changes at run time). Parameters and
-    state dict names stay; returns how many layers it switched."""
+    state dict names stay; NVFP4 projections get their tiled layout (kept beside the checkpoint layout, as their
+    first tiled call would); returns how many layers it switched."""
     n = 0
     for mod in model.modules():
         cls = type(mod)
@@ -222,6 +224,12 @@ def use_fused_decode_layers(model) -> int:
             mod._lowbit_in_eps = _norm_eps(getattr(mod, "input_layernorm", None))
             mod._lowbit_plain_mlp = _is_transformers(getattr(mod, "mlp", None), MLPS)
             mod._lowbit_in = None
+            # NVFP4 projections decode through their tiled layout here (the epilogue GEMV), which a prefill through
+            # dequantize-and-matmul never builds: built now, so that a compiled step does not trace the packing
+            # and then recompile once it exists (Llama-3-8B: a 3-minute first compile)
+            for m in mod.modules():
+                if getattr(m, "format_name", None) == "nvfp4":
+                    m.nvfp4_weight().tiled()
             n += 1
     # each switched layer's successor in its model's layer list (a plain attribute, not a child module)
     for lst in model.modules():

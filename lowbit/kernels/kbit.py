@@ -13,7 +13,7 @@ from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
 from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import (GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, RoutedLauncher,
-                    check_offsets_on_device, epilogue, kbit_format, tiled_signatures, with_bias)
+                    check_offsets_on_device, kbit_format, run_gemv_epilogue, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -75,27 +75,11 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None
     m = ops.check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
                                      norm_weight, swiglu)
     lib = library_or_none(x.device)
-    if lib is None:
+    if lib is None or x.dtype == torch.float32:  # the kernels are fp16/bf16 only
         return ops.gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, eps,
                                            residual, norm_weight, swiglu)
     return run_gemv_epilogue(GemvLauncher(lib, qweight, qabsmax, codebook, scale, kbit_format(bits), n, k_in),
                              x, m, bias, rms_x, eps, residual, norm_weight, swiglu)
-
-
-def run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight, swiglu=False):
-    """One launch of ``launch`` (a :class:`~.tiled.GemvLauncher`) with the epilogue: (y, yw or an empty tensor).
-    ``swiglu`` where the launcher cannot take it (``swiglu_ok``): the plain epilogue, then ``silu(g) * u`` in torch."""
-    n = launch.n
-    if swiglu and not launch.swiglu_ok(x.dtype, m):
-        y, yw = run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight)
-        return ops.swiglu_reference(y), yw
-    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
-    yw = torch.empty((m, n) if norm_weight is not None else (0,), dtype=x.dtype, device=x.device)
-    if bias is not None:
-        bias = bias.to(x.dtype).contiguous()  # added in the kernel, after the norm's factor
-    epi = epilogue(rms_x, eps, residual, norm_weight, yw if norm_weight is not None else None, swiglu)
-    launch(x, m, y.shape, bias, epilogue=epi, y=y)
-    return y, yw
 
 
 @ops.kbit_grouped_gemv.register_kernel("cuda")

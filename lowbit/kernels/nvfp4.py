@@ -13,8 +13,8 @@ import torch
 from .. import ops
 from ..formats import nvfp4
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, tiled_signatures,
-                    with_bias)
+from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, run_gemv_epilogue,
+                    tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
@@ -59,6 +59,19 @@ def _(x, qweight, qscales, scale_2, n, k):
         return ops.nvfp4_tiled_reference(x, qweight, qscales, scale_2, n, k)
     launch = gemv_launcher(lib, qweight, qscales, scale_2.reshape(()).contiguous(), n, k)
     return launch(x.contiguous(), m, (m, n))
+
+
+@ops.nvfp4_gemv_epilogue.register_kernel("cuda")
+def _(x, qweight, qscales, scale_2, n, k, bias=None, rms_x=None, eps=1e-6, residual=None, norm_weight=None,
+      swiglu=False):
+    m = ops.check_nvfp4_gemv_epilogue_args(x, qweight, qscales, scale_2, n, k, bias, rms_x, residual, norm_weight,
+                                           swiglu)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return ops.nvfp4_gemv_epilogue_reference(x, qweight, qscales, scale_2, n, k, bias, rms_x, eps, residual,
+                                                 norm_weight, swiglu)
+    launch = gemv_launcher(lib, qweight, qscales, scale_2.reshape(()).contiguous(), n, k)
+    return run_gemv_epilogue(launch, x.contiguous(), m, bias, rms_x, eps, residual, norm_weight, swiglu)
 
 
 @ops.nvfp4_gemm.register_kernel("cuda")

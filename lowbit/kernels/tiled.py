@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.kbit import tiled as kbit_tiled  # the tile geometry every tiled format shares
-from ..ops.common import GEMV_MAX_M
+from ..ops.common import GEMV_MAX_M, swiglu_reference
 from .device import pdl_enabled, pdl_supported
 from .library import ptr, stream_of
 
@@ -427,6 +427,22 @@ class GemvLauncher(_Launcher):
         if err:
             self.lib.raise_error(self.fmt.symbol("gemv")[0], err)
         return y
+
+
+def run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight, swiglu=False):
+    """One launch of ``launch`` (a :class:`~.tiled.GemvLauncher`) with the epilogue: (y, yw or an empty tensor).
+    ``swiglu`` where the launcher cannot take it (``swiglu_ok``): the plain epilogue, then ``silu(g) * u`` in torch."""
+    n = launch.n
+    if swiglu and not launch.swiglu_ok(x.dtype, m):
+        y, yw = run_gemv_epilogue(launch, x, m, bias, rms_x, eps, residual, norm_weight)
+        return swiglu_reference(y), yw
+    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
+    yw = torch.empty((m, n) if norm_weight is not None else (0,), dtype=x.dtype, device=x.device)
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()  # added in the kernel, after the norm's factor
+    epi = epilogue(rms_x, eps, residual, norm_weight, yw if norm_weight is not None else None, swiglu)
+    launch(x, m, y.shape, bias, epilogue=epi, y=y)
+    return y, yw
 
 
 class _ExpertsLauncher(_Launcher):

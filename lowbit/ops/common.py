@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from .._checks import FLOAT_DTYPES, check_offsets_values, check_same_device, check_tensor
@@ -35,3 +36,47 @@ def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
         if off[e + 1] > off[e]:
             y[off[e]:off[e + 1]] = linear(e, x[off[e]:off[e + 1]])
     return y
+
+
+# ------------------------------------------------------------------ the GEMV epilogue (a decode step's glue)
+def check_epilogue_parts(x, m: int, n: int, k_in: int, rms_x, residual, norm_weight, swiglu: bool = False) -> None:
+    """The epilogue's own arguments of an M-row GEMV ``[M, K_in] -> [M, N]`` (kbit's and NVFP4's
+    ``*_gemv_epilogue`` ops)."""
+    if swiglu and (n % 32 or residual is not None or norm_weight is not None):
+        raise ValueError(f"swiglu=True needs N (gate rows + up rows) a multiple of 32 and no residual or norm_weight, "
+                         f"got N={n}{', a residual' if residual is not None else ''}"
+                         f"{', a norm_weight' if norm_weight is not None else ''}")
+    if rms_x is not None:
+        check_tensor("rms_x", rms_x, dtypes=(x.dtype,), dim=2)
+        if tuple(rms_x.shape) != (m, k_in) or not rms_x.is_contiguous():
+            raise ValueError(f"rms_x must be a contiguous [M={m}, K_in={k_in}] tensor of x's dtype, got {tuple(rms_x.shape)}")
+    if residual is not None:
+        check_tensor("residual", residual, dtypes=(x.dtype,), dim=2)
+        if tuple(residual.shape) != (m, n) or not residual.is_contiguous():
+            raise ValueError(f"residual must be a contiguous [M={m}, N={n}] tensor of x's dtype, got {tuple(residual.shape)}")
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, dtypes=(x.dtype,), dim=1)
+        if norm_weight.shape[0] != n or not norm_weight.is_contiguous():
+            raise ValueError(f"norm_weight must be a contiguous [N={n}] tensor of x's dtype, got {tuple(norm_weight.shape)}")
+    check_same_device(x=x, **{k: v for k, v in (("rms_x", rms_x), ("residual", residual), ("norm_weight", norm_weight))
+                              if v is not None})
+
+
+def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: float = 1e-6, residual=None,
+                   norm_weight=None) -> tuple[Tensor, Tensor]:
+    """The epilogue's definition on an fp32 product ``y32 [M, N]`` (see :func:`kbit_gemv_epilogue`)."""
+    if rms_x is not None:
+        y32 = y32 * torch.rsqrt(rms_x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+    if bias is not None:
+        y32 = y32 + bias.to(torch.float32)
+    if residual is not None:
+        y32 = y32 + residual.to(torch.float32)
+    y = y32.to(dtype)
+    yw = (y.to(torch.float32) * norm_weight.to(torch.float32)).to(dtype) if norm_weight is not None else y.new_empty((0,))
+    return y, yw
+
+
+def swiglu_reference(y: Tensor) -> Tensor:
+    """``silu(g) * u`` of a rounded ``[M, N]`` output's halves ``[g | u]``, in fp32, rounded once."""
+    g, u = y.to(torch.float32).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u).to(y.dtype)

@@ -10,7 +10,7 @@ from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
 from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
-from .common import GEMV_MAX_M, _check_out_dtype, check_bias, per_expert
+from .common import GEMV_MAX_M, _check_out_dtype, apply_epilogue, check_bias, check_epilogue_parts, per_expert, swiglu_reference
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
     kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
@@ -132,24 +132,7 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0
 def check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual,
                              norm_weight, swiglu: bool = False) -> int:
     m = check_kbit_gemv_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias)
-    if swiglu and (n % 32 or residual is not None or norm_weight is not None):
-        raise ValueError(f"swiglu=True needs N (gate rows + up rows) a multiple of 32 and no residual or norm_weight, "
-                         f"got N={n}{', a residual' if residual is not None else ''}"
-                         f"{', a norm_weight' if norm_weight is not None else ''}")
-    if rms_x is not None:
-        check_tensor("rms_x", rms_x, dtypes=(x.dtype,), dim=2)
-        if tuple(rms_x.shape) != (m, k_in) or not rms_x.is_contiguous():
-            raise ValueError(f"rms_x must be a contiguous [M={m}, K_in={k_in}] tensor of x's dtype, got {tuple(rms_x.shape)}")
-    if residual is not None:
-        check_tensor("residual", residual, dtypes=(x.dtype,), dim=2)
-        if tuple(residual.shape) != (m, n) or not residual.is_contiguous():
-            raise ValueError(f"residual must be a contiguous [M={m}, N={n}] tensor of x's dtype, got {tuple(residual.shape)}")
-    if norm_weight is not None:
-        check_tensor("norm_weight", norm_weight, dtypes=(x.dtype,), dim=1)
-        if norm_weight.shape[0] != n or not norm_weight.is_contiguous():
-            raise ValueError(f"norm_weight must be a contiguous [N={n}] tensor of x's dtype, got {tuple(norm_weight.shape)}")
-    check_same_device(x=x, **{k: v for k, v in (("rms_x", rms_x), ("residual", residual), ("norm_weight", norm_weight))
-                              if v is not None})
+    check_epilogue_parts(x, m, n, k_in, rms_x, residual, norm_weight, swiglu)
     return m
 
 
@@ -181,26 +164,6 @@ def _(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None
     m = check_gemv_epilogue_args(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias, rms_x, residual, norm_weight,
                                  swiglu)
     return x.new_empty((m, n // 2 if swiglu else n)), x.new_empty((m, n) if norm_weight is not None else (0,))
-
-
-def apply_epilogue(y32: Tensor, dtype: torch.dtype, bias=None, rms_x=None, eps: float = 1e-6, residual=None,
-                   norm_weight=None) -> tuple[Tensor, Tensor]:
-    """The epilogue's definition on an fp32 product ``y32 [M, N]`` (see :func:`kbit_gemv_epilogue`)."""
-    if rms_x is not None:
-        y32 = y32 * torch.rsqrt(rms_x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
-    if bias is not None:
-        y32 = y32 + bias.to(torch.float32)
-    if residual is not None:
-        y32 = y32 + residual.to(torch.float32)
-    y = y32.to(dtype)
-    yw = (y.to(torch.float32) * norm_weight.to(torch.float32)).to(dtype) if norm_weight is not None else y.new_empty((0,))
-    return y, yw
-
-
-def swiglu_reference(y: Tensor) -> Tensor:
-    """``silu(g) * u`` of a rounded ``[M, N]`` output's halves ``[g | u]``, in fp32, rounded once."""
-    g, u = y.to(torch.float32).chunk(2, dim=-1)
-    return (torch.nn.functional.silu(g) * u).to(y.dtype)
 
 
 def gemv_epilogue_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rms_x=None, eps=1e-6,

@@ -10,7 +10,7 @@ from torch import Tensor
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import nvfp4
 from ..formats.nvfp4 import tiled as nvfp4_tiled
-from .common import GEMV_MAX_M, per_expert
+from .common import GEMV_MAX_M, apply_epilogue, check_bias, check_epilogue_parts, per_expert, swiglu_reference
 
 def check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k) -> int:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
@@ -65,6 +65,44 @@ def nvfp4_gemv(x: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: 
 def _(x, qweight, qscales, scale_2, n, k):
     m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
     return x.new_empty((m, n))
+
+
+# ------------------------------------------------------------------ the GEMV with the decode step's glue
+def check_nvfp4_gemv_epilogue_args(x, qweight, qscales, scale_2, n, k, bias, rms_x, residual, norm_weight,
+                                   swiglu: bool = False) -> int:
+    m = check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k)
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"nvfp4_gemv_epilogue takes 1..{GEMV_MAX_M} rows, got {m}")
+    check_bias(bias, n, x)
+    check_epilogue_parts(x, m, n, k, rms_x, residual, norm_weight, swiglu)
+    return m
+
+
+def nvfp4_gemv_epilogue_reference(x, qweight, qscales, scale_2, n, k, bias=None, rms_x=None, eps=1e-6, residual=None,
+                                  norm_weight=None, swiglu=False):
+    y32 = x.to(torch.float32) @ nvfp4.dequantize_tiled(qweight, qscales, scale_2, n, k).t()  # unrounded
+    y, yw = apply_epilogue(y32, x.dtype, bias, rms_x, eps, residual, norm_weight)
+    return (swiglu_reference(y), yw) if swiglu else (y, yw)
+
+
+@torch.library.custom_op("lowbit::nvfp4_gemv_epilogue", mutates_args=())
+def nvfp4_gemv_epilogue(x: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: int, k: int,
+                        bias: Tensor | None = None, rms_x: Tensor | None = None, eps: float = 1e-6,
+                        residual: Tensor | None = None, norm_weight: Tensor | None = None,
+                        swiglu: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`nvfp4_gemv` (tiled layout, 1..8 rows) with a decode step's glue in its output: the definition of
+    :func:`lowbit.ops.kbit_gemv_epilogue` (the norm's factor of ``rms_x``, bias, residual, one rounding; ``yw``
+    with ``norm_weight``; ``swiglu``: ``silu(g) * u`` of the halves) on an NVFP4 weight."""
+    check_nvfp4_gemv_epilogue_args(x, qweight, qscales, scale_2, n, k, bias, rms_x, residual, norm_weight, swiglu)
+    return nvfp4_gemv_epilogue_reference(x, qweight, qscales, scale_2, n, k, bias, rms_x, eps, residual, norm_weight,
+                                         swiglu)
+
+
+@nvfp4_gemv_epilogue.register_fake
+def _(x, qweight, qscales, scale_2, n, k, bias=None, rms_x=None, eps=1e-6, residual=None, norm_weight=None,
+      swiglu=False):
+    m = check_nvfp4_gemv_epilogue_args(x, qweight, qscales, scale_2, n, k, bias, rms_x, residual, norm_weight, swiglu)
+    return x.new_empty((m, n // 2 if swiglu else n)), x.new_empty((m, n) if norm_weight is not None else (0,))
 
 
 def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k) -> int:

@@ -93,6 +93,38 @@ def test_swiglu_epilogue(bits, m, dtype, gen):
         assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_nvfp4_epilogue_through_every_kernel(m, dtype, dense_path, gen):
+    """NVFP4's epilogue instances (the kbit kernels with FP4 = true): the norm's factor, the residual and yw, and
+    SwiGLU against the fp64 definition on the dequantized weight, through each dense kernel."""
+    from lowbit.formats import nvfp4
+
+    for n, k in ((32 * int(torch.randint(1, 20, (1,), generator=gen)), 32 * int(torch.randint(1, 40, (1,), generator=gen))),
+                 (512, 4096)):
+        w = nvfp4.quantize(torch.randn(n, k, generator=gen)).to("cuda")
+        qw, qs = w.tiled()
+        t = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).cuda()
+        x, rms_x, res, bias = t(m, k), t(m, k, scale=3.0), t(m, n), t(n)
+        nw = (torch.rand(n, generator=gen) + 0.5).to(dtype).cuda()
+        wd = nvfp4.dequantize_tiled(qw, qs, w.scale_2, n, k).double().cpu()
+        prod = x.double().cpu() @ wd.t()
+        args = (x, qw, qs, w.scale_2, n, k, bias)
+        y, yw = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5)
+        want = prod * torch.rsqrt(rms_x.double().cpu().pow(2).mean(-1, keepdim=True) + 1e-5) + bias.double().cpu()
+        assert yw.numel() == 0 and rel(y, want) <= BOUND[dtype], (n, k)
+        s, _ = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5, swiglu=True)
+        assert s.shape == (m, n // 2) and rel(s, _want_swiglu(want)) <= BOUND[dtype], (n, k)
+        y, yw = ops.nvfp4_gemv_epilogue(*args, None, 1e-6, res, nw)
+        assert rel(y, prod + bias.double().cpu() + res.double().cpu()) <= BOUND[dtype]
+        assert torch.equal(yw, (y.float() * nw.float()).to(dtype))
+        # a zero residual adds nothing: the epilogue without one, bit for bit (and no bias: the plain GEMV)
+        y0, _ = ops.nvfp4_gemv_epilogue(*args, None, 1e-6, torch.zeros_like(res))
+        assert torch.equal(y0, ops.nvfp4_gemv_epilogue(*args)[0]) and not y0.isnan().any()
+        y0, _ = ops.nvfp4_gemv_epilogue(*args[:-1], None, None, 1e-6, torch.zeros_like(res))
+        assert torch.equal(y0, ops.nvfp4_gemv(x, qw, qs, w.scale_2, n, k))
+
+
 def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
     """More tile pairs per CTA than shared memory holds: the op still computes silu(g) * u (the plain epilogue,
     then the product); the kernel itself refuses the call rather than write out of bounds."""
@@ -126,13 +158,13 @@ def test_epilogue_under_pdl_in_a_graph(swiglu, gen):
     from lowbit import dispatch
 
     def step():
-        h2, hw = dispatch.kbit_gemv_epilogue_op(o, a, residual=h, norm_weight=nw)
+        h2, hw = dispatch.gemv_epilogue_op(o, a, residual=h, norm_weight=nw)
         if swiglu:
-            act = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5, swiglu=True)[0]
+            act = dispatch.gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5, swiglu=True)[0]
         else:
-            g_u, _ = dispatch.kbit_gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5)
+            g_u, _ = dispatch.gemv_epilogue_op(gu, hw, rms_x=h2, eps=1e-5)
             act = torch.nn.functional.silu(g_u[:, :inter]) * g_u[:, inter:]
-        return dispatch.kbit_gemv_epilogue_op(down, act.contiguous(), residual=h2)[0]
+        return dispatch.gemv_epilogue_op(down, act.contiguous(), residual=h2)[0]
 
     with lowbit.programmatic_launch():
         want = step()
@@ -149,9 +181,10 @@ def test_epilogue_under_pdl_in_a_graph(swiglu, gen):
     assert not want.isnan().any()
 
 
+@pytest.mark.parametrize("fmt", ["kbit", "nvfp4"])
 @pytest.mark.parametrize("swiglu", [True, False], ids=["swiglu", "act-kernel"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_fused_layers_decode_as_the_model(compiled, swiglu, gen, monkeypatch):
+def test_fused_layers_decode_as_the_model(compiled, swiglu, fmt, gen, monkeypatch):
     """A tiny kbit4 Llama (bf16) on the GPU decoding 3 steps: the fused layers' logits match the model's own
     layers within bf16 rounding of a few ops (2% of the logits' spread, as on CPU), with the activation in the
     gate|up GEMV (SWIGLU) or its own kernel."""
@@ -163,7 +196,7 @@ def test_fused_layers_decode_as_the_model(compiled, swiglu, gen, monkeypatch):
 
     torch._dynamo.reset()
     model = build("llama", 0, hidden=256, inter=512)
-    lowbit.quantize_model(model, bits=4)
+    lowbit.quantize_model(model, bits=4, format=fmt)
     model = model.to(device="cuda", dtype=torch.bfloat16)
     model.set_attn_implementation("sdpa")
     hf_attention.use_gqa_sdpa(model)
@@ -174,8 +207,9 @@ def test_fused_layers_decode_as_the_model(compiled, swiglu, gen, monkeypatch):
     assert hf_layers.use_fused_decode_layers(model) == 2
     monkeypatch.setattr(hf_layers, "SWIGLU", swiglu)
     calls = []
-    real = ops.kbit_gemv_epilogue
-    monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    name = f"{fmt}_gemv_epilogue"
+    real = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     torch._dynamo.reset()
     got = _decode(model, ids_, steps, compiled)
     assert not torch.isnan(got).any()
