@@ -5,10 +5,11 @@ transformers' decoder layer runs, per token::
     h2 = h + o_proj(attention(input_norm(h)))
     h3 = h2 + down_proj(act(gate_proj(post_norm(h2))) * up_proj(post_norm(h2)))
 
-With kbit or NVFP4 projections each line is a chain of kernels: the GEMVs, and between them the RMSNorms (each fused
-by inductor with the residual add before it) and the activation. :func:`use_fused_decode_layers` gives such a
-layer a subclass whose decode step moves the adds and the norms into the GEMVs' outputs
-(:func:`lowbit.ops.kbit_gemv_epilogue`, :func:`lowbit.ops.nvfp4_gemv_epilogue`), using ``W (h * rstd * w) = rstd * W (h * w)``:
+With kbit or NVFP4 projections each line is a chain of kernels: the GEMVs, and between them the RMSNorms
+(each fused by inductor with the residual add before it) and the activation. :func:`use_fused_decode_layers`
+gives such a layer a subclass whose decode step moves the adds and the norms into the GEMVs' outputs
+(:func:`lowbit.ops.kbit_gemv_epilogue`, :func:`lowbit.ops.nvfp4_gemv_epilogue`), using
+``W (h * rstd * w) = rstd * W (h * w)``:
 
 * ``o_proj`` adds the residual ``h`` and also writes ``h2 * post_norm.weight``;
 * the gate|up GEMV reads that and scales its output rows by the norm's ``rstd = rsqrt(mean(h2^2) + eps)``,
@@ -20,8 +21,8 @@ layer a subclass whose decode step moves the adds and the norms into the GEMVs' 
 
 Per layer the step is then q|k|v, attention (lowbit's fused op), o_proj, gate|up with the activation,
 down_proj: five kernels, no norm or activation kernels, each a lowbit kernel that starts under its predecessor
-(programmatic launch). The rounding differs from transformers' in where it happens, not in how much: one rounding of each
-residual instead of two, the norm's factor applied in fp32 to the product instead of to its input
+(programmatic launch). The rounding differs from transformers' in where it happens, not in how much: one
+rounding of each residual instead of two, the norm's factor applied in fp32 to the product instead of to its input
 (``tests/test_layers.py`` bounds the logits against the model's own layers).
 
 It takes the decode step only: one token per sequence, at most 8 sequences, the layer's attention through
@@ -228,7 +229,7 @@ def use_fused_decode_layers(model) -> int:
             # dequantize-and-matmul never builds: built now, so that a compiled step does not trace the packing
             # and then recompile once it exists (Llama-3-8B: a 3-minute first compile)
             for m in mod.modules():
-                if getattr(m, "format_name", None) == "nvfp4":
+                if getattr(m, "format_name", None) == "nvfp4" and hasattr(m, "nvfp4_weight"):
                     m.nvfp4_weight().tiled()
             n += 1
     # each switched layer's successor in its model's layer list (a plain attribute, not a child module)

@@ -371,8 +371,8 @@ class GemvLauncher(_Launcher):
             fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
             warps = STREAM_CTA_WARPS * swiglu_ctas(lib, self.device, fmt, dtype, m, n)
             flags = self.flags | FLAG_LOCAL | (0 if STAGE_X else FLAG_GLOBAL_X)
-            plan = ("streamk", fn, (qw, qa, cb, sc), (ctypes.c_void_p(None), c_int(m), c_int(n), c_int(k_in), c_int(warps)),
-                    0, flags)
+            fixed = (ctypes.c_void_p(None), c_int(m), c_int(n), c_int(k_in), c_int(warps))  # no counters: local
+            plan = ("streamk", fn, (qw, qa, cb, sc), fixed, 0, flags)
             self._plans[(dtype, m, True)] = plan
             return plan
         path = dense_path(lib, self.device, fmt, dtype, n, k_in)

@@ -10,7 +10,8 @@ from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
 from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
-from .common import GEMV_MAX_M, _check_out_dtype, apply_epilogue, check_bias, check_epilogue_parts, per_expert, swiglu_reference
+from .common import (GEMV_MAX_M, _check_out_dtype, apply_epilogue, check_bias, check_epilogue_parts, per_expert,
+                     swiglu_reference)
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
     kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
