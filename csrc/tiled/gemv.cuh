@@ -488,11 +488,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
             w = warp - half * kHalfWarps;
             n_warps = kHalfWarps;
         } else {
-            const int t0 = tiles.begin(blockIdx.x);
-            cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+            const int first = tiles.begin(blockIdx.x);
+            cta_tiles = tiles.begin(blockIdx.x + 1) - first;
             const int units = cta_tiles * n_groups;
             sk = StreamK{units / kStreamWarps, units % kStreamWarps};
-            unit_base = t0 * n_groups;
+            unit_base = first * n_groups;
             w = warp;
             n_warps = kStreamWarps;
         }
