@@ -3,9 +3,8 @@
     python3 benchmarks/e2e_gpu.py --model llama-3-8b --batch 1 --variants bf16,lowbit-dense,torch-int4,kbit2,kbit3,kbit4,kbit5 --out e2e.json
 
 Random-init models from transformers configs (``lowbit.hf.sources.RANDOM_CONFIGS``, no weights).
-Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16
-cuBLAS, except in ``kbit<K>+lm_head<B>`` variants, and ``+dense_head``: bf16 through lowbit's dense GEMV;
-``nvfp4[+fuse]``: NVFP4 linears); ``+fuse``: projections of one
+Each variant rebuilds the model from the same seed, swaps its block linears (lm_head stays bf16, quantized
+in ``kbit<K>+lm_head<B>`` variants; ``nvfp4[+fuse]``: NVFP4 linears); ``+fuse``: projections of one
 input fused, ``quantize_model(fuse=True)``; ``kbit<K>-keep-<name>`` leaves the modules named <name>
 unquantized), then decodes with
 ``lowbit.hf.decode.greedy_decode``: static KV cache, a ``--context``-token prompt (default 512),
@@ -19,7 +18,8 @@ A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, 
 (``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op),
 ``@no-fused-layers`` (``lowbit.hf.layers.FUSED = False``: the residual adds and the post-attention norm as kernels
 of their own, not in the GEMVs' outputs), ``@no-swiglu`` (``lowbit.hf.layers.SWIGLU = False``: the fused layers'
-gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own).
+gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own), ``@cublas-head`` (``lowbit.hf.head.DENSE = False``:
+a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 included, takes the same head kernel).
 """
 
 import argparse
@@ -78,18 +78,13 @@ def convert(model, variant):
         return swap(model, DenseGemvLinear)
     if variant == "torch-int4":
         return swap(model, TorchInt4Linear)
-    if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][+dense_head][-keep-<module name>]
+    if variant.startswith("kbit"):  # kbit<K>[+fuse][+lm_head<B>][-keep-<module name>]
         variant, _, keep = variant.partition("-keep-")
-        dense_head = "+dense_head" in variant  # the bf16 head through lowbit's dense GEMV, not cuBLAS
-        variant = variant.replace("+dense_head", "")
         fuse = "+fuse" in variant  # quantize_model's default is fused; plain kbit<K> rows stay unfused
         variant = variant.replace("+fuse", "")
         bits_for = {"lm_head": int(variant.split("+lm_head")[1])} if "+lm_head" in variant else None
         skip = lowbit.model.quantize.DEFAULT_SKIP + ((f"*.{keep}",) if keep else ())
         lowbit.quantize_model(model, bits=int(variant[4]), bits_for=bits_for, skip=skip, fuse=fuse, progress=False)
-        head = model.get_output_embeddings()
-        if dense_head and isinstance(head, nn.Linear):
-            model.set_output_embeddings(DenseGemvLinear(head))
         return
     if variant in ("nvfp4", "nvfp4+fuse"):  # as kbit: plain rows quantize each linear alone
         lowbit.quantize_model(model, format="nvfp4", fuse="+fuse" in variant, progress=False)
@@ -138,6 +133,7 @@ def main():
         for b in ("flash", "mem_efficient", "cudnn", "math"):
             getattr(torch.backends.cuda, f"enable_{b}_sdp")(b == chosen)
     from lowbit.hf import attention as hf_attention
+    from lowbit.hf import head as hf_head
     from lowbit.hf import layers as hf_layers
     from lowbit.kernels import tiled
 
@@ -161,7 +157,8 @@ def main():
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
                 "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),
                 "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False),
-                "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False)}
+                "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
+                "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
@@ -199,6 +196,7 @@ def main():
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
                    "moe_routed": dispatch.MOE_ROUTED, "fused_layers": hf_layers.FUSED, "swiglu": hf_layers.SWIGLU,
+                   "dense_head": hf_head.DENSE,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
                    "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",

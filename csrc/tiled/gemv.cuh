@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const T* __restrict__ bias, float* __restrict__ workspace, int* __restrict__ counters, int m, int n, int k_in, int n_tiles, int n_groups,
     int n_warps, StreamK sk, bool local, StreamK tiles, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
-    static_assert(!SWI || (EPI && !FP4 && !ROT), "SwiGLU is an epilogue of unrotated kbit weights");
+    static_assert(!SWI || (EPI && !ROT), "SwiGLU is an epilogue of unrotated weights");
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows], rms_f[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the norm
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -953,8 +953,8 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     if (m < 1 || k_in < 32 || k_in % 32 || n_warps < 1) return static_cast<int>(cudaErrorInvalidValue);
     const bool local = flags & kFlagLocal;
     // SWI: CTA-local over tile pairs (kbit_gemv_kernel), y [m, n / 2], nothing else written
-    const bool swi = with_epi && epi->swiglu;  // kbit only (NVFP4: the op's plain epilogue, then the product)
-    if (swi && (FP4 || !local || n % 32 || epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
+    const bool swi = with_epi && epi->swiglu;
+    if (swi && (!local || n % 32 || epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
         return static_cast<int>(cudaErrorInvalidValue);
     const int owned = swi ? n_tiles / 2 : n_tiles;  // what CTA-local mode cuts among the CTAs: tiles (pairs)
     const int grid = (n_warps + kStreamWarps - 1) / kStreamWarps;
@@ -967,15 +967,13 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const int pdl = flags & kFlagPdl;
     auto kernel = pick_instance<FP4>(flags, [xs, with_epi, swi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
-        if constexpr (!FP4 && !R) {
+        if constexpr (!R) {
             if (swi) {
                 if constexpr (kStageX<BITS, FP4>) {
                     if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true, true>;
                 }
                 return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false, true, true>;
             }
-        }
-        if constexpr (!R) {
             if (with_epi) {
                 if constexpr (kStageX<BITS, FP4>) {
                     if (xs) return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, true, true>;

@@ -130,7 +130,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
                   compile: bool = False, eos_token_id: int | None = None, warmup: int = 2,
                   profile: bool = False, gqa_sdpa: bool = True, profile_graph: bool = False,
                   profile_trace: str | None = None, pdl: bool | None = None,
-                  lowbit_router: bool = True, fused_attention: bool = True, fused_layers: bool = True) -> DecodeResult:
+                  lowbit_router: bool = True, fused_attention: bool = True, fused_layers: bool = True,
+                  dense_head: bool = True) -> DecodeResult:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids [batch, prompt]`` (same length each row).
 
     ``graph``: capture the step in a CUDA graph (default: on CUDA). On CPU the loop stops early
@@ -150,6 +151,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     (:func:`lowbit.hf.attention.use_fused_decode_attention`; kept too).
     ``fused_layers``: with ``fused_attention``, run each Llama-pattern decoder layer's residual adds and
     RMSNorms inside its kbit GEMVs (:func:`lowbit.hf.layers.use_fused_decode_layers`; kept too).
+    ``dense_head``: on CUDA, run an unquantized fp16/bf16 ``lm_head``'s decode rows through lowbit's dense GEMV
+    (:func:`lowbit.hf.head.use_dense_head`; kept too), bf16 models and quantized ones alike.
     """
     from transformers import StaticCache
 
@@ -173,6 +176,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
                 from .layers import use_fused_decode_layers
 
                 use_fused_decode_layers(model)
+    if dense_head and device.type == "cuda":
+        from .head import use_dense_head
+
+        use_dense_head(model)
     if lowbit_router and device.type == "cuda":
         from .router import use_lowbit_router
 

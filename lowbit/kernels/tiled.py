@@ -193,9 +193,8 @@ SWIGLU_MAX_PAIRS = 32
 def swiglu_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int) -> int:
     """CTAs of the SwiGLU epilogue's GEMV (CTA-local, one wave, at most one per pair of 16-row tiles) for a
     ``[gate; up]`` weight of ``n`` rows; 0 where it cannot run (``n`` not a multiple of 32, or more pairs per CTA
-    than fit). kbit only: the library has no NVFP4 SWI instance (csrc/tiled/gemv.cuh), so NVFP4's ``swiglu`` takes
-    the plain epilogue and the product in torch (``run_gemv_epilogue``)."""
-    if n % 32 or tiled_format(fmt).name != "kbit":
+    than fit). kbit and NVFP4 (the same kernel's FP4 instances; rotated kbit has none)."""
+    if n % 32:
         return 0
     pairs = n // 32
     ctas = min(pairs, _stream_resident_warps(lib, device, fmt, dtype, m) // STREAM_CTA_WARPS)

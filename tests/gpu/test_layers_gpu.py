@@ -125,6 +125,41 @@ def test_nvfp4_epilogue_through_every_kernel(m, dtype, dense_path, gen):
         assert torch.equal(y0, ops.nvfp4_gemv(x, qw, qs, w.scale_2, n, k))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_nvfp4_swiglu_epilogue(m, dtype, gen):
+    """NVFP4's SwiGLU instance (FP4 = true, CTA-local over gate/up tile pairs) against the fp64 definition on the
+    dequantized weight, with and without the norm's factor; the kernel itself (not the op's fallback) into a
+    NaN-poisoned y; one pair to many pairs per CTA."""
+    from lowbit.formats import nvfp4
+    from lowbit.kernels import nvfp4 as nvfp4_kernels
+    from lowbit.kernels import tiled
+    from lowbit.kernels.library import get_library
+
+    inter = 16 * int(torch.randint(1, 80, (1,), generator=gen))
+    for half, k in ((inter, 32 * int(torch.randint(1, 40, (1,), generator=gen))), (16, 256), (2048, 4096),
+                    (16 * 132 * 7 + 16, 512)):
+        n = 2 * half
+        w = nvfp4.quantize(torch.randn(n, k, generator=gen)).to("cuda")
+        qw, qs = w.tiled()
+        t = lambda *s, scale=1.0: (torch.randn(*s, generator=gen) * scale).to(dtype).cuda()
+        x, rms_x, bias = t(m, k), t(m, k, scale=3.0), t(n)
+        prod = x.double().cpu() @ nvfp4.dequantize_tiled(qw, qs, w.scale_2, n, k).double().cpu().t()
+        args = (x, qw, qs, w.scale_2, n, k, bias)
+        want = {None: prod + bias.double().cpu(),
+                "rms": prod * torch.rsqrt(rms_x.double().cpu().pow(2).mean(-1, keepdim=True) + 1e-5) + bias.double().cpu()}
+        for r, key in ((rms_x, "rms"), (None, None)):
+            y, yw = ops.nvfp4_gemv_epilogue(*args, r, 1e-5, swiglu=True)
+            assert y.shape == (m, half) and yw.numel() == 0
+            assert rel(y, _want_swiglu(want[key])) <= BOUND[dtype], (n, k, key)
+        launch = nvfp4_kernels.gemv_launcher(get_library(), qw, qs, w.scale_2.reshape(()).contiguous(), n, k)
+        assert launch.swiglu_ok(dtype, m)
+        y = torch.full((m, half), float("nan"), dtype=dtype, device="cuda")
+        launch(x, m, y.shape, bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True), y=y)
+        assert not y.isnan().any()
+        assert rel(y, _want_swiglu(want["rms"])) <= BOUND[dtype]
+
+
 def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
     """More tile pairs per CTA than shared memory holds: the op still computes silu(g) * u (the plain epilogue,
     then the product); the kernel itself refuses the call rather than write out of bounds."""
