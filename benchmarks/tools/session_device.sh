@@ -5,6 +5,7 @@
 #   headbench  the lm_head shapes (HEAD_SHAPES) cold, cuBLAS against lowbit's dense GEMV, M = 1..4
 #   tune     lowbit tune on HEAD_SHAPES into $LOWBIT_TUNING_FILE (default $OUT/tuning.json), then headbench again
 #   e2e      benchmarks/e2e_gpu.py --model $MODEL --batch $BATCH --variants $VARIANTS
+#   attn     benchmarks/tools/attn_decode_bench.py at batch 1 and 4 (ATTN_BATCHES, ATTN_ARGS)
 #   runs     RUNS="<batch>:<variants>;..." one e2e_gpu.py process each (E2E_LIMIT seconds)
 #   LOWBIT_LIBRARY=<built library> PART=suite,tune,e2e VARIANTS=... bash benchmarks/tools/session_device.sh
 set -uo pipefail
@@ -54,5 +55,11 @@ if has runs; then  # RUNS="<batch>:<variants>;<batch>:<variants>;..." each its o
         timeout ${E2E_LIMIT:-300} python3 benchmarks/e2e_gpu.py --model "${MODEL:-llama-3-8b}" --batch "$b" --variants "$v" \
             --out "$OUT/e2e_run${i}_b$b.json" 2>&1 | grep -v "it/s\]" | grep -E "===|tok/s|Error|error" \
             | tee "$OUT/e2e_run${i}_b$b.txt"
+    done
+fi
+if has attn; then  # decode attention alone, batch 1 and 4 (ATTN_ARGS: more attn_decode_bench.py options)
+    for b in ${ATTN_BATCHES:-1 4}; do
+        timeout 120 python3 benchmarks/tools/attn_decode_bench.py --batch "$b" ${ATTN_ARGS:-} 2>&1 | grep -v "it/s\]" \
+            | tee "$OUT/attn_b$b.txt"
     done
 fi
