@@ -71,6 +71,9 @@ def profile_steps(step, steps: int = 3, trace: str | None = None) -> dict:
             step()
         torch.cuda.synchronize()
     if trace:
+        from pathlib import Path
+
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(trace)
     cats: dict[str, float] = {}
     kernels: dict[str, float] = {}
