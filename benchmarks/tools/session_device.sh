@@ -6,7 +6,7 @@
 #   tune     lowbit tune on HEAD_SHAPES into $LOWBIT_TUNING_FILE (default $OUT/tuning.json), then headbench again
 #   e2e      benchmarks/e2e_gpu.py --model $MODEL --batch $BATCH --variants $VARIANTS
 #   attn     benchmarks/tools/attn_decode_bench.py at batch 1 and 4 (ATTN_BATCHES, ATTN_ARGS)
-#   runs     RUNS="<batch>:<variants>;..." one e2e_gpu.py process each (E2E_LIMIT seconds)
+#   runs     RUNS="<batch>:<variants>[:<args>];..." one e2e_gpu.py process each (E2E_LIMIT seconds)
 #   LOWBIT_LIBRARY=<built library> PART=suite,tune,e2e VARIANTS=... bash benchmarks/tools/session_device.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD LOWBIT_CACHE_DIR=$PWD/.lowbit_cache
@@ -47,12 +47,14 @@ if has e2e; then
         --variants "${VARIANTS:-bf16,kbit4+fuse,kbit4+fuse+dense_head}" --out "$OUT/e2e_${TAG:-b${BATCH:-1}}.json" 2>&1 \
         | grep -v "it/s\]" | grep -E "===|tok/s|Error|error" | tee "$OUT/e2e_${TAG:-b${BATCH:-1}}.txt"
 fi
-if has runs; then  # RUNS="<batch>:<variants>;<batch>:<variants>;..." each its own process, in order
+if has runs; then  # RUNS="<batch>:<variants>[:<more e2e_gpu.py args>];..." each its own process, in order
     IFS=';' read -ra runs <<< "${RUNS:?RUNS=<batch>:<variants>;...}"
     i=0
     for r in "${runs[@]}"; do
-        i=$((i + 1)); b=${r%%:*}; v=${r#*:}
-        timeout ${E2E_LIMIT:-300} python3 benchmarks/e2e_gpu.py --model "${MODEL:-llama-3-8b}" --batch "$b" --variants "$v" \
+        i=$((i + 1)); b=${r%%:*}; v=${r#*:}; extra=""
+        if [[ $v == *:* ]]; then extra=${v#*:}; v=${v%%:*}; fi
+        echo "--- run $i: batch $b $v $extra" | tee -a "$OUT/runs.txt"
+        timeout ${E2E_LIMIT:-300} python3 benchmarks/e2e_gpu.py --model "${MODEL:-llama-3-8b}" --batch "$b" --variants "$v" $extra \
             --out "$OUT/e2e_run${i}_b$b.json" 2>&1 | grep -v "it/s\]" | grep -E "===|tok/s|Error|error" \
             | tee "$OUT/e2e_run${i}_b$b.txt"
     done
