@@ -6,6 +6,7 @@
 #   tune     lowbit tune on HEAD_SHAPES into $LOWBIT_TUNING_FILE (default $OUT/tuning.json), then headbench again
 #   e2e      benchmarks/e2e_gpu.py --model $MODEL --batch $BATCH --variants $VARIANTS
 #   attn     benchmarks/tools/attn_decode_bench.py at batch 1 and 4 (ATTN_BATCHES, ATTN_ARGS)
+#   libab    LIBS="A=<a.so.xz> B=<b.so.xz>": the same e2e rows (VARIANTS) with each library, alternating processes
 #   runs     RUNS="<batch>:<variants>[:<args>];..." one e2e_gpu.py process each (E2E_LIMIT seconds)
 #   LOWBIT_LIBRARY=<built library> PART=suite,tune,e2e VARIANTS=... bash benchmarks/tools/session_device.sh
 set -uo pipefail
@@ -63,5 +64,22 @@ if has attn; then  # decode attention alone, batch 1 and 4 (ATTN_ARGS: more attn
     for b in ${ATTN_BATCHES:-1 4}; do
         timeout 120 python3 benchmarks/tools/attn_decode_bench.py --batch "$b" ${ATTN_ARGS:-} 2>&1 | grep -v "it/s\]" \
             | tee "$OUT/attn_b$b.txt"
+    done
+fi
+if has libab; then  # the same e2e row with two libraries (LIBS="A=<file.so.xz> B=<file.so.xz>"), alternating processes
+    declare -A lib
+    for kv in ${LIBS:?LIBS=\"A=path.so.xz B=path.so.xz\"}; do
+        k=${kv%%=*}; lib[$k]=/tmp/lib_$k.so
+        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "${kv#*=}" "${lib[$k]}"
+    done
+    for b in ${AB_BATCHES:-1 4}; do
+        for r in $(seq "${ROUNDS:-2}"); do
+            for k in $(echo "${!lib[@]}" | tr ' ' '\n' | sort); do
+                echo "--- batch $b round $r library $k" | tee -a "$OUT/libab.txt"
+                LOWBIT_LIBRARY=${lib[$k]} TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$k timeout ${E2E_LIMIT:-150} python3 \
+                    benchmarks/e2e_gpu.py --model "${MODEL:-llama-3-8b}" --batch "$b" --variants "${VARIANTS:-kbit4+fuse}" \
+                    --out "$OUT/libab_b${b}_r${r}_$k.json" 2>&1 | grep -E "tok/s|Error" | tee -a "$OUT/libab.txt"
+            done
+        done
     done
 fi
