@@ -20,7 +20,9 @@ A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, 
 ``@no-fused-layers`` (``lowbit.hf.layers.FUSED = False``: the residual adds and the post-attention norm as kernels
 of their own, not in the GEMVs' outputs), ``@no-swiglu`` (``lowbit.hf.layers.SWIGLU = False``: the fused layers'
 gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own), ``@cublas-head`` (``lowbit.hf.head.DENSE = False``:
-a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 included, takes the same head kernel).
+a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 included, takes the same head kernel),
+``@moe-sum`` (``lowbit.nn.experts.COMBINE_TERMS = False``: a compiled MoE block sums each token's k expert rows as a
+reduction, not as k terms that inductor fuses into the next kernel).
 """
 
 import argparse
@@ -137,6 +139,7 @@ def main():
     from lowbit.hf import head as hf_head
     from lowbit.hf import layers as hf_layers
     from lowbit.kernels import tiled
+    from lowbit.nn import experts as nn_experts
 
     hf_attention.DECODE_KERNEL = not args.sdpa_attention
     from lowbit.kernels import attention as kattn
@@ -161,7 +164,8 @@ def main():
                 "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),
                 "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False),
                 "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
-                "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False)}
+                "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False),
+                "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
@@ -199,7 +203,7 @@ def main():
             row = {"model": desc, "batch": args.batch, "context": args.context, "sdpa": args.sdpa or "default",
                    "kbit_path": args.kbit_path, "local": tiled.USE_LOCAL, "stage_x": tiled.STAGE_X, "early_kv": kattn.EARLY_KV, "reduce_each": kattn.REDUCE_EACH,
                    "moe_routed": dispatch.MOE_ROUTED, "fused_layers": hf_layers.FUSED, "swiglu": hf_layers.SWIGLU,
-                   "dense_head": hf_head.DENSE,
+                   "dense_head": hf_head.DENSE, "moe_combine_terms": nn_experts.COMBINE_TERMS,
                    "fused_attention": not args.no_fused_attention and not args.sdpa_attention, "variant": name,
                    "pdl": not args.no_pdl and not args.no_compile,
                    "attention": "sdpa" if args.sdpa_attention else "lowbit",

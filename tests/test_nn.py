@@ -254,3 +254,35 @@ def test_compile_fullgraph_traces_modules(gen):
     torch._dynamo.reset()
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, idx, w)
     assert torch.allclose(got, f(x, idx, w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_moe_combine_as_terms_under_compile(k, gen):
+    """The expert block's weighted sum: compiled, k terms in rank order (COMBINE_TERMS, so that inductor can fuse it
+    into its consumer); eager, a reduction over k. Both are the fp32 sum rounded once: within one rounding of the
+    dtype, zero weights (sentinel routes) contributing nothing; and the terms really are what the compiled graph runs."""
+    from lowbit.nn import experts
+
+    tokens, h = 5, 48
+    rows = torch.randn(tokens * k, h, generator=gen).to(torch.bfloat16)
+    weights = torch.rand(tokens * k, generator=gen)
+    weights[::4] = 0.0
+    rows[::4] = float("nan") if k > 1 else rows[::4]  # a zero weight on a NaN row still poisons, as in torch
+    eager = experts._combine(rows, weights, tokens, k, torch.bfloat16)
+    graphs = []
+
+    def backend(gm, example_inputs):  # records the traced graph, runs it as traced
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(lambda r, w: experts._combine(r, w, tokens, k, torch.bfloat16), fullgraph=True,
+                        backend=backend)(rows, weights)
+    names = [str(n.target) for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
+    assert not any("sum" in n for n in names) and sum("add" in n for n in names) == k - 1, names
+    assert got.shape == (tokens, h) and got.dtype == torch.bfloat16
+    assert torch.equal(got.isnan(), eager.isnan())
+    ok = ~eager.isnan()
+    assert torch.allclose(got[ok].float(), eager[ok].float(), rtol=2 ** -7, atol=1e-6)
+    want = (rows.double() * weights.double()[:, None]).view(tokens, k, h).sum(1)
+    assert torch.allclose(eager[ok].double(), want[ok], rtol=2 ** -7, atol=1e-6)

@@ -76,6 +76,24 @@ def _check_block_args(mod: nn.Module, hidden_states, top_k_index, top_k_weights)
                          f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
 
 
+#: under torch.compile, sum each token's k weighted rows as k pointwise terms (rank order) instead of a reduction
+#: over k, so that inductor fuses the sum into the kernel that consumes it (the residual add and the next layer's
+#: RMSNorm): one kernel per MoE layer less (False: the reduction, as in eager mode; comparisons)
+COMBINE_TERMS = True
+
+
+def _combine(rows: torch.Tensor, weights: torch.Tensor, tokens: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """``sum_j weights[t k + j] * rows[t k + j]`` per token t, in fp32, rounded once to ``dtype``. Eager: one
+    reduction over k; compiled (:data:`COMBINE_TERMS`): the same sum as k terms added in rank order."""
+    prod = (rows.float() * weights[:, None]).view(tokens, k, rows.shape[-1])
+    if COMBINE_TERMS and torch.compiler.is_compiling():
+        acc = prod[:, 0]
+        for j in range(1, k):
+            acc = acc + prod[:, j]
+        return acc.to(dtype)
+    return prod.sum(dim=1).to(dtype)
+
+
 def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up, down) -> torch.Tensor:
     """The expert block's computation around its two grouped products (any format): route, sort the
@@ -96,9 +114,8 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
     gu = gate_up(x, offsets)
     inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
     out = down(inter.contiguous(), offsets)
-    out = out.float() * weights.index_select(0, perm)[:, None]
     unsorted = torch.empty_like(out).index_copy_(0, perm, out)  # a permutation: deterministic
-    return unsorted.view(tokens, k, mod.hidden_dim).sum(dim=1).to(dtype)
+    return _combine(unsorted, weights, tokens, k, dtype)
 
 
 def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -115,7 +132,7 @@ def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index:
     inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
     out = down(inter.contiguous(), ids, 1)
     weights = torch.where((ids >= 0) & (ids < mod.num_experts), top_k_weights.reshape(-1), 0).to(torch.float32)
-    return (out.float() * weights[:, None]).view(tokens, k, mod.hidden_dim).sum(dim=1).to(hidden_states.dtype)
+    return _combine(out, weights, tokens, k, hidden_states.dtype)
 
 
 def _quantize_stack(w: torch.Tensor, bits: int, codebook):
