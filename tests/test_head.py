@@ -40,6 +40,13 @@ def test_switched_head_off_the_gpu_is_nn_linear(rows, bias):
     assert torch.equal(got, want) and not got.isnan().any()
 
 
+def test_empty_input_features_are_nn_linear():
+    lin = nn.Linear(0, 4)
+    want = lin(torch.zeros(2, 0))
+    lin.__class__ = hf_head.LowbitDenseHead
+    assert torch.equal(lin(torch.zeros(2, 0)), want)
+
+
 def test_what_is_not_a_plain_head():
     class Mine(nn.Linear):
         pass

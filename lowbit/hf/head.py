@@ -25,7 +25,7 @@ class LowbitDenseHead(nn.Linear):
     """An ``nn.Linear`` output projection whose decode rows run lowbit's tuned dense GEMV."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() else 0
+        rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
         if DENSE and x.is_cuda and 1 <= rows <= dispatch.DENSE_GEMV_MAX_M and x.dtype == self.weight.dtype:
             from .. import dense_linear
 
