@@ -106,3 +106,65 @@ def test_model_with_lowbit_router_matches(name, gen):
         assert use_lowbit_router(model) > 0
         got = model(ids).logits.float()
     assert not got.isnan().any() and rel_err(got.cpu(), want.cpu()) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=ids_)
+@pytest.mark.parametrize("tokens,experts,hidden,top_k", [(1, 128, 2048, 8), (4, 128, 2048, 8), (8, 512, 2048, 10),
+                                                         (3, 60, 1032, 4), (1, 8, 64, 2), (2, 64, 12288, 4)])
+def test_router_rms_kernel(dtype, tokens, experts, hidden, top_k, gen):
+    """The post-attention norm inside the router (moe_router_rms): x is transformers' RMSNorm of h within two units in
+    the last place (the statistics are summed in another order, so a rounding may flip; at most 1% of the values), and the routing is exactly moe_router's of the kernel's own x."""
+    h = (torch.randn(tokens, hidden, generator=gen) * 3).to(dtype).cuda()
+    nw = (torch.rand(hidden, generator=gen) + 0.5).to(dtype).cuda()
+    w = (torch.randn(experts, hidden, generator=gen) / hidden ** 0.5).to(dtype).cuda()
+    logits, scores, idx, x = ops.moe_router_rms(h, nw, 1e-6, w, top_k, True, False)
+    want = ops.rms_norm_reference(h, nw, 1e-6)
+    two_ulps = 2.0 ** (-6 if dtype == torch.bfloat16 else -9)  # a flip of the inner rounding, then the outer one
+    assert not x.isnan().any() and ((x.float() - want.float()).abs() <= two_ulps * want.float().abs()).all()
+    assert (x != want).float().mean() < 0.01  # a rounding flip now and then, not a different computation
+    for got, ref in zip((logits, scores, idx), ops.moe_router(x, w, top_k, True, False)):
+        assert torch.equal(got, ref)
+    _check(x, w, top_k, True, False, (logits, scores, idx))
+    again = ops.moe_router_rms(h, nw, 1e-6, w, top_k, True, False)
+    assert all(torch.equal(a, b) for a, b in zip((logits, scores, idx, x), again)), "not deterministic"
+
+
+def test_router_rms_after_a_gemv_under_pdl(gen):
+    """A kbit GEMV writing h, then the router with the norm, in a CUDA graph under programmatic launch: every replay
+    reads the h of that replay."""
+    a = torch.randn(1, 2048, generator=gen).bfloat16().cuda()
+    q = lowbit.quantize_kbit(torch.randn(2048, 2048, generator=gen).bfloat16().cuda() * 0.05, bits=4)
+    nw = (torch.rand(2048, generator=gen) + 0.5).bfloat16().cuda()
+    w = (torch.randn(128, 2048, generator=gen) * 0.02).bfloat16().cuda()
+
+    def run():
+        h = lowbit.kbit_linear(a, q)
+        return ops.moe_router_rms(h, nw, 1e-6, w, 8, True, False)
+
+    with lowbit.programmatic_launch(True):
+        run()
+        torch.cuda.synchronize()
+        g, out = capture(run)
+        for _ in range(3):
+            a.copy_(torch.randn(1, 2048, generator=gen).bfloat16())
+            g.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(x, y) for x, y in zip(out, run()))
+
+
+@pytest.mark.parametrize("tokens,experts,hidden,top_k", [(1, 128, 2048, 8), (4, 128, 2048, 8), (8, 128, 2048, 8),
+                                                         (3, 60, 1032, 4), (1, 8, 4096, 2), (2, 100, 4104, 6)])
+def test_cluster_path_gives_the_same_bits(tokens, experts, hidden, top_k, gen, monkeypatch):
+    """Up to 128 experts the router runs as one thread-block cluster; with the atomic handoff instead
+    (kernels.router.CLUSTER = False) every output is bit-identical, with the norm too."""
+    from lowbit.kernels import router as kr
+
+    x = (torch.randn(tokens, hidden, generator=gen) * 2).bfloat16().cuda()
+    nw = (torch.rand(hidden, generator=gen) + 0.5).bfloat16().cuda()
+    w = (torch.randn(experts, hidden, generator=gen) / hidden ** 0.5).bfloat16().cuda()
+    got = ops.moe_router(x, w, top_k, True, False), ops.moe_router_rms(x, nw, 1e-6, w, top_k, True, True)
+    monkeypatch.setattr(kr, "CLUSTER", False)
+    want = ops.moe_router(x, w, top_k, True, False), ops.moe_router_rms(x, nw, 1e-6, w, top_k, True, True)
+    for g, wnt in zip(got, want):
+        assert all(torch.equal(a, b) for a, b in zip(g, wnt))
+    _check(x, w, top_k, True, False, got[0])
