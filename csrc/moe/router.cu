@@ -427,6 +427,10 @@ int launch(const void* x, const void* norm_w, float eps, const void* w, void* lo
                                                        int(cfg.dynamicSmemBytes));
             if (e != cudaSuccess) return e;
         }
+        if (cluster && grid > 8) {  // each instance opts in to clusters of more than 8 CTAs
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e != cudaSuccess) return e;
+        }
         return cudaLaunchKernelEx(&cfg, kernel, xt, nt, eps, wt, lt, scores, indices, xnt, counter, tokens, experts,
                                   hidden, top_k, flags);
     };
@@ -445,7 +449,10 @@ int launch(const void* x, const void* norm_w, float eps, const void* w, void* lo
                             : rows == 2 ? rows_of(std::integral_constant<int, 2>{})
                             : rows == 4 ? rows_of(std::integral_constant<int, 4>{})
                                         : rows_of(std::integral_constant<int, 8>{});
-    if (err != cudaSuccess) return static_cast<int>(err);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // a refused launch must not fail the next call's check below
+        return static_cast<int>(err);
+    }
     return static_cast<int>(cudaGetLastError());
 }
 
