@@ -22,10 +22,7 @@ of their own, not in the GEMVs' outputs), ``@no-swiglu`` (``lowbit.hf.layers.SWI
 gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own), ``@cublas-head`` (``lowbit.hf.head.DENSE = False``:
 a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 included, takes the same head kernel),
 ``@moe-sum`` (``lowbit.nn.experts.COMBINE_TERMS = False``: a compiled MoE block sums each token's k expert rows as a
-reduction, not as k terms that inductor fuses into the next kernel), ``@no-router-norm``
-(``lowbit.hf.layers.MOE_ROUTER_NORM = False``: a MoE layer's post-attention norm as a kernel of its own before the
-router, not inside the router kernel), ``@no-router-cluster`` (``lowbit.kernels.router.CLUSTER = False``: the MoE router kernel with one CTA
-per SM and an atomic handoff to the last CTA, not one thread-block cluster).
+reduction, not as k terms that inductor fuses into the next kernel).
 """
 
 import argparse
@@ -146,7 +143,6 @@ def main():
 
     hf_attention.DECODE_KERNEL = not args.sdpa_attention
     from lowbit.kernels import attention as kattn
-    from lowbit.kernels import router as krouter
 
     if args.early_kv is not None:
         kattn.EARLY_KV = args.early_kv
@@ -169,9 +165,7 @@ def main():
                 "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False),
                 "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
                 "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False),
-                "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False),
-                "router-norm": (hf_layers, "MOE_ROUTER_NORM", True), "no-router-norm": (hf_layers, "MOE_ROUTER_NORM", False),
-                "router-cluster": (krouter, "CLUSTER", True), "no-router-cluster": (krouter, "CLUSTER", False)}
+                "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

@@ -213,8 +213,7 @@ def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
 
 def test_listed_classes_are_llamas():
     """Every decoder layer and MLP class the fused layer takes (that this transformers has) runs Llama's forward:
-    the same body, so the fused step computes what it replaces. Every MoE block it takes runs ``experts(x, indices,
-    scores)`` of its gate's output and nothing else."""
+    the same body, so the fused step computes what it replaces."""
     import importlib
     import inspect
     import re
@@ -223,14 +222,6 @@ def test_listed_classes_are_llamas():
         src = re.sub(r"\s+", " ", inspect.getsource(fn))
         return src[src.index(start):]
 
-    def cls_of(name):  # Qwen3MoeDecoderLayer -> transformers.models.qwen3_moe.modeling_qwen3_moe
-        base = re.sub(r"(DecoderLayer|MLP|SparseMoeBlock)$", "", name)
-        family = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower()
-        try:
-            return getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
-        except ImportError:
-            return None
-
     from transformers.models.llama import modeling_llama as llama
 
     want_layer = body(llama.LlamaDecoderLayer.forward, "residual = hidden_states")
@@ -238,76 +229,14 @@ def test_listed_classes_are_llamas():
     checked = 0
     for names, want, start in ((hf_layers.LAYERS, want_layer, "residual = hidden_states"), (hf_layers.MLPS, want_mlp, "down_proj =")):
         for name in names:
-            cls = cls_of(name)
-            if cls is None:
+            family = re.sub(r"(DecoderLayer|MLP)$", "", name).lower()
+            try:
+                mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+            except ImportError:
                 continue
-            assert body(cls.forward, start) == want, name
+            assert body(getattr(mod, name).forward, start) == want, name
             checked += 1
-    assert checked >= 4
-    for name in hf_layers.MOE_BLOCKS:
-        cls = cls_of(name)
-        if cls is None:
-            continue
-        src = body(cls.forward, "def forward")
-        calls = re.findall(r"self\.(\w+)\(", src)
-        assert calls == ["gate", "experts"], (name, calls)  # no shared expert, no other module
-        assert re.search(r"_, (\w+), (\w+) = self\.gate\((\w+)\).*self\.experts\(\3, \2, \1\)", src), name
-        checked += 1
-    assert checked >= 5
-
-
-def _tiny_kbit_qwen3_moe(seed, **shape):
-    """A tiny Qwen3-MoE in kbit4, bf16, with lowbit's fused attention and router (``shape``: the builder's sizes)."""
-    from lowbit.hf import router as hf_router
-
-    from .tiny_models import build
-
-    model = build("qwen3_moe", seed, **shape)
-    lowbit.quantize_model(model, bits=4)
-    model = model.to(torch.bfloat16)
-    model.set_attn_implementation("sdpa")
-    assert hf_attention.use_gqa_sdpa(model)
-    assert hf_attention.use_fused_decode_attention(model) == len(model.model.layers)
-    assert hf_router.use_lowbit_router(model) == len(model.model.layers)
-    return model
-
-
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_fused_moe_layer_decodes_as_the_model(compiled, gen, monkeypatch):
-    """A tiny kbit4 Qwen3-MoE decoding 3 steps: each decode step of each layer runs o_proj with the residual add
-    (an epilogue GEMV), then one moe_router_rms (the post-attention norm and the router) and no post-attention norm
-    module; logits within the dense test's bound of the model's own layers. MOE_ROUTER_NORM = False: the model's own
-    layers, bit for bit."""
-    torch._dynamo.reset()
-    model = _tiny_kbit_qwen3_moe(4)
-    ids = torch.randint(0, 320, (2, 7), generator=gen)
-    steps = torch.randint(0, 320, (3, 2, 1), generator=gen)
-    want = _decode(model, ids, steps, compiled)
-    monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
-    assert hf_layers.use_fused_decode_layers(model) == 2
-    calls, routers, norms = [], [], []
-    real, real_router = ops.kbit_gemv_epilogue, ops.moe_router_rms
-    monkeypatch.setattr(ops, "kbit_gemv_epilogue",
-                        lambda *a, **kw: calls.append(tuple(i for i in (9, 11, 12) if len(a) > i and a[i] is not None))
-                        or real(*a, **kw))
-    monkeypatch.setattr(ops, "moe_router_rms", lambda *a, **kw: routers.append(1) or real_router(*a, **kw))
-    layers = model.model.layers
-    norm_cls = type(layers[0].post_attention_layernorm)
-    real_norm = norm_cls.forward
-    monkeypatch.setattr(norm_cls, "forward", lambda m, x: (norms.append(1) if any(m is la.post_attention_layernorm
-                                                                                   for la in layers) else None)
-                        or real_norm(m, x))
-    torch._dynamo.reset()
-    got = _decode(model, ids, steps, compiled)
-    assert calls == [(11,)] * (2 * 3)  # o_proj + the residual add, per layer and step
-    assert len(routers) == 2 * 3
-    if not compiled:
-        assert norms == [1, 1]  # the prefill's layers only
-    assert not torch.isnan(got).any()
-    assert (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())
-    monkeypatch.setattr(hf_layers, "MOE_ROUTER_NORM", False)
-    torch._dynamo.reset()
-    assert torch.equal(_decode(model, ids, steps, compiled), want)
+    assert checked >= 2
 
 
 def test_fused_layer_next_to_an_unquantized_one(gen, monkeypatch):

@@ -102,35 +102,3 @@ def test_fake_matches_reference_shapes():
     x, w = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
     torch.library.opcheck(torch.ops.lowbit.moe_router, (x, w, 4, True, False))
     torch.library.opcheck(torch.ops.lowbit.moe_router, (x, w, 4, False, True))
-
-
-def test_router_rms_is_the_norm_then_the_router(gen):
-    """moe_router_rms = transformers' RMSNorm of h (fp32 statistics, rounded twice), then moe_router of it; x is
-    that norm's output, bit for bit."""
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
-
-    h = (torch.randn(3, 64, generator=gen) * 4).to(torch.bfloat16)
-    norm = Qwen3MoeRMSNorm(64, eps=1e-5).to(torch.bfloat16)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(64, generator=gen) + 0.5)
-    w = torch.randn(12, 64, generator=gen).to(torch.bfloat16)
-    logits, scores, idx, x = ops.moe_router_rms(h, norm.weight.detach(), 1e-5, w, 3, True, False)
-    want_x = norm(h)
-    assert torch.equal(x, want_x) and x.dtype == torch.bfloat16
-    for got, want in zip((logits, scores, idx), ops.moe_router(want_x, w, 3, True, False)):
-        assert torch.equal(got, want)
-    assert not scores.isnan().any()
-
-
-def test_router_rms_argument_errors():
-    h, nw, w = torch.randn(2, 16), torch.ones(16), torch.randn(8, 16)
-    with pytest.raises(ValueError, match="norm_weight must be"):
-        ops.moe_router_rms(h, torch.ones(15), 1e-6, w, 2, True, False)
-    with pytest.raises(TypeError, match="norm_weight must have dtype"):
-        ops.moe_router_rms(h, nw.half(), 1e-6, w, 2, True, False)
-    with pytest.raises(ValueError, match="eps must be"):
-        ops.moe_router_rms(h, nw, -1.0, w, 2, True, False)
-    with pytest.raises(ValueError, match="top_k"):
-        ops.moe_router_rms(h, nw, 1e-6, w, 9, True, False)
-    x, nw16, w16 = torch.randn(3, 16, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
-    torch.library.opcheck(torch.ops.lowbit.moe_router_rms, (x, nw16, 1e-6, w16, 4, True, False))

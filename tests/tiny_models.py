@@ -15,10 +15,10 @@ def llama(tie: bool = False, hidden: int = 128, inter: int = 224, layers: int = 
     return cfg, transformers.LlamaForCausalLM
 
 
-def qwen3_moe(moe_inter: int = 96, hidden: int = 128, head_dim: int = 32):
-    cfg = transformers.Qwen3MoeConfig(vocab_size=320, hidden_size=hidden, intermediate_size=256, moe_intermediate_size=moe_inter,
+def qwen3_moe(moe_inter: int = 96):
+    cfg = transformers.Qwen3MoeConfig(vocab_size=320, hidden_size=128, intermediate_size=256, moe_intermediate_size=moe_inter,
                                       num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=256)
+                                      num_key_value_heads=2, head_dim=32, max_position_embeddings=256)
     return cfg, transformers.Qwen3MoeForCausalLM
 
 

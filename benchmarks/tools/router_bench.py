@@ -1,6 +1,5 @@
 """MoE router at decode: lowbit's router kernel (lowbit.ops.moe_router) against transformers' computation
-(F.linear, softmax, torch.topk, renormalize), CUDA-graph timed over one call per layer; the kernel with the atomic
-handoff and as one thread-block cluster, and with the norm inside (moe_router_rms).
+(F.linear, softmax, torch.topk, renormalize), CUDA-graph timed over one call per layer.
 
     python3 benchmarks/tools/router_bench.py [--tokens 1] [--experts 128] [--hidden 2048] [--top-k 8]
 """
@@ -12,7 +11,6 @@ import torch
 import lowbit
 from lowbit import ops
 from lowbit.bench.timing import graph_time
-from lowbit.kernels import router as krouter
 
 
 def main():
@@ -26,16 +24,11 @@ def main():
     dev, dt = "cuda", torch.bfloat16
     xs = [torch.randn(a.tokens, a.hidden, device=dev, dtype=dt) for _ in range(a.layers)]
     ws = [torch.randn(a.experts, a.hidden, device=dev, dtype=dt) * 0.02 for _ in range(a.layers)]
-    nw = torch.rand(a.hidden, device=dev, dtype=dt) + 0.5
     ways = {
-        "transformers (linear, softmax, topk, renormalize)": (lambda i: ops.moe_router_reference(xs[i], ws[i], a.top_k, True, False), None),
-        "lowbit moe_router, atomic handoff": (lambda i: ops.moe_router(xs[i], ws[i], a.top_k, True, False), False),
-        "lowbit moe_router, one cluster": (lambda i: ops.moe_router(xs[i], ws[i], a.top_k, True, False), True),
-        "lowbit moe_router_rms (with the norm), one cluster": (lambda i: ops.moe_router_rms(xs[i], nw, 1e-6, ws[i], a.top_k, True, False), True),
+        "transformers (linear, softmax, topk, renormalize)": lambda i: ops.moe_router_reference(xs[i], ws[i], a.top_k, True, False),
+        "lowbit moe_router": lambda i: ops.moe_router(xs[i], ws[i], a.top_k, True, False),
     }
-    for name, (fn, cluster) in ways.items():
-        if cluster is not None:
-            krouter.CLUSTER = cluster
+    for name, fn in ways.items():
         for pdl in (False, True):
             with lowbit.programmatic_launch(pdl):
                 t = graph_time([lambda i=i: fn(i) for i in range(a.layers)], replays=20)

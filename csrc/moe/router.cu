@@ -14,24 +14,9 @@
 // top_k rounds of a warp arg-max over each lane's own best; renormalization. Fixed orders: deterministic.
 // PDL (flags bit 0): x and the outputs belong to the stream order, so the kernel waits at entry and
 // triggers its dependents right after.
-// NORM (norm_w given): x is the residual stream h and the router's input is transformers' RMSNorm of it,
-// w * round(h * rsqrt(mean(h^2) + eps)) (fp32 statistics, rounded to T twice, as the eager module does). Every
-// CTA computes the statistics and the normalized values itself (h is a few KB, read from L2), and CTA 0 also
-// writes them to xn for the experts. This takes the decode layer's post-attention norm kernel out of the
-// chain: the router then follows a lowbit GEMV, which lets it start early and prefetch its weights.
-// CLUSTER (experts <= kClusterMax x 8): the grid is one thread-block cluster, and each CTA writes its rounded logits
-// straight into CTA 0's shared memory (distributed shared memory), which ranks them after one cluster barrier --
-// instead of a global store, a fence, the atomic counter and a reload from L2 by the last CTA. A pass of the hidden
-// loop then takes one chunk per thread (G = 1: fewer registers for the 8 rows of a CTA); a thread's sum runs over
-// the same chunks in the same order either way, so both paths give the same bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-
-#include <cstring>
-#include <type_traits>
-
-#include <cooperative_groups.h>
 
 #include "common.cuh"
 
@@ -46,19 +31,18 @@ constexpr int kMaxTopK = 64;
 // token has at most kRankMaxExperts (a rank costs ~15 cycles per other expert: 2 pairs per thread or 512
 // experts were 1.1x / 1.8x slower than the rounds; benchmarks/journal/2026-11-26_moe_block_routed.md).
 constexpr int kRankMaxExperts = 128;
-constexpr int kClusterMax = 16;  // CTAs of the cluster path (a non-portable cluster size on sm_90)
 
 // Up to 4 chunks of 8 hidden values per thread and row, loaded together (one memory latency per group).
 constexpr int kGroup = 4;
 
-template <typename T, int R, int G>
-__device__ __forceinline__ void load_rows(uint4 (&wv)[R][G], const T* __restrict__ w, int e0, int experts,
+template <typename T, int R>
+__device__ __forceinline__ void load_rows(uint4 (&wv)[R][kGroup], const T* __restrict__ w, int e0, int experts,
                                           int hidden, int chunk0) {
     const int chunks = hidden / 8;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < G; ++j) {
+        for (int j = 0; j < kGroup; ++j) {
             const int c = chunk0 + j * kWarps * 32;
             wv[r][j] = (c < chunks && e0 + r < experts)
                            ? ld_stream(reinterpret_cast<const uint4*>(w + int64_t(e0 + r) * hidden) + c)
@@ -66,43 +50,19 @@ __device__ __forceinline__ void load_rows(uint4 (&wv)[R][G], const T* __restrict
         }
 }
 
-// The norm weight's chunks of one pass of the hidden loop (as load_rows).
-template <typename T, int G>
-__device__ __forceinline__ void load_norm(uint4 (&nv)[G], const T* __restrict__ norm_w, int chunks, int chunk0) {
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-        const int c = chunk0 + j * kWarps * 32;
-        nv[j] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(norm_w) + c) : make_uint4(0, 0, 0, 0);
-    }
-}
-
-// A pair of T of h -> the pair of w * round(h * rstd), each rounded to T.
-template <typename T>
-__device__ __forceinline__ uint32_t rms_pair(uint32_t h, uint32_t nw, float rstd) {
-    const float2 hf = to_float2<T>(h), wf = to_float2<T>(nw);
-    const T lo = from_float<T>(wf.x * to_float(from_float<T>(hf.x * rstd)));
-    const T hi = from_float<T>(wf.y * to_float(from_float<T>(hf.y * rstd)));
-    uint16_t l, u;
-    memcpy(&l, &lo, 2);
-    memcpy(&u, &hi, 2);
-    return uint32_t(l) | (uint32_t(u) << 16);
-}
-
-template <typename T, int R, bool PDL, bool NORM, bool CLUSTER>
+template <typename T, int R, bool PDL>
 __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
-    const T* __restrict__ x, const T* __restrict__ norm_w, float eps, const T* __restrict__ w, T* __restrict__ logits,
-    void* __restrict__ scores, int64_t* __restrict__ indices, T* __restrict__ xn, int* __restrict__ counter,
-    int tokens, int experts, int hidden, int top_k, int flags) {
+    const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ logits, void* __restrict__ scores,
+    int64_t* __restrict__ indices, int* __restrict__ counter, int tokens, int experts, int hidden, int top_k,
+    int flags) {
     extern __shared__ __align__(16) float s_p[];  // [tokens][experts] probabilities, then [tokens][experts] keys
     float* s_keys = s_p + ((tokens * experts + 3) & ~3);  // 16-byte aligned
     __shared__ float s_red[kWarps][R][kMaxTokens];
     __shared__ float s_top_v[kMaxTokens][kMaxTopK];
     __shared__ int s_top_e[kMaxTokens][kMaxTopK];
     __shared__ int s_last;
-    __shared__ float s_ss[NORM ? kWarps : 1][kMaxTokens], s_rstd[kMaxTokens];  // NORM: the statistics
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e0 = blockIdx.x * R, chunks = hidden / 8;
-    constexpr int G = CLUSTER ? 1 : kGroup;  // chunks per thread and row in one pass of the hidden loop
 
     // 1. R expert rows per CTA, the hidden dimension over all its threads (thread i: chunks i, i + 256, ...).
     // The first weight loads are issued before waiting for the predecessor (weights are constants).
@@ -111,59 +71,22 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < kMaxTokens; ++t) acc[r][t] = 0.f;
-    uint4 wv[R][G];
-    uint4 nv[NORM ? G : 1];  // NORM: the norm weight's chunks of this pass, constant too
+    uint4 wv[R][kGroup];
     int c0 = threadIdx.x;
-    load_rows<T, R, G>(wv, w, e0, experts, hidden, c0);
-    if constexpr (NORM) load_norm<T, G>(nv, norm_w, chunks, c0);
+    load_rows<T, R>(wv, w, e0, experts, hidden, c0);
     if constexpr (PDL) {
         pdl_wait();
         pdl_launch_dependents();
-    }
-    if constexpr (NORM) {  // rsqrt(mean(h^2) + eps) per token: thread sums, then warps, then warps in order
-#pragma unroll
-        for (int t = 0; t < kMaxTokens; ++t) {
-            if (t < tokens) {
-                float ss = 0.f;
-                for (int c = threadIdx.x; c < chunks; c += kWarps * 32) {
-                    const uint4 hv = ld_x(reinterpret_cast<const uint4*>(x + int64_t(t) * hidden) + c);
-                    const uint32_t hr[4] = {hv.x, hv.y, hv.z, hv.w};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float2 f = to_float2<T>(hr[i]);
-                        ss = fmaf(f.x, f.x, ss);
-                        ss = fmaf(f.y, f.y, ss);
-                    }
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(kFullMask, ss, o);
-                if (lane == 0) s_ss[warp][t] = ss;
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x < tokens) {
-            float ss = 0.f;
-#pragma unroll
-            for (int wi = 0; wi < kWarps; ++wi) ss += s_ss[wi][threadIdx.x];
-            s_rstd[threadIdx.x] = rsqrtf(ss / float(hidden) + eps);
-        }
-        __syncthreads();
     }
     while (c0 < chunks) {
 #pragma unroll
         for (int t = 0; t < kMaxTokens; ++t) {
             if (t < tokens) {
 #pragma unroll
-                for (int j = 0; j < G; ++j) {
+                for (int j = 0; j < kGroup; ++j) {
                     const int c = c0 + j * kWarps * 32;
                     if (c < chunks) {
-                        uint4 xv = ld_x(reinterpret_cast<const uint4*>(x + int64_t(t) * hidden) + c);
-                        if constexpr (NORM) {  // the norm's output, as the eager module rounds it
-                            const float r = s_rstd[t];
-                            xv = make_uint4(rms_pair<T>(xv.x, nv[j].x, r), rms_pair<T>(xv.y, nv[j].y, r),
-                                            rms_pair<T>(xv.z, nv[j].z, r), rms_pair<T>(xv.w, nv[j].w, r));
-                            if (blockIdx.x == 0) reinterpret_cast<uint4*>(xn + int64_t(t) * hidden)[c] = xv;
-                        }
+                        const uint4 xv = ld_x(reinterpret_cast<const uint4*>(x + int64_t(t) * hidden) + c);
                         const uint32_t xr[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
                         for (int r = 0; r < R; ++r) {
@@ -179,11 +102,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
                 }
             }
         }
-        c0 += G * kWarps * 32;
-        if (c0 < chunks) {
-            load_rows<T, R, G>(wv, w, e0, experts, hidden, c0);
-            if constexpr (NORM) load_norm<T, G>(nv, norm_w, chunks, c0);
-        }
+        c0 += kGroup * kWarps * 32;
+        if (c0 < chunks) load_rows<T, R>(wv, w, e0, experts, hidden, c0);
     }
     // warp sums, then the 8 warps' in warp order (deterministic); logits rounded to T as F.linear's are
 #pragma unroll
@@ -204,31 +124,23 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
             float v = 0.f;
 #pragma unroll
             for (int wi = 0; wi < kWarps; ++wi) v += s_red[wi][r][t];
-            const T rounded = from_float<T>(v);
-            logits[int64_t(t) * experts + e0 + r] = rounded;
-            if constexpr (CLUSTER)  // into CTA 0's probabilities, through distributed shared memory
-                cooperative_groups::this_cluster().map_shared_rank(s_p, 0)[t * experts + e0 + r] = to_float(rounded);
+            logits[int64_t(t) * experts + e0 + r] = from_float<T>(v);
         }
     }
 
-    // 2. One CTA, one token per warp: softmax, top-k, renormalization. (Ranking every probability
+    // 2. The last CTA, one token per warp: softmax, top-k, renormalization. (Ranking every probability
     // against all others in parallel instead, an O(E) loop per thread, took 10 us per 256 of them.)
-    if constexpr (CLUSTER) {
-        cooperative_groups::this_cluster().sync();  // every CTA's logits are in CTA 0's s_p (release / acquire)
-        if (blockIdx.x != 0) return;
-    } else {  // the last CTA to finish, found by the atomic counter, reloads every logit
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == int(gridDim.x) - 1;
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        for (int i = threadIdx.x; i < tokens * experts; i += kWarps * 32) {
-            const unsigned short raw = __ldcg(reinterpret_cast<const unsigned short*>(logits) + i);
-            T v;
-            memcpy(&v, &raw, sizeof(v));
-            s_p[i] = to_float(v);
-        }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == int(gridDim.x) - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < tokens * experts; i += kWarps * 32) {
+        const unsigned short raw = __ldcg(reinterpret_cast<const unsigned short*>(logits) + i);
+        T v;
+        memcpy(&v, &raw, sizeof(v));
+        s_p[i] = to_float(v);
     }
     __syncthreads();
     // Few (token, expert) pairs (decode): a thread per pair ranks its probability against its token's others
@@ -340,119 +252,44 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_kernel(
             write_top(t, total);
         }
     }
-    if constexpr (!CLUSTER) {
-        __syncthreads();
-        if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays too)
-    }
-}
-
-// Whether a cluster of `ctas` CTAs of the cluster instance can be resident on this device (cluster sizes above 8
-// need the non-portable attribute and a GPC with that many free SMs); asked once per size and instance.
-template <typename T>
-bool cluster_fits(int ctas, bool pdl, bool norm) {
-    constexpr int kDevices = 16;
-    static int known[kDevices][2][2][kClusterMax + 1] = {};  // per device: 0 not asked yet, 1 fits, 2 does not
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device >= kDevices) return false;
-    int& k = known[device][pdl][norm][ctas];
-    if (k == 0) {
-        auto ask = [&](auto kernel) {
-            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) return false;
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(ctas);
-            cfg.blockDim = dim3(kWarps * 32);
-            // the most the ranking takes here: kMaxTokens x (kClusterMax x 8) experts
-            cfg.dynamicSmemBytes = size_t(kMaxTokens) * kClusterMax * 8 * (sizeof(float) + sizeof(uint64_t)) + 16;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = ctas;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
-            int clusters = 0;
-            return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-        };
-        // the 8-row instances need the most registers: if they fit, every row count does
-        const bool ok = norm ? (pdl ? ask(moe_router_kernel<T, 8, true, true, true>) : ask(moe_router_kernel<T, 8, false, true, true>))
-                             : (pdl ? ask(moe_router_kernel<T, 8, true, false, true>) : ask(moe_router_kernel<T, 8, false, false, true>));
-        cudaGetLastError();  // a refused query leaves no error behind
-        k = ok ? 1 : 2;
-    }
-    return k == 1;
+    __syncthreads();
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (graph replays too)
 }
 
 template <typename T>
-int launch(const void* x, const void* norm_w, float eps, const void* w, void* logits, void* scores, int64_t* indices,
-           void* xn, int* counter, int tokens, int experts, int hidden, int top_k, int rows, int flags, void* stream) {
-    if ((norm_w == nullptr) != (xn == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+int launch(const void* x, const void* w, void* logits, void* scores, int64_t* indices, int* counter, int tokens,
+           int experts, int hidden, int top_k, int rows, int flags, void* stream) {
     if (tokens < 1 || tokens > kMaxTokens || experts < 1 || experts > kMaxExperts || hidden < 8 || hidden % 8 ||
         top_k < 1 || top_k > experts || top_k > kMaxTopK || (rows != 1 && rows != 2 && rows != 4 && rows != 8))
         return static_cast<int>(cudaErrorInvalidValue);
-    // the cluster path (unless flags bit 3) where the experts fit kClusterMax CTAs of at most 8 rows (the fewest
-    // rows that do) and such a cluster fits the GPU; else `rows` rows per CTA and the atomic handoff
-    int cluster_rows = 1;
-    while (cluster_rows < 8 && (experts + cluster_rows - 1) / cluster_rows > kClusterMax) cluster_rows *= 2;
-    const bool cluster = !(flags & 8) && (experts + cluster_rows - 1) / cluster_rows <= kClusterMax &&
-                         cluster_fits<T>((experts + cluster_rows - 1) / cluster_rows, flags & 1, norm_w != nullptr);
-    if (cluster) rows = cluster_rows;
-    const int grid = (experts + rows - 1) / rows;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
+    cfg.gridDim = dim3((experts + rows - 1) / rows);
     cfg.blockDim = dim3(kWarps * 32);
     cfg.dynamicSmemBytes = size_t(tokens) * experts * (sizeof(float) + sizeof(uint64_t)) + 3 * sizeof(float);
     cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[2];
-    int n_attr = 0;
-    if (flags & 1) {
-        attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster) {
-        attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-        attr[n_attr].val.clusterDim.x = grid;
-        attr[n_attr].val.clusterDim.y = 1;
-        attr[n_attr++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = n_attr;
+    cfg.numAttrs = (flags & 1) ? 1 : 0;
     const T* xt = static_cast<const T*>(x);
-    const T* nt = static_cast<const T*>(norm_w);
     const T* wt = static_cast<const T*>(w);
     T* lt = static_cast<T*>(logits);
-    T* xnt = static_cast<T*>(xn);
     auto go = [&](auto kernel) {
         if (cfg.dynamicSmemBytes > 48 * 1024) {  // above 48 KB a kernel must opt in (on this device)
             const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        int(cfg.dynamicSmemBytes));
             if (e != cudaSuccess) return e;
         }
-        if (cluster && grid > 8) {  // each instance opts in to clusters of more than 8 CTAs
-            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-            if (e != cudaSuccess) return e;
-        }
-        return cudaLaunchKernelEx(&cfg, kernel, xt, nt, eps, wt, lt, scores, indices, xnt, counter, tokens, experts,
-                                  hidden, top_k, flags);
+        return cudaLaunchKernelEx(&cfg, kernel, xt, wt, lt, scores, indices, counter, tokens, experts, hidden, top_k, flags);
     };
-    // the PDL, NORM and CLUSTER instances for a number of rows per CTA
-    auto rows_of = [&](auto r_) {
-        constexpr int R = decltype(r_)::value;
-        const bool pdl = flags & 1, norm = norm_w != nullptr;
-        if (cluster) {
-            if (norm) return pdl ? go(moe_router_kernel<T, R, true, true, true>) : go(moe_router_kernel<T, R, false, true, true>);
-            return pdl ? go(moe_router_kernel<T, R, true, false, true>) : go(moe_router_kernel<T, R, false, false, true>);
-        }
-        if (norm) return pdl ? go(moe_router_kernel<T, R, true, true, false>) : go(moe_router_kernel<T, R, false, true, false>);
-        return pdl ? go(moe_router_kernel<T, R, true, false, false>) : go(moe_router_kernel<T, R, false, false, false>);
-    };
-    const cudaError_t err = rows == 1   ? rows_of(std::integral_constant<int, 1>{})
-                            : rows == 2 ? rows_of(std::integral_constant<int, 2>{})
-                            : rows == 4 ? rows_of(std::integral_constant<int, 4>{})
-                                        : rows_of(std::integral_constant<int, 8>{});
-    if (err != cudaSuccess) {
-        cudaGetLastError();  // a refused launch must not fail the next call's check below
-        return static_cast<int>(err);
-    }
+    const bool pdl = flags & 1;
+    const cudaError_t err =
+        rows == 1 ? (pdl ? go(moe_router_kernel<T, 1, true>) : go(moe_router_kernel<T, 1, false>))
+        : rows == 2 ? (pdl ? go(moe_router_kernel<T, 2, true>) : go(moe_router_kernel<T, 2, false>))
+        : rows == 4 ? (pdl ? go(moe_router_kernel<T, 4, true>) : go(moe_router_kernel<T, 4, false>))
+                    : (pdl ? go(moe_router_kernel<T, 8, true>) : go(moe_router_kernel<T, 8, false>));
+    if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }
 
@@ -462,15 +299,13 @@ int launch(const void* x, const void* norm_w, float eps, const void* w, void* lo
 // x [tokens, hidden] and w [experts, hidden] contiguous, 16-byte aligned; logits [tokens, experts] (x's type);
 // scores [tokens, top_k] (x's type, or fp32 with flags bit 2); indices int64 [tokens, top_k]; counter: one
 // zeroed int; rows: expert rows per CTA (1, 2, 4 or 8). flags: bit 0 PDL, bit 1 renormalize the top-k
-// probabilities, bit 2 fp32 scores, bit 3 never the cluster path (comparisons). norm_w [hidden] and xn [tokens, hidden] (16-byte aligned), both or neither:
-// route the RMSNorm of x (weight norm_w, epsilon eps) and write it to xn.
-#define LOWBIT_DEFINE_MOE_ROUTER(NAME, TYPE)                                                                         \
-    extern "C" int lowbit_moe_router_##NAME(const void* x, const void* norm_w, float eps, const void* w,             \
-                                            void* logits, void* scores, int64_t* indices, void* xn, int* counter,    \
-                                            int tokens, int experts, int hidden, int top_k, int rows, int flags,     \
-                                            void* stream) {                                                          \
-        return lowbit::moe::launch<TYPE>(x, norm_w, eps, w, logits, scores, indices, xn, counter, tokens, experts,   \
-                                         hidden, top_k, rows, flags, stream);                                        \
+// probabilities, bit 2 fp32 scores.
+#define LOWBIT_DEFINE_MOE_ROUTER(NAME, TYPE)                                                                      \
+    extern "C" int lowbit_moe_router_##NAME(const void* x, const void* w, void* logits, void* scores,             \
+                                            int64_t* indices, int* counter, int tokens, int experts, int hidden,  \
+                                            int top_k, int rows, int flags, void* stream) {                       \
+        return lowbit::moe::launch<TYPE>(x, w, logits, scores, indices, counter, tokens, experts, hidden, top_k, \
+                                         rows, flags, stream);                                                    \
     }
 LOWBIT_DEFINE_MOE_ROUTER(fp16, __half)
 LOWBIT_DEFINE_MOE_ROUTER(bf16, __nv_bfloat16)

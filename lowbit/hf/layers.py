@@ -21,14 +21,7 @@ gives such a layer a subclass whose decode step moves the adds and the norms int
 
 Per layer the step is then q|k|v, attention (lowbit's fused op), o_proj, gate|up with the activation,
 down_proj: five kernels, no norm or activation kernels, each a lowbit kernel that starts under its predecessor
-(programmatic launch).
-
-A layer whose MLP is a sparse MoE block (:data:`MOE_BLOCKS`: ``experts(x, *gate(x)[1:])``) with lowbit's router
-(:func:`lowbit.hf.router.use_lowbit_router`) runs ``o_proj`` with the residual add, then one router kernel that
-computes the post-attention RMSNorm itself and hands its output to the experts (:func:`lowbit.ops.moe_router_rms`):
-no norm kernel between o_proj and the router, which then starts under o_proj and has its weights in flight before
-``h2`` is ready. The experts block and the last residual add are the model's own (under torch.compile inductor
-fuses the add, the experts' weighted sum and the next layer's input norm into one kernel). The rounding differs from transformers' in where it happens, not in how much: one
+(programmatic launch). The rounding differs from transformers' in where it happens, not in how much: one
 rounding of each residual instead of two, the norm's factor applied in fp32 to the product instead of to its input
 (``tests/test_layers.py`` bounds the logits against the model's own layers).
 
@@ -48,20 +41,14 @@ from .. import dispatch
 from .attention import _PLAIN_RMS_NORMS, _fused_step
 
 #: decoder layers whose forward is Llama's (pre-norm attention and gated MLP, two residual adds)
-LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "Qwen3MoeDecoderLayer")
+LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 #: MLPs whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
-MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Qwen3MoeMLP")
-#: sparse MoE blocks whose forward is ``experts(x, indices, scores)`` of ``_, scores, indices = gate(x)`` on the
-#: block's input flattened to [tokens, hidden], reshaped back (no shared expert)
-MOE_BLOCKS = ("Qwen3MoeSparseMoeBlock",)
+MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
 #: take decode steps through the fused layer (False: the layer's own forward; comparisons)
 FUSED = True
 #: run the fused step on CPU too, through the op's reference (tests: the same code path without a GPU)
 CPU_REFERENCE = False
-#: a MoE layer's post-attention norm inside its router kernel (False: the model's own MoE step after the fused
-#: attention half; comparisons)
-MOE_ROUTER_NORM = True
 #: a fused [gate; up] module with SiLU computes ``silu(gate) * up`` in its GEMV's output (the op's ``swiglu``; False:
 #: the GEMV writes gate|up and the product is a kernel of its own; comparisons)
 SWIGLU = True
@@ -147,72 +134,34 @@ def _norm_ok(norm, eps, like) -> bool:
     return w is not None and w.dtype == like.dtype and w.shape[0] == like.shape[-1]
 
 
-#: the MLP plan of a layer whose MLP is a MoE block (:data:`MOE_BLOCKS`)
-MOE = "moe"
-
-
-def _moe_ok(self, mlp, like) -> bool:
-    """Whether the MoE block's step can run as o_proj, the router with the norm, the experts: lowbit's router (its
-    kernel), in the activations' dtype, nothing hooked."""
-    gate, experts = getattr(mlp, "gate", None), getattr(mlp, "experts", None)
-    return (MOE_ROUTER_NORM and self._lowbit_moe and gate is not None and experts is not None
-            and getattr(gate, "_lowbit_router_of", None) is not None
-            and isinstance(getattr(gate, "weight", None), torch.Tensor) and gate.weight.dtype == like.dtype
-            and not _hooked(gate, experts))
-
-
 def _plan(self, hidden_states):
-    """What the fused step needs from this layer for this call (the post-attention norm's eps, the gate|up group or
-    :data:`MOE`, the q|k|v group or None where the input norm cannot go into its GEMV), or None when it does not take
-    it."""
+    """What the fused step needs from this layer for this call (the post-attention norm's eps, the gate|up group,
+    the q|k|v group or None where the input norm cannot go into its GEMV), or None when it does not take it."""
     if not FUSED or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
         return None
     attn, mlp, eps = getattr(self, "self_attn", None), getattr(self, "mlp", None), self._lowbit_post_eps
-    moe = _moe_ok(self, mlp, hidden_states) if mlp is not None else False
-    if getattr(attn, "_lowbit_qk_norm", None) is None or not (self._lowbit_plain_mlp or moe):
-        return None  # the attention layer is not lowbit's fused one, or the MLP not one the step takes
+    if getattr(attn, "_lowbit_qk_norm", None) is None or not self._lowbit_plain_mlp:
+        return None  # the attention layer is not lowbit's fused one, or the MLP not the plain gated one
     b, d = hidden_states.shape[0], hidden_states.shape[2]
     if not _norm_ok(self.post_attention_layernorm, eps, hidden_states):
         return None
-    o = getattr(attn, "o_proj", None)
-    if o is None or _hooked(attn, mlp, self.post_attention_layernorm, o):
+    gu = _group([getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)])
+    o, down = getattr(attn, "o_proj", None), getattr(mlp, "down_proj", None)
+    if gu is None or o is None or down is None:
         return None
-    if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d):
+    inter = _widths(gu)
+    if _hooked(attn, mlp, self.post_attention_layernorm, o, down, mlp.gate_proj, mlp.up_proj, *_launches(gu)):
         return None
-    if moe:
-        gu = MOE
-    else:
-        gu = _group([getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)])
-        down = getattr(mlp, "down_proj", None)
-        if gu is None or down is None:
-            return None
-        inter = _widths(gu)
-        if _hooked(down, mlp.gate_proj, mlp.up_proj, *_launches(gu)):
-            return None
-        if not (all(_takes(m, b, hidden_states, d) for m in _launches(gu))
-                and inter[0] == inter[1] and _takes(down, b, hidden_states, inter[0]) and down.out_features == d):
-            return None
+    if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
+            and all(_takes(m, b, hidden_states, d) for m in _launches(gu))
+            and inter[0] == inter[1] and _takes(down, b, hidden_states, inter[0]) and down.out_features == d):
+        return None
     qkv = _group([getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")])
     if qkv is None or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states) \
             or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv)) \
             or _hooked(self.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, *_launches(qkv)):
         qkv = None
     return eps, gu, qkv
-
-
-def _moe_step(self, h2, eps):
-    """The MoE block of a decode step from the residual stream ``h2 [b, d]``: the router with the post-attention norm
-    in one kernel, then the block's experts on the norm's output; ``h2 + experts``."""
-    from .. import ops
-    from .router import ROUTERS
-
-    gate = self.mlp.gate
-    normalize, cast = ROUTERS[gate._lowbit_router_of]
-    if isinstance(normalize, str):
-        normalize = bool(getattr(gate, normalize))
-    _, scores, indices, x = ops.moe_router_rms(h2, self.post_attention_layernorm.weight, eps, gate.weight.contiguous(),
-                                               gate.top_k, normalize, not cast)
-    return h2 + self.mlp.experts(x, indices, scores)
 
 
 def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
@@ -242,9 +191,6 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         return h2 + mlp(post(h2))
     h = hidden_states.reshape(b, d).contiguous()
     op = dispatch.gemv_epilogue_op
-    if gate_up is MOE:  # o_proj + the residual add; the router normalizes h2 itself
-        h2, _ = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h)
-        return _moe_step(self, h2, eps).view(b, 1, d)
     # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
     h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
     act = _gated(gate_up, mlp, hw, h2, eps)  # the norm's factor from h2, in the output
@@ -278,7 +224,6 @@ def use_fused_decode_layers(model) -> int:
             mod._lowbit_post_eps = _norm_eps(getattr(mod, "post_attention_layernorm", None))
             mod._lowbit_in_eps = _norm_eps(getattr(mod, "input_layernorm", None))
             mod._lowbit_plain_mlp = _is_transformers(getattr(mod, "mlp", None), MLPS)
-            mod._lowbit_moe = _is_transformers(getattr(mod, "mlp", None), MOE_BLOCKS)
             mod._lowbit_in = None
             # NVFP4 projections decode through their tiled layout here (the epilogue GEMV), which a prefill through
             # dequantize-and-matmul never builds: built now, so that a compiled step does not trace the packing

@@ -1,4 +1,4 @@
-"""CUDA implementation of ``lowbit::moe_router`` and ``lowbit::moe_router_rms`` (csrc/moe/router.cu)."""
+"""CUDA implementation of ``lowbit::moe_router`` (csrc/moe/router.cu)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,13 @@ from .device import pdl_supported
 from .library import library_or_none, ptr, register_signatures, stream_of
 from .tiled import _pdl_arg, counters
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_P, _I = ctypes.c_void_p, ctypes.c_int
 register_signatures({
-    # x, norm_w, eps, weight, logits, scores, indices, xn, counter, tokens, experts, hidden, top_k, rows, flags, stream
-    "moe_router": [_P, _P, _F, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P],
+    # x, weight, logits, scores, indices, counter, tokens, experts, hidden, top_k, rows, flags, stream
+    "moe_router": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P],
 })
 
-_NORMALIZE, _FP32_SCORES, _NO_CLUSTER = 2, 4, 8
-#: up to 128 experts, route in one thread-block cluster (the logits handed over in distributed shared memory; False:
-#: one CTA per SM and an atomic handoff to the last CTA, as for more experts; comparisons -- both give the same bits)
-CLUSTER = True
+_NORMALIZE, _FP32_SCORES = 2, 4
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
@@ -31,50 +28,29 @@ def supported(x: torch.Tensor, weight: torch.Tensor, top_k: int) -> bool:
 
 
 def rows_per_cta(experts: int, sms: int) -> int:
-    """Expert rows per CTA outside the cluster path (the kernel picks its own there): the fewest (1, 2, 4, 8) that
-    keep the grid within one CTA per SM (each CTA spreads its rows' hidden dimension over 256 threads, so fewer rows
-    per CTA means more loads in flight)."""
+    """Expert rows per CTA: the fewest (1, 2, 4, 8) that keep the grid within one CTA per SM (each CTA
+    spreads its rows' hidden dimension over 256 threads, so fewer rows per CTA means more loads in flight)."""
     for rows in (1, 2, 4):
         if -(-experts // rows) <= sms:
             return rows
     return 8
 
 
-def _launch(x, norm_weight, eps, weight, top_k, normalize, fp32_scores):
-    """logits, scores, indices (and the normalized x when norm_weight is given) from the kernel, or None where it does
-    not take the call."""
-    tokens, hidden = x.shape
-    experts = weight.shape[0]
+@ops.moe_router.register_kernel("cuda")
+def _(x, weight, top_k, normalize, fp32_scores):
+    tokens, experts, hidden = ops.check_moe_router_args(x, weight, top_k)
     lib = library_or_none(x.device)
-    aligned = x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0 and (norm_weight is None or norm_weight.data_ptr() % 16 == 0)
-    if lib is None or not supported(x, weight, top_k) or not aligned:
-        return None
+    if lib is None or not supported(x, weight, top_k) or x.data_ptr() % 16 or weight.data_ptr() % 16:
+        return ops.moe_router_reference(x, weight, top_k, normalize, fp32_scores)
     logits = x.new_empty((tokens, experts))
     scores = x.new_empty((tokens, top_k), dtype=torch.float32 if fp32_scores else x.dtype)
     indices = x.new_empty((tokens, top_k), dtype=torch.int64)
-    xn = x.new_empty((tokens, hidden)) if norm_weight is not None else None
     # the tiled GEMVs' counters (one): every user resets what it takes, and under PDL touches them only
     # after waiting for its predecessor
     cnt = counters(x.device, 1)
-    flags = (_NORMALIZE if normalize else 0) | (_FP32_SCORES if fp32_scores else 0) | (0 if CLUSTER else _NO_CLUSTER)
+    flags = (_NORMALIZE if normalize else 0) | (_FP32_SCORES if fp32_scores else 0)
     rows = rows_per_cta(experts, torch.cuda.get_device_properties(x.device).multi_processor_count)
-    lib.call("moe_router", [ptr(x), ptr(norm_weight), float(eps), ptr(weight),
-                            ptr(logits), ptr(scores), ptr(indices), ptr(xn), ptr(cnt), tokens,
-                            experts, hidden, top_k, rows, _pdl_arg(pdl_supported(x.device), flags), stream_of(x.device)],
+    lib.call("moe_router", [ptr(x), ptr(weight), ptr(logits), ptr(scores), ptr(indices), ptr(cnt), tokens, experts,
+                            hidden, top_k, rows, _pdl_arg(pdl_supported(x.device), flags), stream_of(x.device)],
              dtype=x.dtype)
-    return (logits, scores, indices) if xn is None else (logits, scores, indices, xn)
-
-
-@ops.moe_router.register_kernel("cuda")
-def _(x, weight, top_k, normalize, fp32_scores):
-    ops.check_moe_router_args(x, weight, top_k)
-    out = _launch(x.contiguous(), None, 0.0, weight.contiguous(), top_k, normalize, fp32_scores)
-    return out if out is not None else ops.moe_router_reference(x, weight, top_k, normalize, fp32_scores)
-
-
-@ops.moe_router_rms.register_kernel("cuda")
-def _(h, norm_weight, eps, weight, top_k, normalize, fp32_scores):
-    ops.check_moe_router_rms_args(h, norm_weight, eps, weight, top_k)
-    out = _launch(h.contiguous(), norm_weight.contiguous(), eps, weight.contiguous(), top_k, normalize, fp32_scores)
-    return out if out is not None else ops.moe_router_rms_reference(h, norm_weight, eps, weight, top_k, normalize,
-                                                                    fp32_scores)
+    return logits, scores, indices

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
-from .attention import rms_norm_reference
 
 #: tokens per call the CUDA kernel takes (decode); more go through the reference (cuBLAS + torch)
 ROUTER_MAX_TOKENS = 8
@@ -56,38 +55,3 @@ def moe_router_reference(x, weight, top_k, normalize, fp32_scores):
     if normalize:
         top = top / top.sum(dim=-1, keepdim=True)
     return logits, top if fp32_scores else top.to(logits.dtype), idx
-
-
-def check_moe_router_rms_args(h, norm_weight, eps, weight, top_k) -> tuple[int, int, int]:
-    """(tokens, experts, hidden) of valid :func:`moe_router_rms` arguments; raises otherwise."""
-    tokens, experts, hidden = check_moe_router_args(h, weight, top_k)
-    check_tensor("norm_weight", norm_weight, dtypes=(h.dtype,), dim=1)
-    if norm_weight.shape[0] != hidden:
-        raise ValueError(f"norm_weight must be [hidden={hidden}], got {tuple(norm_weight.shape)}")
-    if isinstance(eps, bool) or not isinstance(eps, float) or not eps >= 0:
-        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    check_same_device(h=h, norm_weight=norm_weight)
-    return tokens, experts, hidden
-
-
-@torch.library.custom_op("lowbit::moe_router_rms", mutates_args=())
-def moe_router_rms(h: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, top_k: int, normalize: bool,
-                   fp32_scores: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`moe_router` of ``x = RMSNorm(h)`` (transformers' RMSNorm: weight ``norm_weight``, epsilon ``eps``):
-    ``(logits, scores, indices, x)``, x ``[T, H]`` in h's dtype for the experts. A decode layer's post-attention norm
-    and its router in one launch on CUDA."""
-    check_moe_router_rms_args(h, norm_weight, eps, weight, top_k)
-    return moe_router_rms_reference(h, norm_weight, eps, weight, top_k, normalize, fp32_scores)
-
-
-@moe_router_rms.register_fake
-def _(h, norm_weight, eps, weight, top_k, normalize, fp32_scores):
-    tokens, experts, hidden = check_moe_router_rms_args(h, norm_weight, eps, weight, top_k)
-    return (h.new_empty((tokens, experts)), h.new_empty((tokens, top_k), dtype=torch.float32 if fp32_scores else h.dtype),
-            h.new_empty((tokens, top_k), dtype=torch.int64), h.new_empty((tokens, hidden)))
-
-
-def moe_router_rms_reference(h, norm_weight, eps, weight, top_k, normalize, fp32_scores):
-    """The RMSNorm (:func:`lowbit.ops.rms_norm_reference`), then :func:`moe_router_reference` of its output."""
-    x = rms_norm_reference(h, norm_weight, eps)
-    return (*moe_router_reference(x, weight, top_k, normalize, fp32_scores), x)
