@@ -53,7 +53,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
                                "sbvr_lookup_gemv", "decode_attention", "decode_attention_occupancy", "moe_router"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
-    assert hasattr(lib, "lowbit_check_expert_offsets")
+    assert hasattr(lib, "lowbit_check_expert_offsets") and hasattr(lib, "lowbit_clear_error")
     from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 

@@ -130,3 +130,27 @@ def test_device_mismatch(q):
         ops.kbit_dequantize(p, a, c, s.to("meta"), 4, torch.float16)
     with pytest.raises(ValueError, match="same device"):
         ops.kbit_linear(torch.randn(2, 64, device="meta"), p, a, c, s, 4)
+
+
+def test_kernel_error_clears_the_runtime_error_before_raising():
+    """A failed lowbit launch is raised as RuntimeError naming the kernel and CUDA's message, after the library's
+    lowbit_clear_error() call: the failed CUDA call's error must not stay behind for the next launch to report as its
+    own (tests/gpu/test_kbit_gemv_gpu.py makes a real one)."""
+    from lowbit.kernels.library import Library
+
+    calls = []
+
+    class FakeDll:
+        def lowbit_clear_error(self):
+            calls.append("clear")
+            return 1
+
+        def lowbit_error_string(self, err):
+            calls.append("string")
+            return b"invalid argument"
+
+    lib = Library.__new__(Library)
+    lib._dll = FakeDll()
+    with pytest.raises(RuntimeError, match=r"lowbit CUDA kernel kbit_gemv\{\} failed: invalid argument \(cudaError 1\)"):
+        lib.raise_error("kbit_gemv{}", 1)
+    assert calls == ["clear", "string"]

@@ -483,6 +483,7 @@ int occupancy(int append) {
     const cudaError_t err =
         append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, true>, kWarps * 32, 0)
                : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, false>, kWarps * 32, 0);
+    if (err != cudaSuccess) cudaGetLastError();  // reported as 0, not left behind as the runtime's last error
     return err == cudaSuccess ? blocks : 0;
 }
 

@@ -316,9 +316,12 @@ int configure(K kernel, size_t smem) {
 // one-wave grids; 0 when it cannot be configured.
 template <typename K>
 int occupancy(K kernel, size_t smem, int warps) {
-    if (configure(kernel, smem)) return 0;
     int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) return 0;
+    if (configure(kernel, smem) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) {
+        cudaGetLastError();  // the caller reports 0; the refusal must not stay behind as the runtime's last error
+        return 0;
+    }
     return blocks;
 }
 

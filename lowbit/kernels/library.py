@@ -17,7 +17,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int): the library-wide entries here,
@@ -88,6 +88,9 @@ class Library:
             self.raise_error(f"{op}{params}", err)
 
     def raise_error(self, what: str, err: int) -> None:
+        # the failed CUDA call's error is still the runtime's last error: cleared here, so that the next launch (ours
+        # or PyTorch's, after a caller handled this exception) does not report it as its own
+        self._dll.lowbit_clear_error()
         msg = self._dll.lowbit_error_string(err).decode()
         raise RuntimeError(f"lowbit CUDA kernel {what} failed: {msg} (cudaError {err})")
 

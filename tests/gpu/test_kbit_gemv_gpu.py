@@ -596,3 +596,29 @@ def test_rotated_module_eager_compiled_and_graph_agree(gen):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_a_refused_configuration_leaves_no_cuda_error_behind(gen):
+    """More experts than the grouped kernel's shared memory holds: the occupancy query says so (ValueError) and a launch
+    anyway fails (RuntimeError), and afterwards PyTorch's and lowbit's next launches run: the refused
+    cudaFuncSetAttribute is not left as the runtime's last error for them to report."""
+    lib = get_library()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    too_many = 20000  # 16 bytes of shared memory per expert: > 227 KB
+    with pytest.raises(ValueError, match="do not fit"):
+        split_max_ctas(lib, dev, 4, torch.float16, too_many)
+    assert torch.equal(torch.ones(8, device="cuda") + 1, torch.full((8,), 2.0, device="cuda"))
+    q = lowbit.quantize_kbit(torch.randn(64, 256, generator=gen), bits=4).to("cuda")
+    x = torch.randn(1, 256, generator=gen).half().cuda()
+    y = torch.empty(too_many, 64, dtype=torch.float16, device="cuda")
+    off = torch.zeros(too_many + 1, dtype=torch.int64, device="cuda")
+    qw, qa = q.tiled()
+    args = [ptr(x), ptr(off), 0, ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), too_many, 64, 256,
+            132, 0, ptr(None), stream_of(x.device)]
+    with pytest.raises(RuntimeError, match="lowbit CUDA kernel kbit_split_gemv"):
+        lib.call("kbit_split_gemv", args, bits=4, dtype=torch.float16)
+    z = torch.randn(32, 32, device="cuda")
+    assert torch.allclose(z @ z, (z.double() @ z.double()).float(), rtol=1e-3, atol=1e-3)  # cuBLAS runs
+    want = _ref(x, q)
+    assert _rel(lowbit.kbit_linear(x, q), want) <= BOUND[torch.float16]  # and lowbit's own kernels
+    torch.cuda.synchronize()
