@@ -257,18 +257,3 @@ def test_nvfp4_plain_gemv_only_where_it_measured_faster():
     assert not wins(2, 14336, 4096)  # M > 1: the tiled GEMV
     assert not wins(1, 4096, 14336) and not wins(1, 2048, 10240)  # long K: a partial last round of K steps
     assert not wins(1, 8960, 512) and not wins(1, 4096, 2048) and not wins(1, 1024, 4096)  # short K, or small
-
-
-def test_stage_x_switches(monkeypatch):
-    """The stream-K GEMV's x staging is the kernel's call unless STAGE_X is off (never) or STAGE_X_MAX_BYTES caps it:
-    FLAG_GLOBAL_X exactly where M (at most 8 rows) staged rows of K_in would pass the cap."""
-    from lowbit.kernels import tiled
-
-    assert tiled._x_row_bytes(4096) == 16 * 512 + 16 and tiled._x_row_bytes(4000) == tiled._x_row_bytes(4096)
-    assert tiled._stage_x_flag(8, 14336) == 0  # the kernel decides
-    monkeypatch.setattr(tiled, "STAGE_X_MAX_BYTES", 32768)
-    assert tiled._stage_x_flag(3, 4096) == 0 and tiled._stage_x_flag(4, 4096) == tiled.FLAG_GLOBAL_X
-    assert tiled._stage_x_flag(16, 1792) == tiled._stage_x_flag(8, 1792) == 0  # 8 rows at most: 8 x 3600 bytes
-    assert tiled._stage_x_flag(16, 2048) == tiled._stage_x_flag(8, 2048) == tiled.FLAG_GLOBAL_X  # 8 x 4112
-    monkeypatch.setattr(tiled, "STAGE_X", False)
-    assert tiled._stage_x_flag(1, 256) == tiled.FLAG_GLOBAL_X

@@ -423,11 +423,8 @@ __host__ __device__ constexpr size_t swi_smem(int pairs) { return size_t(pairs) 
 // unit, so an L2 round trip for x on every unit shows: 8192x29568 K=2 35.9 -> 34.2 us, K=3 44.5 -> 41.6,
 // 4096x28672 K=3 25.4 -> 23.9 (H100, M = 1; benchmarks/journal/2026-11-25_gemv_x_staging.md). At K=4 the register pipeline already hides it and the copy
 // only adds its own round trip (8192x29568 49.7 -> 50.2, 14336x4096 14.9 -> 15.6; M = 4 18.6 vs 15.8).
-// Up to 128 KB: M = 4 rows of K_in <= 16128 (Llama-3-8B's down at batch 4 takes 115 KB), M = 8 of K_in <= 8064. The
-// stream-K kernel holds one CTA per SM by its registers, so the copy costs no occupancy (32 KB kept M = 4 rows of
-// K_in = 4096 unstaged: 8192x28672 K=3 took 44.2 us at M = 4 against 38.1 at M = 1).
 template <int BITS, bool FP4> constexpr bool kStageX = !FP4 && BITS <= 3;
-constexpr size_t kStageXMaxBytes = 128 * 1024;
+constexpr size_t kStageXMaxBytes = 32 * 1024;
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
 // into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w

@@ -90,21 +90,6 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-#: Stage x only up to this many bytes (M rows of x_row_bytes(K_in)); None: the kernel's own limit (kStageXMaxBytes,
-#: 128 KB). 32768 restores the limit before it was raised (comparisons).
-STAGE_X_MAX_BYTES: int | None = None
-
-
-def _x_row_bytes(k_in: int) -> int:
-    """Bytes of one staged x row (x_row_bytes in csrc/tiled/gemv.cuh)."""
-    return -(-k_in // 256) * 512 + 16
-
-
-def _stage_x_flag(m: int, k_in: int) -> int:
-    """FLAG_GLOBAL_X where :data:`STAGE_X` or :data:`STAGE_X_MAX_BYTES` keep this call's x out of shared memory."""
-    if not STAGE_X or (STAGE_X_MAX_BYTES is not None and min(m, 8) * _x_row_bytes(k_in) > STAGE_X_MAX_BYTES):
-        return FLAG_GLOBAL_X
-    return 0
 _FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
 
 
@@ -385,7 +370,7 @@ class GemvLauncher(_Launcher):
             op, sym = fmt.symbol("gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
             warps = STREAM_CTA_WARPS * swiglu_ctas(lib, self.device, fmt, dtype, m, n)
-            flags = self.flags | FLAG_LOCAL | _stage_x_flag(m, k_in)
+            flags = self.flags | FLAG_LOCAL | (0 if STAGE_X else FLAG_GLOBAL_X)
             fixed = (ctypes.c_void_p(None), c_int(m), c_int(n), c_int(k_in), c_int(warps))  # no counters: local
             plan = ("streamk", fn, (qw, qa, cb, sc), fixed, 0, flags)
             self._plans[(dtype, m, True)] = plan
@@ -407,7 +392,8 @@ class GemvLauncher(_Launcher):
                 warps = gemv_warps(lib, self.device, fmt, dtype, m, n, k_in)
                 cnt = ctypes.c_void_p(counters(self.device, self.tiles).data_ptr())
                 ws_warps, flags = warps, self.flags
-            flags |= _stage_x_flag(m, k_in)
+            if not STAGE_X:
+                flags |= FLAG_GLOBAL_X
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), ws_warps, flags)
         self._plans[(dtype, m)] = plan
         return plan

@@ -132,15 +132,14 @@ def test_local_gemv_every_grid(bits, pdl, gen):
 @pytest.mark.parametrize("bits", [2, 3])
 def test_streamk_shared_x_equals_global_x(bits, local, gen):
     """K <= 3: the stream-K kernel copies x to shared memory (zero-padded to whole groups) when the copy fits
-    (<= 128 KB); the same call reading x from global memory (FLAG_GLOBAL_X) is bit-equal, on both modes,
-    K_in % 256 != 0, 1..8 tokens (4 x 14336 is staged, 8 x 8192 does not fit: both read global), NaN-filled
-    outputs."""
+    (<= 32 KB); the same call reading x from global memory (FLAG_GLOBAL_X) is bit-equal, on both modes,
+    K_in % 256 != 0, 1..8 tokens (8 x 8192 does not fit: both read global), NaN-filled outputs."""
     lib = get_library()
-    for n, k_in in ((16 * 37 - 5, 256 * 5 - 96), (300, 8192), (16 * 200, 2048 + 32), (96, 14336)):
+    for n, k_in in ((16 * 37 - 5, 256 * 5 - 96), (300, 8192), (16 * 200, 2048 + 32)):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
         qw, qa = q.tiled()
         tiles = -(-n // 16)
-        for m in (1, 3, 4, 8):
+        for m in (1, 3, 8):
             x = torch.randn(m, k_in, generator=gen).half().cuda()
             outs = []
             for extra in (0, tiled.FLAG_GLOBAL_X):
