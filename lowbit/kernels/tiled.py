@@ -90,7 +90,7 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(64))  # bits 1-5: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
