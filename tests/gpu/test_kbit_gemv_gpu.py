@@ -456,7 +456,7 @@ def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen,
             assert torch.equal(got, sorted_), f"{tokens} tokens"
             monkeypatch.setattr(nn_experts, "ROUTED_SWIGLU", True)
             got = run(True, hs, idx, w)
-            assert torch.isfinite(got).all() and _rel(got, sorted_) <= BOUND[dtype], f"{tokens} tokens, swiglu"
+            assert torch.isfinite(got).all() and _rel(got, sorted_.cpu().double()) <= BOUND[dtype], f"{tokens} tokens, swiglu"
         monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
         ex._launchers = None
         with lowbit.programmatic_launch():
