@@ -48,7 +48,6 @@ struct LaneCtx {
     int k_blocks;      // k_in / 32
     uint32_t rot;      // ROT: this lane's Hadamard A-fragment value (rotate_x)
     Cb2Regs cb2;       // K=2 register decode (kK2RegBlocks): the codebook's bytes
-    int act_off;       // kXAct: elements from a gate column to its up column (the row is [gate | up])
 };
 
 // ---- rotation = 32 (lowbit/formats/kbit/rotation.py): the weight holds W H per 32-column block
@@ -179,10 +178,7 @@ constexpr int kScaleStride = FP4 ? 16 : 8;
 // Where a kernel reads x from (the XSRC template argument; 0 / 1 are also "PDL: false / true"):
 // global memory; global through the coherent path after pdl_wait, under PDL (common.cuh: ld_x); or a
 // copy in shared memory (stage_x), zero-padded to whole groups.
-// kXAct: x is the MoE gate|up output [gate | up] of 2 K_in columns and the operand is silu(gate) * up, computed
-// on load in fp32 and rounded once (as the SwiGLU epilogue and ops.swiglu_reference do): the routed down GEMV
-// takes it, so that no activation kernel stands between the two routed GEMVs (coherent loads: PDL).
-constexpr int kXGlobal = 0, kXCoherent = 1, kXShared = 2, kXAct = 3;
+constexpr int kXGlobal = 0, kXCoherent = 1, kXShared = 2;
 // x staged in shared memory (and not rotated, which needs the natural order) is stored in the register
 // decode's order by stage_x, instead of 4 byte permutes per block here.
 template <int BITS, bool QUAD, int XSRC, bool ROT> constexpr bool kXPerm = QUAD && BITS == 2 && XSRC == kXShared && !ROT;
@@ -202,36 +198,18 @@ __device__ __forceinline__ uint4 x_chunk(const T* p) {
     }
 }
 
-// silu(gate) * up of 8 columns (kXAct): gate at p, up at p + off.
-template <typename T>
-__device__ __forceinline__ uint4 act_chunk(const T* p, int off) {
-    const uint4 gv = ld_x(reinterpret_cast<const uint4*>(p)), uv = ld_x(reinterpret_cast<const uint4*>(p + off));
-    const uint32_t gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w};
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 g = to_float2<T>(gs[i]), u = to_float2<T>(us[i]);
-        out[i] = Pack2<T>::pack(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // Load x for the 8 blocks of group grp (zero past k_in in a partial last group; the shared copy
 // holds those zeros).
 template <int XSRC, typename T>
 __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<T>& ctx, int grp) {
     const int valid_blocks = ctx.k_blocks - grp * kGroupBlocks;
     const T* xg = ctx.x + grp * 256;
-    auto chunk = [&](int j) {
-        if constexpr (XSRC == kXAct) return act_chunk<T>(xg + 32 * j, ctx.act_off);
-        else return x_chunk<XSRC>(xg + 32 * j);
-    };
     if (XSRC == kXShared || valid_blocks >= kGroupBlocks) {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = chunk(j);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = x_chunk<XSRC>(xg + 32 * j);
     } else {
 #pragma unroll
-        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? chunk(j) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < kGroupBlocks; ++j) xv[j] = j < valid_blocks ? x_chunk<XSRC>(xg + 32 * j) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -290,7 +268,6 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     c.k_blocks = k_in / 32;
     c.rot = rot_fragment<T>(lane);
     c.cb2 = Cb2Regs{0, 0};
-    c.act_off = 0;
     return c;
 }
 
@@ -795,7 +772,7 @@ inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id,
 // ROUTED: rows given by Routes (compact_routes) -- its own instance, so that the others keep their registers
 // (they sit at 128).
 template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false,
-          bool EPI = false, bool ACT = false>
+          bool EPI = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -917,19 +894,14 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                 if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
                 // routed: each lane's token row through the route order (lane_ctx with one row)
-                // ACT: x rows are [gate | up], 2 k_in wide
-                constexpr int kXCols = ACT ? 2 : 1;
-                LaneCtx<T> ctx = !ROUTED
+                const LaneCtx<T> ctx = !ROUTED
                     ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
-                    : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * kXCols * k_in,
-                                               kXCols * k_in, 1, k_in);
-                if constexpr (ACT) ctx.act_off = k_in;
+                    : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in, k_in, 1, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, ACT ? kXAct : PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin,
-                                                                              n_groups, flush);
+                run_units<BITS, false, T, S_, PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -942,8 +914,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
 // keeps the stream-K kernel's x in global memory (no shared copy; for comparisons), bit 4 keeps the routed
 // split kernel's warps per tile at split_for's (for comparisons).
-// Bit 5 (routed only): x is the gate|up output [gate | up] and the operand silu(gate) * up (kXAct).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16, kFlagAct = 32;
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -1063,8 +1034,6 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
                    routes.x_div < 1 || routes.count % routes.x_div))
         return static_cast<int>(cudaErrorInvalidValue);
-    const bool act = flags & kFlagAct;  // routed, unrotated kbit, one route per x row
-    if (act && (!routed || FP4 || (flags & kFlagRot32) || routes.x_div != 1)) return static_cast<int>(cudaErrorInvalidValue);
     // items of the experts that can be active (routed: at most one per route)
     const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
     auto items_of = [&](int s) { return int64_t(max_active) * ((n_tiles + kWarps / s - 1) / (kWarps / s)); };
@@ -1090,13 +1059,12 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && !with_epi && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
-    auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi, act](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
         if constexpr (!R) {
             if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, false, true>;
         }
         if constexpr (!FP4 && !R) {
-            if (act) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true, false, true>;
             if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
