@@ -22,7 +22,9 @@ of their own, not in the GEMVs' outputs), ``@no-swiglu`` (``lowbit.hf.layers.SWI
 gate|up GEMV writes gate|up and SiLU-mul is a kernel of its own), ``@cublas-head`` (``lowbit.hf.head.DENSE = False``:
 a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 included, takes the same head kernel),
 ``@moe-sum`` (``lowbit.nn.experts.COMBINE_TERMS = False``: a compiled MoE block sums each token's k expert rows as a
-reduction, not as k terms that inductor fuses into the next kernel).
+reduction, not as k terms that inductor fuses into the next kernel), ``@no-routed-swiglu``
+(``lowbit.nn.experts.ROUTED_SWIGLU = False``: the routed MoE block's SiLU-mul as its own step, not computed by the
+down GEMV from gate|up's output).
 """
 
 import argparse
@@ -165,7 +167,8 @@ def main():
                 "fused-layers": (hf_layers, "FUSED", True), "no-fused-layers": (hf_layers, "FUSED", False),
                 "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
                 "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False),
-                "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False)}
+                "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False),
+                "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True), "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

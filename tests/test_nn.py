@@ -201,6 +201,12 @@ def test_routed_forward_equals_sorted_forward(tokens, k, gen):
                                 lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "gate_up"), d),
                                 lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "down"), d))
     assert rel_err(routed, q(hidden, idx, w)) < 1e-6
+    # down straight from gate|up's output (swiglu=True): the same in fp32
+    fused = moe_routed_forward(q, hidden, idx, w,
+                               lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "gate_up"), d),
+                               lambda x, ids, d: ops.kbit_routed_gemv(x, ids, *_stack_args(q, "down"), d),
+                               lambda gu, ids: ops.kbit_routed_gemv(gu, ids, *_stack_args(q, "down"), 1, True))
+    assert rel_err(fused, routed) < 1e-6
 
 
 def test_routed_op_rows_and_errors(gen):
@@ -226,6 +232,25 @@ def test_routed_op_rows_and_errors(gen):
     with pytest.raises(ValueError, match="K_in"):
         ops.kbit_routed_gemv(x[:, :32].contiguous(), ids, *args, 2)
     assert not lowbit.dispatch.moe_routed(x, 6, 4)  # CPU: the sorted block
+
+
+def test_routed_op_swiglu(gen):
+    """swiglu=True: x is [gate | up] (2 K_in columns) and the operand ops.swiglu_reference(x), silu(gate) * up rounded
+    once; one route per x row; a wrong width or rows_per_x is refused."""
+    from lowbit import ops
+
+    q = KbitMoeExperts.from_experts(_Experts(4, 64, 32, gen), bits=4)
+    args = _stack_args(q, "down")  # K_in = 32
+    gu = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([3, 0, 7, 1, 3])
+    y = ops.kbit_routed_gemv(gu, ids, *args, 1, True)
+    assert torch.equal(y, ops.kbit_routed_gemv(ops.swiglu_reference(gu), ids, *args, 1))
+    assert y.shape == (5, 64) and not y.isnan().any() and (y[2] == 0).all()  # id 7: a sentinel
+    with pytest.raises(ValueError, match=r"swiglu=True: x must be \[rows, 2 x K_in = 64\]"):
+        ops.kbit_routed_gemv(gu[:, :32].contiguous(), ids, *args, 1, True)
+    with pytest.raises(ValueError, match="one route per x row"):
+        ops.kbit_routed_gemv(gu, torch.cat([ids, ids]), *args, 2, True)
+    torch.library.opcheck(torch.ops.lowbit.kbit_routed_gemv, (gu, ids, *args, 1, True))
 
 
 def test_experts_errors(gen):

@@ -198,6 +198,21 @@ __device__ __forceinline__ uint4 x_chunk(const T* p) {
     }
 }
 
+// silu(gate) * up of 8 columns, in fp32, rounded once (as the SwiGLU epilogue and ops.swiglu_reference): gate at p,
+// up at p + off; coherent loads (under PDL gate|up is the kernel before).
+template <typename T>
+__device__ __forceinline__ uint4 act_chunk(const T* p, int off) {
+    const uint4 gv = ld_x(reinterpret_cast<const uint4*>(p)), uv = ld_x(reinterpret_cast<const uint4*>(p + off));
+    const uint32_t gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w};
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 g = to_float2<T>(gs[i]), u = to_float2<T>(us[i]);
+        out[i] = Pack2<T>::pack(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // Load x for the 8 blocks of group grp (zero past k_in in a partial last group; the shared copy
 // holds those zeros).
 template <int XSRC, typename T>
@@ -229,6 +244,19 @@ __device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, i
         uint4 v = col < valid ? ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col) : make_uint4(0, 0, 0, 0);
         if (PERM != 0 && ((PERM >> ((col >> 2) & 7)) & 1)) v = cb2_x(v);
         reinterpret_cast<uint4*>(xs)[c] = v;
+    }
+}
+
+// ACT (the routed down GEMV on gate|up's output): silu(gate) * up of the m routes at positions tok0.. of rowmap,
+// rows [gate | up] of 2 k_in columns in x, into xs as stage_x lays x out (whole groups, zero-padded), once per CTA
+// and chunk of routes -- the units then read it from shared memory instead of recomputing it per tile.
+template <typename T>
+__device__ __forceinline__ void stage_act(T* xs, const T* __restrict__ x, const int* rowmap, int tok0, int m, int k_in) {
+    const int row_chunks = int(x_row_bytes(k_in) / 16), valid = k_in / 8;
+    for (int c = threadIdx.x; c < m * row_chunks; c += blockDim.x) {
+        const int row = c / row_chunks, col = c - row * row_chunks;
+        reinterpret_cast<uint4*>(xs)[c] =
+            col < valid ? act_chunk<T>(x + int64_t(rowmap[tok0 + row]) * 2 * k_in + 8 * col, k_in) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -688,9 +716,14 @@ struct Routes {
 };
 constexpr int kMaxRoutes = kWarps * 32;  // one route per thread while the CTA orders them
 
-template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0) {
-    // table, the active experts, then for routes: their raw and sorted ids (ints)
-    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
+template <int BITS> __host__ __device__ constexpr size_t split_act_offset(int n_experts, int routes) {
+    return (Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int) + 15) &
+           ~size_t(15);
+}
+template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0, int act_k_in = 0) {
+    // table, the active experts, then for routes: their raw and sorted ids (ints); ACT: 8 staged rows of K_in
+    return act_k_in ? split_act_offset<BITS>(n_experts, routes) + 8 * x_row_bytes(act_k_in)
+                    : Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).
@@ -772,7 +805,7 @@ inline __device__ int compact_routes(ActiveExpert* list, int* rowmap, int* s_id,
 // ROUTED: rows given by Routes (compact_routes) -- its own instance, so that the others keep their registers
 // (they sit at 128).
 template <int BITS, typename T, bool PDL, bool ONE = false, bool FP4 = false, bool ROT = false, bool ROUTED = false,
-          bool EPI = false>
+          bool EPI = false, bool ACT = false>
 __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ expert_offsets, int m_dense,
     const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax, const float* __restrict__ codebook,
@@ -890,18 +923,29 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         const int64_t u0 = first_unit(ae.e, tile), u1 = u0 + (g_end - g_begin);
         for (int tok0 = ae.lo; tok0 < ae.hi; tok0 += 8) {
             const int m = ae.hi - tok0 < 8 ? ae.hi - tok0 : 8;
+            [[maybe_unused]] T* xs = nullptr;
+            if constexpr (ACT) {  // this chunk's weights first, then its routes' activation, shared by the CTA
+                if (has_tile && !prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
+                prefetched = has_tile;
+                xs = reinterpret_cast<T*>(g_table + split_act_offset<BITS>(n_experts, routes.count));
+                stage_act<T>(xs, x, rowmap, tok0, m, k_in);
+                __syncthreads();
+            }
             if (has_tile) {
                 if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
-                // routed: each lane's token row through the route order (lane_ctx with one row)
-                const LaneCtx<T> ctx = !ROUTED
-                    ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
-                    : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in, k_in, 1, k_in);
+                // routed: each lane's token row through the route order (lane_ctx with one row); ACT: the staged rows
+                const LaneCtx<T> ctx =
+                    ACT ? lane_ctx<BITS, false, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
+                    : !ROUTED ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
+                              : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in,
+                                                         k_in, 1, k_in);
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
-                run_units<BITS, false, T, S_, PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush);
+                run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
+                                                                                 g_begin, n_groups, flush);
             }
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
@@ -914,7 +958,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 // bit 2 runs the stream-K kernel CTA-local (n_warps = 16 x CTAs, at most one CTA per tile), bit 3
 // keeps the stream-K kernel's x in global memory (no shared copy; for comparisons), bit 4 keeps the routed
 // split kernel's warps per tile at split_for's (for comparisons).
-constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16;
+// Bit 5 (routed only): x is the gate|up output [gate | up] and the operand silu(gate) * up (stage_act).
+constexpr int kFlagPdl = 1, kFlagRot32 = 2, kFlagLocal = 4, kFlagGlobalX = 8, kFlagSplitAll = 16, kFlagAct = 32;
 
 // Pick the ROT instance of a kernel template (only where the format has it).
 template <bool FP4, typename Pick>
@@ -1034,6 +1079,8 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
                    routes.x_div < 1 || routes.count % routes.x_div))
         return static_cast<int>(cudaErrorInvalidValue);
+    const bool act = flags & kFlagAct;  // routed, unrotated kbit, one route per x row
+    if (act && (!routed || FP4 || (flags & kFlagRot32) || routes.x_div != 1)) return static_cast<int>(cudaErrorInvalidValue);
     // items of the experts that can be active (routed: at most one per route)
     const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
     auto items_of = [&](int s) { return int64_t(max_active) * ((n_tiles + kWarps / s - 1) / (kWarps / s)); };
@@ -1055,16 +1102,17 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
         plan.set(w, w < split * tiles_per_item ? w / split : -1, slice, slice * n_groups / split,
                  (slice + 1) * n_groups / split);
     }
-    const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0);
+    const size_t smem = split_smem<BITS>(n_experts, routed ? routes.count : 0, act ? k_in : 0);
     // one group per warp (split == n_groups), one item per CTA, one pass of <= 8 tokens: the ONE instance
     const bool one = !pdl && !with_epi && offsets == nullptr && !routed && split == n_groups && items <= max_ctas && m_dense <= 8;
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
-    auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi](auto rot_) {
+    auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi, act](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
         if constexpr (!R) {
             if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, false, true>;
         }
         if constexpr (!FP4 && !R) {
+            if (act) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true, false, true>;
             if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;

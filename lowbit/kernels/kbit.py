@@ -95,13 +95,13 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
 
 
 @ops.kbit_routed_gemv.register_kernel("cuda")
-def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
-    ops.check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, swiglu=False):
+    ops.check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, swiglu)
     lib = library_or_none(x.device)
     if lib is None or x.dtype == torch.float32 or route_ids.shape[0] > ops.ROUTED_MAX_ROUTES:
-        return ops.routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+        return ops.routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, swiglu)
     launch = RoutedLauncher(lib, qweight, qabsmax, codebook, scales, kbit_format(bits), n, k_in)
-    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x)
+    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x, swiglu)
 
 
 @ops.kbit_grouped_gemm.register_kernel("cuda")

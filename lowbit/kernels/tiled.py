@@ -90,7 +90,7 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(32))  # bits 1-4: a kernel family's own flags
+_FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(64))  # bits 1-5: a kernel family's own flags
 
 
 def _pdl_arg(supported: bool, flags: int = 0) -> ctypes.c_int:
@@ -492,16 +492,19 @@ class GroupedLauncher(_ExpertsLauncher):
 #: The routed GEMV fits its items in one wave of CTAs (fewer warps per tile); False keeps one group per
 #: warp (flag bit 4; comparisons).
 ROUTED_ONE_WAVE = True
+#: The routed GEMV's flag bit 5: x is [gate | up] and the operand silu(gate) * up (kXAct in csrc/tiled/gemv.cuh).
+FLAG_ROUTED_SWIGLU = 32
 
 
 class RoutedLauncher(_ExpertsLauncher):
     """The routed (MoE, unsorted rows) GEMV of one expert stack: ``launcher(x [rows, K_in], route_ids int64
     [rows * rows_per_x], rows_per_x)`` -> y ``[len(route_ids), N]``, row r = x row ``r // rows_per_x`` times
-    expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes)."""
+    expert ``route_ids[r]`` (``lowbit.ops.kbit_routed_gemv``; at most ``ROUTED_MAX_ROUTES`` routes). ``swiglu``: x is
+    ``[rows, 2 K_in]`` = [gate | up] and the operand ``silu(gate) * up`` (one route per x row)."""
 
     OP = "routed_gemv"
 
-    def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int, swiglu: bool = False) -> torch.Tensor:
         fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
         if x.data_ptr() % 16:
             x = x.clone()
@@ -511,7 +514,8 @@ class RoutedLauncher(_ExpertsLauncher):
             return y
         vp = ctypes.c_void_p
         err = fn(vp(x.data_ptr()), vp(route_ids.data_ptr()), ctypes.c_int(count), ctypes.c_int(rows_per_x), qw, qa, cb,
-                 sc, vp(y.data_ptr()), experts, n, k, ctas, _pdl_arg(self.pdl_ok, 0 if ROUTED_ONE_WAVE else 16),
+                 sc, vp(y.data_ptr()), experts, n, k, ctas,
+                 _pdl_arg(self.pdl_ok, (0 if ROUTED_ONE_WAVE else 16) | (FLAG_ROUTED_SWIGLU if swiglu else 0)),
                  vp(_current_stream(self.index)))
         if err:
             self.lib.raise_error(self.fmt.symbol("routed_gemv")[0], err)

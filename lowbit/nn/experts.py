@@ -76,6 +76,11 @@ def _check_block_args(mod: nn.Module, hidden_states, top_k_index, top_k_weights)
                          f"and {tuple(top_k_weights.shape)} for {hidden_states.shape[0]} tokens")
 
 
+#: kbit's routed down GEMV computes the SiLU activation itself from the gate|up output (``swiglu=True`` of
+#: :func:`lowbit.ops.kbit_routed_gemv`), so that no activation kernel runs between the two GEMVs (False: ``act(gate) * up``
+#: as its own step; comparisons). Only for an ``nn.SiLU`` / SiLU-activation ``act_fn``.
+ROUTED_SWIGLU = True
+
 #: under torch.compile, sum each token's k weighted rows as k pointwise terms (rank order) instead of a reduction
 #: over k, so that inductor fuses the sum into the kernel that consumes it (the residual add and the next layer's
 #: RMSNorm): one kernel per MoE layer less (False: the reduction, as in eager mode; comparisons)
@@ -118,19 +123,30 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
     return _combine(unsorted, weights, tokens, k, dtype)
 
 
+def _is_silu(act) -> bool:
+    """Whether ``act`` is torch's or transformers' SiLU module (by class name, as the fused layers check it) with no
+    hooks."""
+    return (type(act).__name__ in ("SiLU", "SiLUActivation") and isinstance(act, nn.Module)
+            and not (act._forward_hooks or act._forward_pre_hooks))
+
+
 def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                       top_k_weights: torch.Tensor, gate_up, down) -> torch.Tensor:
+                       top_k_weights: torch.Tensor, gate_up, down, down_swiglu=None) -> torch.Tensor:
     """:func:`moe_forward` without the sort: ``gate_up(x, ids, k)`` and ``down(x, ids, 1)`` take row r of
     their output from x row ``r // rows_per_x`` and expert ``ids[r]`` (the router's flattened top-k), so
     rows stay in (token, rank) order and each token's k rows are summed in place. Bit-identical to
     :func:`moe_forward` (each row meets the same weights in the same kernel; sentinel ids >= E give zero
-    rows of weight 0)."""
+    rows of weight 0). ``down_swiglu(gu, ids)``: down_proj of ``silu(gate) * up`` straight from gate|up's output,
+    used where :data:`ROUTED_SWIGLU` and the activation is SiLU (the product rounded once, in fp32)."""
     _check_block_args(mod, hidden_states, top_k_index, top_k_weights)
     tokens, k = top_k_index.shape
     ids = top_k_index.reshape(-1).to(torch.int64).contiguous()
     gu = gate_up(hidden_states.contiguous(), ids, k)
-    inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
-    out = down(inter.contiguous(), ids, 1)
+    if down_swiglu is not None and ROUTED_SWIGLU and _is_silu(mod.act_fn):
+        out = down_swiglu(gu, ids)
+    else:
+        inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
+        out = down(inter.contiguous(), ids, 1)
     weights = torch.where((ids >= 0) & (ids < mod.num_experts), top_k_weights.reshape(-1), 0).to(torch.float32)
     return _combine(out, weights, tokens, k, hidden_states.dtype)
 
@@ -304,7 +320,8 @@ class KbitMoeExperts(QuantizedModule):
         return dispatch.kbit_grouped_op(x, offsets, s["qweight"], s["qabsmax"], s["codebook"], s["scales"],
                                         self.bits, n, k, check_offsets=False)  # forward built them: valid
 
-    def _routed(self, idx: int, prefix: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+    def _routed(self, idx: int, prefix: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int,
+                swiglu: bool = False) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             launchers = self._launchers if self._launchers is not None else {}
             per = launchers.get("routed")
@@ -313,16 +330,17 @@ class KbitMoeExperts(QuantizedModule):
                                              for p in ("gate_up", "down")]
                 self._launchers = launchers
             if per[idx] is not None:
-                return per[idx](x, ids, rows_per_x)
+                return per[idx](x, ids, rows_per_x, swiglu)
         s = self._stack(prefix)
         return ops.kbit_routed_gemv(x, ids, s["qweight"], s["qabsmax"], s["codebook"], s["scales"], self.bits,
-                                    *self._shape(prefix), rows_per_x)
+                                    *self._shape(prefix), rows_per_x, swiglu)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         if dispatch.moe_routed(hidden_states, top_k_index.numel(), self.num_experts):
             return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
                                       lambda x, ids, d: self._routed(0, "gate_up", x, ids, d),
-                                      lambda x, ids, d: self._routed(1, "down", x, ids, d))
+                                      lambda x, ids, d: self._routed(1, "down", x, ids, d),
+                                      lambda gu, ids: self._routed(1, "down", gu, ids, 1, swiglu=True))
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, offsets: self._grouped(0, "gate_up", x, offsets),
                            lambda x, offsets: self._grouped(1, "down", x, offsets))

@@ -302,8 +302,17 @@ def _(x, expert_offsets, qweight, qabsmax, codebook, scales, bits, n, k_in, chec
 ROUTED_MAX_ROUTES = 256
 
 
-def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x) -> int:
-    experts = _check_expert_stack(x, qweight, qabsmax, codebook, scales, bits, n, k_in)
+def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x,
+                           swiglu: bool = False) -> int:
+    operand = x
+    if swiglu:  # x holds [gate | up]: the stack is checked against the product silu(gate) * up, [rows, K_in]
+        check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+        if x.shape[1] != 2 * k_in:
+            raise ValueError(f"swiglu=True: x must be [rows, 2 x K_in = {2 * k_in}] ([gate | up]), got {tuple(x.shape)}")
+        if rows_per_x != 1:
+            raise ValueError(f"swiglu=True takes one route per x row (rows_per_x=1), got {rows_per_x!r}")
+        operand = torch.empty((x.shape[0], k_in), dtype=x.dtype, device="meta")
+    experts = _check_expert_stack(operand, qweight, qabsmax, codebook, scales, bits, n, k_in)
     check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
     if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
         raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
@@ -317,10 +326,14 @@ def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bit
 @torch.library.custom_op("lowbit::kbit_routed_gemv", mutates_args=())
 def kbit_routed_gemv(
     x: Tensor, route_ids: Tensor, qweight: Tensor, qabsmax: Tensor, codebook: Tensor, scales: Tensor,
-    bits: int, n: int, k_in: int, rows_per_x: int = 1,
+    bits: int, n: int, k_in: int, rows_per_x: int = 1, swiglu: bool = False,
 ) -> Tensor:
     """MoE experts on unsorted rows, one call: output row r is x row ``r // rows_per_x`` times expert
     ``route_ids[r]`` -> ``[len(route_ids), n]``.
+
+    ``swiglu=True`` (down after gate|up): x is the gate|up output ``[rows, 2 K_in]`` and the operand is
+    ``silu(gate) * up`` in fp32, rounded once to x's dtype (:func:`lowbit.ops.swiglu_reference`); the CUDA kernel
+    stages it once per CTA in shared memory, so no activation kernel runs between the two GEMVs.
 
     Decode's MoE block calls it with the router's flattened top-k ids: ``rows_per_x = k`` for gate|up
     (each token's hidden state read once per expert it is routed to), 1 for down -- no sort, offsets,
@@ -328,17 +341,19 @@ def kbit_routed_gemv(
     fp16/bf16 x with at most ``ROUTED_MAX_ROUTES`` routes runs the grouped CUDA kernel (which orders the
     routes by expert itself, so routes sharing an expert share its weight pass); fp32 x and CPU the reference.
     """
-    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
-    return routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, swiglu)
+    return routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, swiglu)
 
 
 @kbit_routed_gemv.register_fake
-def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
-    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x)
+def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, swiglu=False):
+    check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x, swiglu)
     return x.new_empty((route_ids.shape[0], n))
 
 
-def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1):
+def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, swiglu=False):
+    if swiglu:
+        x = swiglu_reference(x)
     experts = qweight.shape[0]
     ids = route_ids.tolist()
     y = x.new_zeros((len(ids), n))

@@ -426,8 +426,11 @@ def test_routed_op_errors_and_fallback(gen):
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen, monkeypatch):
     """KbitMoeExperts at decode sizes runs routed (no sort): bit-equal to the sorted block for 1-8 tokens with
-    shared experts and sentinels; captured in a CUDA graph under PDL with the routing rewritten between
-    replays, still equal."""
+    shared experts and sentinels when the activation is its own step (ROUTED_SWIGLU off), within the dtype's bound
+    when the down GEMV computes it (silu(gate) * up rounded once instead of twice); captured in a CUDA graph under
+    PDL with the routing rewritten between replays, still equal."""
+    from lowbit.nn import experts as nn_experts
+
     e_count, h, inter = 32, 256, 160
     src = torch.nn.Module()
     src.gate_up_proj = torch.nn.Parameter(torch.randn(e_count, 2 * inter, h, generator=gen) * 0.1)
@@ -446,9 +449,14 @@ def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen,
             w = torch.rand(tokens, 4, generator=gen).to(dtype).cuda()
             monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
             assert dispatch.moe_routed(hs, idx.numel(), e_count)
+            sorted_ = run(False, hs, idx, w)
+            monkeypatch.setattr(nn_experts, "ROUTED_SWIGLU", False)
             got = run(True, hs, idx, w)
             assert torch.isfinite(got).all()
-            assert torch.equal(got, run(False, hs, idx, w)), f"{tokens} tokens"
+            assert torch.equal(got, sorted_), f"{tokens} tokens"
+            monkeypatch.setattr(nn_experts, "ROUTED_SWIGLU", True)
+            got = run(True, hs, idx, w)
+            assert torch.isfinite(got).all() and _rel(got, sorted_.cpu().double()) <= BOUND[dtype], f"{tokens} tokens, swiglu"
         monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
         ex._launchers = None
         with lowbit.programmatic_launch():
@@ -466,7 +474,7 @@ def test_experts_module_routed_equals_sorted_and_replays_new_routing(dtype, gen,
             out.fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
-            assert torch.equal(out, run(False, hs, idx, w))
+            assert torch.equal(out, run(True, hs, idx, w))  # the routed block run eagerly
 
 
 @pytest.mark.parametrize("dense_path", ["split", "streamk", "local"])
@@ -622,3 +630,34 @@ def test_a_refused_configuration_leaves_no_cuda_error_behind(gen):
     want = _ref(x, q)
     assert _rel(lowbit.kbit_linear(x, q), want) <= BOUND[torch.float16]  # and lowbit's own kernels
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("routes", [8, 24, 64])
+def test_routed_swiglu_down(bits, routes, dtype, gen):
+    """The routed down GEMV on gate|up's output (swiglu=True): each route's row is silu(gate) * up times its expert,
+    within the dtype's bound of the fp64 product of ops.swiglu_reference(x) (the activation staged per CTA, once
+    rounded; __expf against torch's sigmoid may flip a rounding), zero rows for sentinel ids, NaN never, under PDL
+    in a graph too."""
+    e_count, n, k_in = 16, 192, 768
+    ex = lowbit.quantize_kbit_experts(torch.randn(e_count, n, k_in, generator=gen), bits=bits).to("cuda")
+    qw, qa = ex.tiled()
+    args = (qw, qa, ex.codebook, ex.scales, bits, n, k_in)
+    gu = (torch.randn(routes, 2 * k_in, generator=gen) * 2).to(dtype).cuda()
+    ids = _routes(gen, routes, e_count).cuda()
+    y = lowbit.ops.kbit_routed_gemv(gu, ids, *args, 1, True)
+    assert y.shape == (routes, n) and not y.isnan().any()
+    act = lowbit.ops.swiglu_reference(gu)
+    for r, e in enumerate(ids.tolist()):
+        if 0 <= e < e_count:
+            err = _rel(y[r : r + 1], _ref(act[r : r + 1], ex.expert(e)))
+            assert err <= BOUND[dtype], f"route {r} expert {e}: {err:.2e}"
+        else:
+            assert (y[r] == 0).all(), f"sentinel route {r}"
+    with lowbit.programmatic_launch():
+        g, out = capture(lambda: lowbit.ops.kbit_routed_gemv(gu, ids, *args, 1, True))
+        gu.copy_((torch.randn(routes, 2 * k_in, generator=gen) * 2).to(dtype))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, lowbit.ops.kbit_routed_gemv(gu, ids, *args, 1, True))
