@@ -492,7 +492,7 @@ class GroupedLauncher(_ExpertsLauncher):
 #: The routed GEMV fits its items in one wave of CTAs (fewer warps per tile); False keeps one group per
 #: warp (flag bit 4; comparisons).
 ROUTED_ONE_WAVE = True
-#: The routed GEMV's flag bit 5: x is [gate | up] and the operand silu(gate) * up (kXAct in csrc/tiled/gemv.cuh).
+#: The routed GEMV's flag bit 5: x is [gate | up] and the operand silu(gate) * up (stage_act in csrc/tiled/gemv.cuh).
 FLAG_ROUTED_SWIGLU = 32
 
 
