@@ -311,3 +311,21 @@ def test_moe_combine_as_terms_under_compile(k, gen):
     assert torch.allclose(got[ok].float(), eager[ok].float(), rtol=2 ** -7, atol=1e-6)
     want = (rows.double() * weights.double()[:, None]).view(tokens, k, h).sum(1)
     assert torch.allclose(eager[ok].double(), want[ok], rtol=2 ** -7, atol=1e-6)
+
+
+def test_is_plain_silu():
+    """Kernels that compute silu(gate) * up themselves stand in only for a plain SiLU module: not another activation,
+    not one with hooks or an instance forward (a profiler's, tensor parallelism's)."""
+    from lowbit.nn.base import is_plain_silu
+
+    assert is_plain_silu(torch.nn.SiLU())
+    assert not is_plain_silu(torch.nn.GELU()) and not is_plain_silu(torch.nn.functional.silu)
+    hooked = torch.nn.SiLU()
+    hooked.register_forward_hook(lambda *a: None)
+    assert not is_plain_silu(hooked)
+    replaced = torch.nn.SiLU()
+    replaced.forward = lambda x: x
+    assert not is_plain_silu(replaced)
+    from transformers.activations import ACT2FN
+
+    assert is_plain_silu(ACT2FN["silu"])

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import dispatch
+from ..nn.base import is_plain_silu
 from .attention import _PLAIN_RMS_NORMS, _fused_step
 
 #: decoder layers whose forward is Llama's (pre-norm attention and gated MLP, two residual adds)
@@ -111,7 +112,7 @@ def _gated(group, mlp, x, rms_x, eps) -> torch.Tensor:
     projections and then the product."""
     mods, cols = group
     act = mlp.act_fn
-    if (SWIGLU and cols is not None and type(act).__name__ in ("SiLU", "SiLUActivation") and not _hooked(act)
+    if (SWIGLU and cols is not None and is_plain_silu(act)
             and cols == [(0, cols[0][1]), (cols[0][1], mods.out_features)] and 2 * cols[0][1] == mods.out_features):
         return dispatch.gemv_epilogue_op(mods, x, rms_x=rms_x, eps=eps, swiglu=True)[0]
     gate, up = _project(group, x, rms_x, eps)

@@ -19,6 +19,14 @@ def describe(mod: nn.Module | None) -> str:
             f"bias={getattr(mod, 'bias', None) is not None})")
 
 
+def is_plain_silu(act) -> bool:
+    """Whether ``act`` is torch's ``nn.SiLU`` or transformers' SiLU activation module (by class name: dynamo traces that)
+    with no hooks and no forward of its own instance: a kernel that computes ``silu(gate) * up`` itself (the SwiGLU
+    epilogue, the routed down GEMV) may then stand in for calling it."""
+    return (type(act).__name__ in ("SiLU", "SiLUActivation") and isinstance(act, nn.Module)
+            and not (act._forward_hooks or act._forward_pre_hooks or "forward" in act.__dict__))
+
+
 def check_input(x: torch.Tensor, in_features: int) -> None:
     """What a quantized module's forward takes: ``x [..., in_features]`` of fp16 / bf16 / fp32."""
     if x.shape[-1] != in_features:

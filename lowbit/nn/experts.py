@@ -26,7 +26,7 @@ from torch import nn
 from .. import dispatch, ops
 from ..formats import kbit
 from ..formats.kbit import tiled as kbit_tiled
-from .base import QuantizedModule, tp_split_problem
+from .base import QuantizedModule, is_plain_silu, tp_split_problem
 from .linear import KbitLinear, apply_keeping_dtypes, check_kbit_values, quantized_codes
 
 #: experts quantized per step in from_experts (bounds the temporaries: ~30 bytes per weight).
@@ -123,13 +123,6 @@ def moe_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.
     return _combine(unsorted, weights, tokens, k, dtype)
 
 
-def _is_silu(act) -> bool:
-    """Whether ``act`` is torch's or transformers' SiLU module (by class name, as the fused layers check it) with no
-    hooks."""
-    return (type(act).__name__ in ("SiLU", "SiLUActivation") and isinstance(act, nn.Module)
-            and not (act._forward_hooks or act._forward_pre_hooks))
-
-
 def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor, gate_up, down, down_swiglu=None) -> torch.Tensor:
     """:func:`moe_forward` without the sort: ``gate_up(x, ids, k)`` and ``down(x, ids, 1)`` take row r of
@@ -142,7 +135,7 @@ def moe_routed_forward(mod: nn.Module, hidden_states: torch.Tensor, top_k_index:
     tokens, k = top_k_index.shape
     ids = top_k_index.reshape(-1).to(torch.int64).contiguous()
     gu = gate_up(hidden_states.contiguous(), ids, k)
-    if down_swiglu is not None and ROUTED_SWIGLU and _is_silu(mod.act_fn):
+    if down_swiglu is not None and ROUTED_SWIGLU and is_plain_silu(mod.act_fn):
         out = down_swiglu(gu, ids)
     else:
         inter = mod.act_fn(gu[:, :mod.intermediate_dim]) * gu[:, mod.intermediate_dim:]
