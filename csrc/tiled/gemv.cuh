@@ -198,6 +198,9 @@ __device__ __forceinline__ uint4 x_chunk(const T* p) {
     }
 }
 
+// silu(g) * u in fp32: the one formula of the SwiGLU epilogue and the routed down GEMV's staged activation.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
 // silu(gate) * up of 8 columns, in fp32, rounded once (as the SwiGLU epilogue and ops.swiglu_reference): gate at p,
 // up at p + off; coherent loads (under PDL gate|up is the kernel before).
 template <typename T>
@@ -208,7 +211,7 @@ __device__ __forceinline__ uint4 act_chunk(const T* p, int off) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float2 g = to_float2<T>(gs[i]), u = to_float2<T>(us[i]);
-        out[i] = Pack2<T>::pack(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
+        out[i] = Pack2<T>::pack(silu_mul(g.x, u.x), silu_mul(g.y, u.y));
     }
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
@@ -235,16 +238,25 @@ __host__ __device__ constexpr size_t x_row_bytes(int k_in) { return size_t((k_in
 // Copy x's m rows into shared memory at xs (all threads of the CTA; the caller publishes it with a
 // barrier). Read through the coherent path: under PDL x may come from the kernel before.
 // PERM: bit j set: the chunks of block j of every group are stored in cb2_x's order (the register decode's).
-template <unsigned PERM, typename T>
-__device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, int k_in) {
+// The staging loop of both: m shared rows of x_row_bytes(k_in), chunk(row, col) the 16 bytes of column chunk col
+// (col < k_in / 8; k_in % 32 == 0: whole chunks), zeros past it; PERM as stage_x's.
+template <unsigned PERM = 0, typename Chunk>
+__device__ __forceinline__ void stage_rows(uint4* xs, int m, int k_in, Chunk&& chunk) {
     const int row_chunks = int(x_row_bytes(k_in) / 16);  // 16-byte chunks per shared row (the last: padding)
-    const int chunks = m * row_chunks, valid = k_in / 8;  // k_in % 32 == 0: whole chunks
+    const int chunks = m * row_chunks, valid = k_in / 8;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
         const int row = c / row_chunks, col = c - row * row_chunks;
-        uint4 v = col < valid ? ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col) : make_uint4(0, 0, 0, 0);
+        uint4 v = col < valid ? chunk(row, col) : make_uint4(0, 0, 0, 0);
         if (PERM != 0 && ((PERM >> ((col >> 2) & 7)) & 1)) v = cb2_x(v);
-        reinterpret_cast<uint4*>(xs)[c] = v;
+        xs[c] = v;
     }
+}
+
+template <unsigned PERM, typename T>
+__device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, int k_in) {
+    stage_rows<PERM>(reinterpret_cast<uint4*>(xs), m, k_in, [&](int row, int col) {
+        return ld_x(reinterpret_cast<const uint4*>(x + int64_t(row) * k_in) + col);
+    });
 }
 
 // ACT (the routed down GEMV on gate|up's output): silu(gate) * up of the m routes at positions tok0.. of rowmap,
@@ -252,12 +264,9 @@ __device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, i
 // and chunk of routes -- the units then read it from shared memory instead of recomputing it per tile.
 template <typename T>
 __device__ __forceinline__ void stage_act(T* xs, const T* __restrict__ x, const int* rowmap, int tok0, int m, int k_in) {
-    const int row_chunks = int(x_row_bytes(k_in) / 16), valid = k_in / 8;
-    for (int c = threadIdx.x; c < m * row_chunks; c += blockDim.x) {
-        const int row = c / row_chunks, col = c - row * row_chunks;
-        reinterpret_cast<uint4*>(xs)[c] =
-            col < valid ? act_chunk<T>(x + int64_t(rowmap[tok0 + row]) * 2 * k_in + 8 * col, k_in) : make_uint4(0, 0, 0, 0);
-    }
+    stage_rows(reinterpret_cast<uint4*>(xs), m, k_in, [&](int row, int col) {
+        return act_chunk<T>(x + int64_t(rowmap[tok0 + row]) * 2 * k_in + 8 * col, k_in);
+    });
 }
 
 // One group: decode + MMAs. Padded columns past k_in have zero absmax; their x is zero too, so
@@ -662,7 +671,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
             const int tok = e / rows, r = e - tok * rows;
             const float* o = swi + r * 8 + tok;  // [pair][row] is r
             const float gv = to_float(from_float<T>(o[0])), uv = to_float(from_float<T>(o[cta_tiles * 128]));
-            y[int64_t(tok) * half_n + t0 * 16 + r] = from_float<T>(gv / (1.f + __expf(-gv)) * uv);
+            y[int64_t(tok) * half_n + t0 * 16 + r] = from_float<T>(silu_mul(gv, uv));
         }
     }
     LOWBIT_TRACE(21);  // done
@@ -716,14 +725,17 @@ struct Routes {
 };
 constexpr int kMaxRoutes = kWarps * 32;  // one route per thread while the CTA orders them
 
+// The split kernel's dynamic shared memory: the table, the active experts, then for routes their raw and sorted ids
+// (ints); ACT: 8 staged rows of K_in after that, 16-byte aligned.
+template <int BITS> __host__ __device__ constexpr size_t split_lists_end(int n_experts, int routes) {
+    return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
+}
 template <int BITS> __host__ __device__ constexpr size_t split_act_offset(int n_experts, int routes) {
-    return (Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int) + 15) &
-           ~size_t(15);
+    return (split_lists_end<BITS>(n_experts, routes) + 15) & ~size_t(15);
 }
 template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0, int act_k_in = 0) {
-    // table, the active experts, then for routes: their raw and sorted ids (ints); ACT: 8 staged rows of K_in
     return act_k_in ? split_act_offset<BITS>(n_experts, routes) + 8 * x_row_bytes(act_k_in)
-                    : Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
+                    : split_lists_end<BITS>(n_experts, routes);
 }
 
 // Write the active experts (in expert order) to `list`; returns their count (block-uniform).

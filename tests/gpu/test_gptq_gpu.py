@@ -19,8 +19,10 @@ def _seed(gen):
 def test_gptq_on_cuda_runs_the_kernels_and_beats_rtn(name, fmt, bits, gen):
     seed = _seed(gen)
     base = build(name, seed, dtype=torch.bfloat16, device="cuda")
-    calib = torch.randint(0, 320, (16, 64), generator=gen)
-    held_out = torch.randint(0, 320, (2, 32), generator=gen).cuda()
+    # 32 x 64 calibration and 2 x 64 held-out tokens, as the CPU twin (tests/test_gptq.py): with 16 x 64 and 2 x 32 a
+    # seed was seen where kbit3's GPTQ tied RTN on this random-init model (0.28152 vs 0.28146)
+    calib = torch.randint(0, 320, (32, 64), generator=gen)
+    held_out = torch.randint(0, 320, (2, 64), generator=gen).cuda()
     with torch.no_grad():
         ref = base(held_out).logits.float()
     errs = {}
