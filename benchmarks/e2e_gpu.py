@@ -11,6 +11,8 @@ unquantized), then decodes with
 the whole step compiled (torch.compile, unless ``--no-compile``) and captured in a CUDA graph.
 ``--profile`` adds the CUDA kernel time per step by category (torch.profiler over eager steps).
 ``--sdpa`` restricts torch's scaled-dot-product attention to one backend (default: torch's choice).
+``--fresh`` times each variant in a process of its own, as a deployment runs one model: in one process a row after
+another model reads up to 6% slower (bf16 Qwen3-30B-A3B; kbit4 up to 2%), which favours whatever runs first.
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
 ``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@head-splits-<1|2|4|8>`` and
 ``@chunk-<64|128|192|256>`` (the attention grid: ``lowbit.kernels.attention.HEAD_SPLITS`` / ``CHUNK`` instead of its plan), ``@routed`` / ``@no-routed``
@@ -131,8 +133,14 @@ def main():
                         "lowbit.kernels.attention.EARLY_KV)")
     p.add_argument("--reduce-each", action="store_true",
                    help="attention reduces each score on its own, as before warp_sum8 (A/B timing)")
+    p.add_argument("--fresh", action="store_true",
+                   help="time each variant in a process of its own (its first and only row): a later row of one "
+                        "process reads up to 6%% slower once another model has come and gone "
+                        "(benchmarks/journal/2026-11-26_early_ids_tp_rows_row_order.md)")
     p.add_argument("--out", default="e2e.json")
     args = p.parse_args()
+    if args.fresh:
+        return run_fresh(args)
     if args.sdpa:
         chosen = {"efficient": "mem_efficient"}.get(args.sdpa, args.sdpa)
         for b in ("flash", "mem_efficient", "cudnn", "math"):
@@ -177,7 +185,7 @@ def main():
                 p.error(f"variant {name!r}: unknown switch @{o} (known: {', '.join('@' + k for k in switches)})")
     rows = []
     base = None
-    for name in names:
+    for i, name in enumerate(names):
         variant, *opts = name.split("@")
         for (mod, attr), value in defaults.items():
             setattr(mod, attr, value)
@@ -213,7 +221,7 @@ def main():
                    "router": "torch" if args.torch_router else "lowbit", "tokens_per_s": tps, "ms_per_step": r.ms_per_step(),
                    "mode": r.mode, "convert_s": conv_s, "speedup_vs_bf16": tps / base if base else None,
                    "allocated_gb": torch.cuda.memory_allocated() / 1e9, "breakdown": r.breakdown,
-                   "first_tokens": r.tokens[0, :8].tolist()}
+                   "first_tokens": r.tokens[0, :8].tolist(), "row_in_process": i}
             rows.append(row)
             print(f"    {tps:8.1f} tok/s  {r.ms_per_step():6.2f} ms/step  {r.mode}  "
                   + (f"{tps / base:.2f}x bf16" if base else ""), flush=True)
@@ -227,6 +235,53 @@ def main():
             rows.append({"model": args.model, "batch": args.batch, "variant": name, "error": repr(e)})
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1, default=str)
+
+
+def run_fresh(args) -> None:
+    """--fresh: this script once per variant (the same arguments, one variant, no --fresh), in order; the rows
+    gathered into --out, each variant's speedup against the first bf16 row."""
+    import subprocess
+    import sys
+    import tempfile
+
+    argv = [a for a in sys.argv[1:] if a != "--fresh"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, name in enumerate(args.variants.split(",")):
+            out = f"{tmp}/row{i}.json"
+            cmd = [sys.executable, __file__, *_replace_arg(_replace_arg(argv, "--variants", name), "--out", out)]
+            done = subprocess.run(cmd, check=False)
+            got = []
+            if done.returncode == 0:
+                with open(out) as f:
+                    got = json.load(f)
+            rows += got or [{"model": args.model, "batch": args.batch, "variant": name,
+                             "error": f"exit {done.returncode}"}]
+    base = next((r["tokens_per_s"] for r in rows if r.get("variant") == "bf16" and "tokens_per_s" in r), None)
+    print("\n=== each variant in a process of its own")
+    for r in rows:
+        r["process"] = "fresh"
+        if "tokens_per_s" in r:
+            r["speedup_vs_bf16"] = r["tokens_per_s"] / base if base else None
+            print(f"    {r['variant']:32s} {r['tokens_per_s']:8.1f} tok/s" + (f"  {r['tokens_per_s'] / base:.2f}x bf16" if base else ""))
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1, default=str)
+
+
+def _replace_arg(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with ``flag``'s value set to ``value`` (``--flag v`` or ``--flag=v``; appended when absent)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if a.startswith(flag + "="):
+            continue
+        out.append(a)
+    return out + [flag, value]
 
 
 if __name__ == "__main__":
