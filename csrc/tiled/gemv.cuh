@@ -235,11 +235,8 @@ __device__ __forceinline__ void load_x(uint4 (&xv)[kGroupBlocks], const LaneCtx<
 // reads at one column fall in different banks.
 __host__ __device__ constexpr size_t x_row_bytes(int k_in) { return size_t((k_in + 255) / 256) * 512 + 16; }
 
-// Copy x's m rows into shared memory at xs (all threads of the CTA; the caller publishes it with a
-// barrier). Read through the coherent path: under PDL x may come from the kernel before.
-// PERM: bit j set: the chunks of block j of every group are stored in cb2_x's order (the register decode's).
-// The staging loop of both: m shared rows of x_row_bytes(k_in), chunk(row, col) the 16 bytes of column chunk col
-// (col < k_in / 8; k_in % 32 == 0: whole chunks), zeros past it; PERM as stage_x's.
+// The staging loop of stage_x and stage_act: m shared rows of x_row_bytes(k_in), chunk(row, col) the 16 bytes of
+// column chunk col (col < k_in / 8; k_in % 32 == 0: whole chunks), zeros past it; PERM as stage_x's.
 template <unsigned PERM = 0, typename Chunk>
 __device__ __forceinline__ void stage_rows(uint4* xs, int m, int k_in, Chunk&& chunk) {
     const int row_chunks = int(x_row_bytes(k_in) / 16);  // 16-byte chunks per shared row (the last: padding)
@@ -252,6 +249,9 @@ __device__ __forceinline__ void stage_rows(uint4* xs, int m, int k_in, Chunk&& c
     }
 }
 
+// Copy x's m rows into shared memory at xs (all threads of the CTA; the caller publishes it with a
+// barrier). Read through the coherent path: under PDL x may come from the kernel before.
+// PERM: bit j set: the chunks of block j of every group are stored in cb2_x's order (the register decode's).
 template <unsigned PERM, typename T>
 __device__ __forceinline__ void stage_x(T* xs, const T* __restrict__ x, int m, int k_in) {
     stage_rows<PERM>(reinterpret_cast<uint4*>(xs), m, k_in, [&](int row, int col) {
