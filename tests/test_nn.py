@@ -161,7 +161,12 @@ def test_experts_module_is_reference(bits, tokens, gen):
     w = torch.rand(tokens, 2, generator=gen)
     with torch.no_grad():
         assert rel_err(q(hidden, idx, w), deq(hidden, idx, w)) < 1e-5
-        assert rel_err(q(hidden, idx, w), ref(hidden, idx, w)) < {3: 0.5, 4: 0.3}[bits]  # quantization error, loose
+        # the quantization error against the unquantized block, over 64 tokens (one token's varies: kbit3 up to 0.52
+        # over seeds; over 64, 0.30-0.33 for kbit3 and 0.15-0.16 for kbit4 on 60 seeds); garbage would be ~1-1.4
+        many = torch.randn(64, 64, generator=gen)
+        idx = torch.stack([torch.randperm(6, generator=gen)[:2] for _ in range(64)])
+        w = torch.rand(64, 2, generator=gen)
+        assert rel_err(q(many, idx, w), ref(many, idx, w)) < {3: 0.5, 4: 0.3}[bits]
 
 
 def test_experts_sentinel_ids_contribute_nothing(gen):
