@@ -13,31 +13,15 @@ import random
 
 import torch
 
+from lowbit.bench.timing import graph_time
 
-def timed_pass(parts, reps=20):
+
+def timed_pass(parts):
+    """(ms per pass, TB/s): every part summed once per pass, in one CUDA graph (lowbit.bench.timing.graph_time: the
+    median over replays)."""
     out = torch.empty(len(parts), device="cuda", dtype=torch.float32)
-
-    def step():
-        for i, p in enumerate(parts):
-            torch.sum(p, dim=0, dtype=torch.float32, out=out[i])
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    ms = a.elapsed_time(b) / reps
+    calls = [lambda i=i, p=p: torch.sum(p, dim=0, dtype=torch.float32, out=out[i]) for i, p in enumerate(parts)]
+    ms = graph_time(calls).median_us * len(parts) / 1e3
     nbytes = sum(p.numel() * p.element_size() for p in parts)
     return ms, nbytes / ms / 1e9
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import dispatch
-from .layers import _hooked
+from ..nn.base import hooked
 
 #: take 1..DENSE_GEMV_MAX_M rows through lowbit's GEMV (False: cuBLAS, as nn.Linear; comparisons)
 DENSE = True
@@ -41,7 +41,7 @@ def refusal(head) -> str | None:
     keep their own forward), over a plain contiguous fp16/bf16 tensor on a GPU."""
     if type(head) is not nn.Linear:
         return f"not an nn.Linear but {type(head).__name__}"
-    if _hooked(head):
+    if hooked(head):
         return "it has forward hooks or a forward of its own"
     w = head.weight
     if type(w.data) is not torch.Tensor:

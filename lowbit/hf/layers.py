@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .. import dispatch
-from ..nn.base import is_plain_silu
+from ..nn.base import hooked, is_plain_silu
 from .attention import _PLAIN_RMS_NORMS, _fused_step
 
 #: decoder layers whose forward is Llama's (pre-norm attention and gated MLP, two residual adds)
@@ -123,13 +123,6 @@ def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
     return dispatch.epilogue_ok(mod, rows, k, like.dtype, like.device, reference=CPU_REFERENCE)
 
 
-def _hooked(*mods) -> bool:
-    """Whether any of ``mods`` has forward hooks or a forward of its own instance (transformers' tensor parallelism
-    replaces a sharded module's ``forward`` to all-reduce or gather around it; accelerate's offloading does the
-    same; profilers add hooks): the fused step does not call those modules' forward, so it must not skip them."""
-    return any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in mods)
-
-
 def _norm_ok(norm, eps, like) -> bool:
     w = getattr(norm, "weight", None) if eps is not None else None
     return w is not None and w.dtype == like.dtype and w.shape[0] == like.shape[-1]
@@ -151,7 +144,7 @@ def _plan(self, hidden_states):
     if gu is None or o is None or down is None:
         return None
     inter = _widths(gu)
-    if _hooked(attn, mlp, self.post_attention_layernorm, o, down, mlp.gate_proj, mlp.up_proj, *_launches(gu)):
+    if hooked(attn, mlp, self.post_attention_layernorm, o, down, mlp.gate_proj, mlp.up_proj, *_launches(gu)):
         return None
     if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
             and all(_takes(m, b, hidden_states, d) for m in _launches(gu))
@@ -160,7 +153,7 @@ def _plan(self, hidden_states):
     qkv = _group([getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")])
     if qkv is None or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states) \
             or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv)) \
-            or _hooked(self.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, *_launches(qkv)):
+            or hooked(self.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, *_launches(qkv)):
         qkv = None
     return eps, gu, qkv
 

@@ -19,12 +19,18 @@ def describe(mod: nn.Module | None) -> str:
             f"bias={getattr(mod, 'bias', None) is not None})")
 
 
+def hooked(*mods: nn.Module) -> bool:
+    """Whether any of ``mods`` has forward hooks or a forward of its own instance (transformers' tensor parallelism
+    replaces a sharded module's ``forward`` to all-reduce or gather around it; accelerate's offloading does the same;
+    profilers add hooks): a fused kernel that stands in for calling such a module would skip them."""
+    return any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in mods)
+
+
 def is_plain_silu(act) -> bool:
     """Whether ``act`` is torch's ``nn.SiLU`` or transformers' SiLU activation module (by class name: dynamo traces that)
-    with no hooks and no forward of its own instance: a kernel that computes ``silu(gate) * up`` itself (the SwiGLU
-    epilogue, the routed down GEMV) may then stand in for calling it."""
-    return (type(act).__name__ in ("SiLU", "SiLUActivation") and isinstance(act, nn.Module)
-            and not (act._forward_hooks or act._forward_pre_hooks or "forward" in act.__dict__))
+    and not :func:`hooked`: a kernel that computes ``silu(gate) * up`` itself (the SwiGLU epilogue, the routed down
+    GEMV) may then stand in for calling it."""
+    return type(act).__name__ in ("SiLU", "SiLUActivation") and isinstance(act, nn.Module) and not hooked(act)
 
 
 def check_input(x: torch.Tensor, in_features: int) -> None:
