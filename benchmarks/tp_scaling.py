@@ -12,7 +12,9 @@ Every rank builds the same random model (same seed) layer by layer, quantizing e
    emulated in one process (:func:`lowbit.hf.tp.emulated_row_split`); the same weights with fp32 activations.
 3. Each rank keeps its part (:func:`lowbit.hf.tp.shard_model`, the model's own TP plan).
 4. For each all-reduce kind (:func:`lowbit.hf.tp.set_allreduce`): the sharded logits of the same prompt against
-   those three (relative L2 error; top-1 agreement with the whole model's), then a decode at each batch size.
+   those three (relative L2 error; top-1 agreement with the whole model's), then a decode at each batch size. On a
+   GPU the decode runs lowbit's fused decoder layer on each rank's parts (:mod:`lowbit.hf.layers`), except with
+   ``dtensor`` (transformers' own all-reduce); ``--own-layers`` adds each kind's rows with the layers' own forward.
 5. The all-reduce alone: one [batch, hidden] sum per kind, timed as a CUDA graph of 64 calls (per-call latency).
 
 Every row goes to ``DIR/rows.json`` as soon as it is measured (a run stopped early keeps what it had):
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lowbit  # noqa: E402
 from lowbit.bench.runner import rel_err  # noqa: E402
-from lowbit.hf import decode, quality, sources, tp  # noqa: E402
+from lowbit.hf import decode, layers, quality, sources, tp  # noqa: E402
 
 PROMPT_LEN = 16
 
@@ -56,6 +58,9 @@ def main() -> int:
     p.add_argument("--compile", action="store_true", help="torch.compile each decode step (then the CUDA graph)")
     p.add_argument("--profile", action="store_true",
                    help="also a per-step kernel breakdown of each variant at the first batch size (graph replays)")
+    p.add_argument("--own-layers", action="store_true",
+                   help="also decode each all-reduce kind with the decoder layers' own forward (lowbit's fused "
+                        "decoder layer off: norms, adds and activation as kernels of their own; the A/B of that layer)")
     p.add_argument("--device", default=None, help="cuda (default when there is one) or cpu (gloo; no graphs)")
     p.add_argument("--out", required=True, help="directory for rows.json and the log")
     args = p.parse_args()
@@ -195,6 +200,13 @@ def main() -> int:
             save()
             for _ in run_decode(f"{info['format']} TP={world} {kind}", kind, tp1):
                 pass
+            if args.own_layers and kind != "dtensor":  # (dtensor: the layers' own forward anyway)
+                layers.FUSED = False
+                try:
+                    for _ in run_decode(f"{info['format']} TP={world} {kind} own-layers", kind, tp1):
+                        pass
+                finally:
+                    layers.FUSED = True
         except Exception:  # noqa: BLE001 -- the next kind may still run; the error is kept with the results
             info.setdefault("errors", {})[kind] = traceback.format_exc()
             say(f"all-reduce {kind} failed:\n{traceback.format_exc()}")

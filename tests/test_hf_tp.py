@@ -59,6 +59,8 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
+    if case == "fused_decode":
+        return _fused_decode(paths["dense"], tp)
     if case in ("kbit", "nvfp4", "head", "moe"):
         opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
         src = paths["moe" if case == "moe" else "dense"]
@@ -103,6 +105,71 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
     return result
 
 
+def _decode_logits(model, ids, steps) -> torch.Tensor:
+    """The logits of each decode step after a prefill of ``ids``, through a static cache (as greedy_decode runs)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    b, p = ids.shape
+    out = []
+    with torch.no_grad():
+        model(ids, past_key_values=cache, position_ids=torch.arange(p, device=ids.device).expand(b, -1), use_cache=True)
+        for i, tok in enumerate(steps):
+            pos = torch.full((b, 1), p + i, device=ids.device)
+            out.append(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits)
+    return torch.cat(out, 1).float()
+
+
+def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor")) -> dict:
+    """The fused decoder layer (lowbit.hf.layers; on the CPU through the ops' reference) on this rank's parts, in bf16,
+    for each all-reduce kind: its decode logits against the whole model's fused step and against the split model's
+    own layers, how many row-split sums it made, and (CPU) which GEMV calls carried the residual."""
+    import lowbit
+    from lowbit import ops
+    from lowbit.hf import LowbitConfig
+    from lowbit.hf import attention as hf_attention
+    from lowbit.hf import layers as hf_layers
+    from lowbit.hf import tp as hf_tp
+
+    kw = {**tp, "dtype": torch.bfloat16}
+    split = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(), **kw)
+    whole = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map=device)
+    lowbit.quantize_model(whole, progress=False)
+    for m in (split, whole):
+        m.set_attn_implementation("sdpa")
+        hf_attention.use_gqa_sdpa(m)
+        hf_attention.use_fused_decode_attention(m)
+        hf_layers.use_fused_decode_layers(m)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 320, (2, 6), generator=g).to(device)
+    steps = torch.randint(0, 320, (3, 2, 1), generator=g).to(device)
+    result = {}
+    real_op, real_sum = ops.kbit_gemv_epilogue, hf_layers._row_sum
+    hf_layers.CPU_REFERENCE = device == "cpu"
+    try:
+        want = _decode_logits(whole, ids, steps)
+        hf_layers.FUSED = False
+        own = _decode_logits(split, ids, steps)
+        hf_layers.FUSED = True
+        spread = (want.amax() - want.amin()).item()
+        for kind in kinds:
+            hf_tp.set_allreduce(kind)
+            calls, sums = [], []
+            ops.kbit_gemv_epilogue = lambda *a, c=calls, **k: c.append(len(a) > 11 and a[11] is not None) or real_op(*a, **k)
+            hf_layers._row_sum = lambda *a, s=sums: s.append(1) or real_sum(*a)
+            got = _decode_logits(split, ids, steps)
+            ops.kbit_gemv_epilogue, hf_layers._row_sum = real_op, real_sum
+            result[kind] = {"finite": bool(torch.isfinite(got).all()), "calls": len(calls), "with_residual": sum(calls),
+                            "sums": len(sums), "vs_whole": (got - want).abs().max().item() / spread,
+                            "vs_own": (got - own).abs().max().item() / spread}
+        result["own_vs_whole"] = (own - want).abs().max().item() / spread
+    finally:
+        ops.kbit_gemv_epilogue, hf_layers._row_sum = real_op, real_sum
+        hf_layers.FUSED, hf_layers.CPU_REFERENCE = True, False
+        hf_tp.set_allreduce("nccl")
+    return result
+
+
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("tp")
@@ -119,7 +186,7 @@ def paths(tmp_path_factory):
     return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved")}
 
 
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals"]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode"]
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +235,21 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
         if case == "moe_saved":  # slices of the split weights: gate|up rows and q|k|v rows halved; down and o
             # (128 columns, one 256-column group) read whole
             assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
+
+
+def test_fused_layers_decode_the_split_model(ranks):
+    """The fused decoder layer on each rank's parts (bf16, 2 layers, 3 decode steps of 2 sequences): every
+    projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the residual goes into
+    rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the whole model's fused step and the split model's own
+    layers within bf16 rounding of a few ops (bound: 2% of the logits' spread, as tests/test_layers.py)."""
+    results = _run("fused_decode", ranks)
+    for rank, res in enumerate(results):
+        got = res["nccl"]
+        assert got["finite"] and got["calls"] == 3 * 7 and got["sums"] == 3 * 4, res
+        assert got["with_residual"] == (3 * 4 if rank == 0 else 0), res
+        assert got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02 and res["own_vs_whole"] <= 0.02, res
+        # transformers' own all-reduce (a DTensor redistribute) keeps the layers' own forward
+        assert res["dtensor"]["calls"] == 0 and res["dtensor"]["sums"] == 0 and res["dtensor"]["vs_own"] == 0, res
 
 
 def test_splits_lowbit_cannot_take_are_refused(ranks):

@@ -28,8 +28,14 @@ rounding of each residual instead of two, the norm's factor applied in fp32 to t
 It takes the decode step only: one token per sequence, at most 8 sequences, the layer's attention through
 :func:`lowbit.hf.attention.use_fused_decode_attention`, unrotated kbit or NVFP4 projections (NVFP4: through its
 tiled GEMV, also where its checkpoint-layout GEMV would take the call) on a GPU, the model's plain
-RMSNorm, and no forward hooks or instance-level forwards on the modules it would not call (tensor
-parallelism's wrappers, offloading, profilers). Every other call runs the layer's own forward.
+RMSNorm, and no forward hooks or instance-level forwards on the modules it would not call (offloading,
+profilers). Every other call runs the layer's own forward.
+
+Under tensor parallelism (:mod:`lowbit.hf.tp`: q|k|v and gate|up split by rows, o_proj and down_proj by columns)
+each rank runs the same step on its parts, with two differences: the residual goes into rank 0's o_proj and
+down_proj outputs only, and each of those partial outputs is summed over the ranks
+(:func:`lowbit.hf.tp.all_reduce`) before the norm weight multiplies it. The input norm's factor and the SwiGLU
+product stay in the column splits' GEMVs (their input is whole on every rank).
 """
 
 from __future__ import annotations
@@ -128,9 +134,40 @@ def _norm_ok(norm, eps, like) -> bool:
     return w is not None and w.dtype == like.dtype and w.shape[0] == like.shape[-1]
 
 
+def _sharded(mod):
+    """How tensor parallelism split ``mod`` (:class:`lowbit.hf.tp.LocalSplit`) while the forward its style installed
+    is the only wrapping it has; None for a module nobody split; False for one wrapped in any other way."""
+    info = getattr(mod, "_lowbit_tp_local", None)
+    if info is None:
+        return None
+    if mod._forward_hooks or mod._forward_pre_hooks or mod.__dict__.get("forward") is not info.forward:
+        return False
+    return info
+
+
+def _tp_plan(col: list, row: list):
+    """Whether the fused step can stand in for tensor parallelism's wrapping of a layer's column-split (``col``) and
+    row-split (``row``) projections: None where none of them is split (one device), False where it cannot (only some
+    split, other styles or wrappings, a row split with a bias, transformers' own ``dtensor`` all-reduce), else the
+    split of the first of them (its group and this rank). A column split's forward on local tensors is the module's
+    own; a row split's adds the partial outputs of the ranks, which the fused step then does itself."""
+    infos = [_sharded(m) for m in (*col, *row)]
+    if all(i is None for i in infos):
+        return None
+    if not all(infos):
+        return False
+    from .tp import allreduce_kind
+
+    if (allreduce_kind() == "dtensor" or any(i.style != "colwise" for i in infos[:len(col)])
+            or any(i.style != "rowwise" for i in infos[len(col):]) or any(m.bias is not None for m in row)):
+        return False
+    return infos[0]
+
+
 def _plan(self, hidden_states):
     """What the fused step needs from this layer for this call (the post-attention norm's eps, the gate|up group,
-    the q|k|v group or None where the input norm cannot go into its GEMV), or None when it does not take it."""
+    the q|k|v group or None where the input norm cannot go into its GEMV, the tensor-parallel split or None), or None
+    when it does not take it."""
     if not FUSED or self.training or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
         return None
     attn, mlp, eps = getattr(self, "self_attn", None), getattr(self, "mlp", None), self._lowbit_post_eps
@@ -144,18 +181,31 @@ def _plan(self, hidden_states):
     if gu is None or o is None or down is None:
         return None
     inter = _widths(gu)
-    if hooked(attn, mlp, self.post_attention_layernorm, o, down, mlp.gate_proj, mlp.up_proj, *_launches(gu)):
+    tp = _tp_plan([mlp.gate_proj, mlp.up_proj], [o, down])
+    if tp is False or hooked(attn, mlp, self.post_attention_layernorm, *_launches(gu)) \
+            or (tp is None and hooked(o, down, mlp.gate_proj, mlp.up_proj)):
         return None
     if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
             and all(_takes(m, b, hidden_states, d) for m in _launches(gu))
             and inter[0] == inter[1] and _takes(down, b, hidden_states, inter[0]) and down.out_features == d):
         return None
     qkv = _group([getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")])
-    if qkv is None or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states) \
-            or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv)) \
-            or hooked(self.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, *_launches(qkv)):
-        qkv = None
-    return eps, gu, qkv
+    if qkv is not None:
+        qkv_tp = _tp_plan([attn.q_proj, attn.k_proj, attn.v_proj], [])
+        if (qkv_tp is False or (qkv_tp is None) != (tp is None)
+                or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states)
+                or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv))
+                or hooked(self.input_layernorm, *_launches(qkv))
+                or (qkv_tp is None and hooked(attn.q_proj, attn.k_proj, attn.v_proj))):
+            qkv = None
+    return eps, gu, qkv, tp
+
+
+def _row_sum(y: torch.Tensor, tp) -> torch.Tensor:
+    """A row split's output summed over its ranks (the all-reduce kind :func:`lowbit.hf.tp.set_allreduce` chose)."""
+    from .tp import all_reduce
+
+    return all_reduce(y, tp.group)
 
 
 def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
@@ -167,7 +217,7 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         return super(type(self), self).forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                                past_key_values=past_key_values, use_cache=use_cache,
                                                position_embeddings=position_embeddings, **kwargs)
-    eps, gate_up, qkv = plan
+    eps, gate_up, qkv, tp = plan
     attn, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
     b, d = hidden_states.shape[0], hidden_states.shape[2]
     step_kwargs = {"position_ids": position_ids, "use_cache": use_cache, **kwargs}
@@ -185,14 +235,23 @@ def _fused_forward(self, hidden_states, attention_mask=None, position_ids=None, 
         return h2 + mlp(post(h2))
     h = hidden_states.reshape(b, d).contiguous()
     op = dispatch.gemv_epilogue_op
-    # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
-    h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
-    act = _gated(gate_up, mlp, hw, h2, eps)  # the norm's factor from h2, in the output
-    # down_proj + the residual add; and the next layer's x when it takes its input norm the same way
     nxt = self._lowbit_next
     nxt_plan = _plan(nxt, hidden_states) if nxt is not None else None
     nw = nxt.input_layernorm.weight if nxt_plan is not None and nxt_plan[2] is not None else None
-    h3, h3w = op(mlp.down_proj, act, residual=h2, norm_weight=nw)
+    if tp is None:
+        # o_proj + the residual add; hw = h2 * the post-attention norm's weight, the gate|up GEMV's x
+        h2, hw = op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h, norm_weight=post.weight)
+        act = _gated(gate_up, mlp, hw, h2, eps)  # the norm's factor from h2, in the output
+        # down_proj + the residual add; and the next layer's x when it takes its input norm the same way
+        h3, h3w = op(mlp.down_proj, act, residual=h2, norm_weight=nw)
+    else:
+        # Tensor parallel: this rank's heads and intermediate features. A row split's output is a partial sum, so
+        # the residual goes into rank 0's part only and the norm weight's product follows the all-reduce.
+        first = tp.rank == 0
+        h2 = _row_sum(op(attn.o_proj, a.reshape(b, -1).contiguous(), residual=h if first else None)[0], tp)
+        act = _gated(gate_up, mlp, h2 * post.weight, h2, eps)
+        h3 = _row_sum(op(mlp.down_proj, act, residual=h2 if first else None)[0], tp)
+        h3w = h3 * nw if nw is not None else None
     out = h3.view(b, 1, d)
     if nw is not None:
         nxt._lowbit_in = (out, h3, h3w)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, Colwi
 from ..nn import QuantizedModule
 from ..nn.base import tp_split_problem
 from ..nn.fused import FusedParts, install
+from .head import LowbitDenseHead
 
 #: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make (the
 #: gathering ones keep transformers' output all-gather: the LM head's). An MoE expert block ("moe_tp_experts"
@@ -302,7 +304,21 @@ def place(new: QuantizedModule, slots: list[tuple[nn.Module, str]], style: str, 
     for m in called:
         m._hf_quantized_needs_local_tp = True
         base.install_forward(m, mesh)
+        m._lowbit_tp_local = LocalSplit(style, _group(mesh), mesh.get_local_rank(), m.forward)
     return part
+
+
+@dataclass(frozen=True, eq=False)
+class LocalSplit:
+    """A lowbit part that :func:`place` wrapped: transformers' ``style`` (``colwise``, ``rowwise``, ...), the process
+    ``group`` a row split's partial outputs are summed over, this ``rank`` in it, and the ``forward`` the style
+    installed. The fused decoder layer (:mod:`lowbit.hf.layers`) stands in for that forward (the part's kernel on local
+    tensors; :func:`all_reduce` after a row split) only while it is still the module's forward."""
+
+    style: str
+    group: object
+    rank: int
+    forward: object
 
 
 def _sum_over_ranks(mesh):
@@ -325,7 +341,7 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
     splits colwise or rowwise, every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`), and every
     plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise into equal parts (an LM head kept
-    in bf16: its vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
+    in bf16, also one a decode already switched to lowbit's dense GEMV: its vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
     smaller). Returns how many (quantized modules, plain linears) were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
     todo, plain = [], []
@@ -340,7 +356,7 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
             style = styles.pop()
         elif isinstance(mod, QuantizedModule):
             style = _style_of(name, plan)
-        elif type(mod) is nn.Linear and _style_of(name, plan) in LINEAR_STYLES:
+        elif type(mod) in (nn.Linear, LowbitDenseHead) and _style_of(name, plan) in LINEAR_STYLES:
             style = _style_of(name, plan)
             n = mod.out_features if SPLITS[style] == "colwise" else mod.in_features
             if n % mesh.size() == 0:  # else it stays whole (a vocabulary of 32001 on 2 ranks)
@@ -363,7 +379,7 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
 
 
 def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mesh) -> None:
-    """Replace a plain ``nn.Linear`` by this rank's slice (colwise: output rows, rowwise: input columns, the bias
+    """Replace a plain ``nn.Linear`` (or :class:`~lowbit.hf.head.LowbitDenseHead`) by this rank's slice (colwise: output rows, rowwise: input columns, the bias
     whole) under transformers' style in its local-tensor path (as :func:`place` does for lowbit's parts)."""
     rank, world = mesh.get_local_rank(), mesh.size()
     split = SPLITS[style]
@@ -371,7 +387,8 @@ def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mes
     sl = slice(rank * part, (rank + 1) * part)
     w = lin.weight[sl] if split == "colwise" else lin.weight[:, sl]
     bias = lin.bias is not None
-    new = nn.Linear(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
+    # the same class: a head that decodes through lowbit's dense GEMV keeps doing so on its slice
+    new = type(lin)(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
     new.weight = nn.Parameter(w.contiguous(), requires_grad=False)
     if bias:
         new.bias = nn.Parameter((lin.bias[sl] if split == "colwise" else lin.bias).clone(), requires_grad=False)

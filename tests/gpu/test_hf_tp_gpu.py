@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from ..test_hf_tp import _port, paths  # noqa: F401 -- the gloo tests' models, saved once per module
+from ..test_hf_tp import _fused_decode, _port, paths  # noqa: F401 -- the gloo tests' models, saved once per module
 from ..tiny_models import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +26,7 @@ import torch.multiprocessing as mp  # noqa: E402
 WORLD = 2
 BOUND = 3e-2
 KINDS = ("nccl", "symm-mem", "dtensor")
-CASES = ("kbit", "nvfp4", "saved", "moe")
+CASES = ("kbit", "nvfp4", "saved", "moe", "fused_decode")
 
 
 def _worker(rank: int, port: int, models: dict, out: str) -> None:
@@ -59,6 +59,8 @@ def _case(case: str, rank: int, models: dict) -> dict:
     device = torch.device("cuda", rank)
     kw = {"dtype": torch.bfloat16}
     split_kw = {**kw, "distributed_config": DistributedConfig(tp_size=WORLD)}
+    if case == "fused_decode":
+        return _fused_decode(models["dense"], {"distributed_config": DistributedConfig(tp_size=WORLD)}, str(device), KINDS)
     if case == "saved":
         m = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], **split_kw)
         ref = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], device_map=device, **kw)
@@ -97,7 +99,7 @@ def ranks(paths, tmp_path_factory):  # noqa: F811 -- the imported fixture
     return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES[:-1])
 def test_split_on_nccl_every_allreduce_kind(case, ranks):
     for res in (r[case] for r in ranks):
         assert "exception" not in res, res["exception"]
@@ -110,3 +112,17 @@ def test_split_on_nccl_every_allreduce_kind(case, ranks):
         first = torch.tensor(res["logits"][KINDS[0]])
         for kind in KINDS[1:]:
             assert torch.equal(torch.tensor(res["logits"][kind]), first), kind  # the same sums, whichever kind
+
+
+def test_fused_layers_decode_the_split_model_on_every_allreduce_kind(ranks):
+    """The fused decoder layer on each rank's parts through the kernels (tests/test_hf_tp.py's CPU case): with
+    NCCL and symm-mem each step sums o_proj's and down_proj's partial outputs itself (2 layers x 3 steps x 2) and
+    matches the whole model's fused step and the split model's own layers within 2% of the logits' spread; with
+    transformers' own all-reduce (dtensor) the layers keep their own forward."""
+    for res in (r["fused_decode"] for r in ranks):
+        assert "exception" not in res, res["exception"]
+        assert res["own_vs_whole"] <= 0.02, res
+        for kind in KINDS:
+            got = res[kind]
+            assert got["finite"] and got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02, (kind, got)
+            assert got["sums"] == (0 if kind == "dtensor" else 3 * 4), (kind, got)
