@@ -60,7 +60,7 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
     if case == "fused_decode":
-        return _fused_decode(paths["dense"], tp)
+        return _fused_decode(paths["wide"], tp)
     if case in ("kbit", "nvfp4", "head", "moe"):
         opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
         src = paths["moe" if case == "moe" else "dense"]
@@ -177,13 +177,15 @@ def paths(tmp_path_factory):
     build("llama", 5, inter=224).save_pretrained(d / "odd")  # down_proj: K = 224 -> 2 x 112, not whole blocks
     build("qwen3_moe", 5, moe_inter=128).save_pretrained(d / "moe")  # experts' I = 128 -> 2 x 64: whole blocks
     build("qwen3_moe", 5).save_pretrained(d / "moe_odd")  # I = 96 -> 2 x 48: not
+    # head dim 64, which the CUDA decode attention is compiled for (32 is not): the fused decode step's model
+    build("llama", 5, hidden=256, inter=512).save_pretrained(d / "wide")
     from lowbit.hf import LowbitConfig
 
     for src, dst, cfg in (("dense", "saved", LowbitConfig()), ("moe", "moe_saved", LowbitConfig()),
                           ("dense", "nvfp4_saved", LowbitConfig(format="nvfp4"))):
         q = transformers.AutoModelForCausalLM.from_pretrained(d / src, dtype=torch.float32, quantization_config=cfg)
         q.save_pretrained(d / dst)
-    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved")}
+    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved", "wide")}
 
 
 CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode"]
@@ -238,7 +240,7 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
 
 
 def test_fused_layers_decode_the_split_model(ranks):
-    """The fused decoder layer on each rank's parts (bf16, 2 layers, 3 decode steps of 2 sequences): every
+    """The fused decoder layer on each rank's parts (bf16, hidden 256, 2 layers, 3 decode steps of 2 sequences): every
     projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the residual goes into
     rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the whole model's fused step and the split model's own
     layers within bf16 rounding of a few ops (bound: 2% of the logits' spread, as tests/test_layers.py)."""
