@@ -155,7 +155,8 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
         for kind in kinds:
             hf_tp.set_allreduce(kind)
             calls, sums = [], []
-            ops.kbit_gemv_epilogue = lambda *a, c=calls, **k: c.append(len(a) > 11 and a[11] is not None) or real_op(*a, **k)
+            ops.kbit_gemv_epilogue = (lambda *a, c=calls, **k:  # a[11]: the residual
+                                      c.append(len(a) > 11 and a[11] is not None) or real_op(*a, **k))
             hf_layers._row_sum = lambda *a, s=sums: s.append(1) or real_sum(*a)
             got = _decode_logits(split, ids, steps)
             ops.kbit_gemv_epilogue, hf_layers._row_sum = real_op, real_sum
@@ -240,10 +241,11 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
 
 
 def test_fused_layers_decode_the_split_model(ranks):
-    """The fused decoder layer on each rank's parts (bf16, hidden 256, 2 layers, 3 decode steps of 2 sequences): every
-    projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the residual goes into
-    rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the whole model's fused step and the split model's own
-    layers within bf16 rounding of a few ops (bound: 2% of the logits' spread, as tests/test_layers.py)."""
+    """The fused decoder layer on each rank's parts (bf16, hidden 256, 2 layers, 3 decode steps of 2 sequences):
+    every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the residual goes
+    into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the
+    whole model's fused step and the split model's own layers within bf16 rounding of a few ops (bound: 2% of the
+    logits' spread, as tests/test_layers.py)."""
     results = _run("fused_decode", ranks)
     for rank, res in enumerate(results):
         got = res["nccl"]

@@ -341,8 +341,9 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     """Split, for this rank of ``mesh``, every lowbit module of a quantized model that the model's TP plan
     splits colwise or rowwise, every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`), and every
     plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise into equal parts (an LM head kept
-    in bf16, also one a decode already switched to lowbit's dense GEMV: its vocabulary rows, the logits gathered); everything else stays whole on every rank (replicated: correct, not
-    smaller). Returns how many (quantized modules, plain linears) were split."""
+    in bf16, also one a decode already switched to lowbit's dense GEMV: its vocabulary rows, the logits gathered);
+    everything else stays whole on every rank (replicated: correct, not smaller). Returns how many (quantized
+    modules, plain linears) were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
     todo, plain = [], []
     for name, mod in model.named_modules():
@@ -379,8 +380,9 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
 
 
 def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mesh) -> None:
-    """Replace a plain ``nn.Linear`` (or :class:`~lowbit.hf.head.LowbitDenseHead`) by this rank's slice (colwise: output rows, rowwise: input columns, the bias
-    whole) under transformers' style in its local-tensor path (as :func:`place` does for lowbit's parts)."""
+    """Replace a plain ``nn.Linear`` (or :class:`~lowbit.hf.head.LowbitDenseHead`) by this rank's slice (colwise:
+    output rows, rowwise: input columns, the bias whole) under transformers' style in its local-tensor path (as
+    :func:`place` does for lowbit's parts)."""
     rank, world = mesh.get_local_rank(), mesh.size()
     split = SPLITS[style]
     part = (lin.out_features if split == "colwise" else lin.in_features) // world

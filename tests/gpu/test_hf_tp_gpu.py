@@ -60,7 +60,8 @@ def _case(case: str, rank: int, models: dict) -> dict:
     kw = {"dtype": torch.bfloat16}
     split_kw = {**kw, "distributed_config": DistributedConfig(tp_size=WORLD)}
     if case == "fused_decode":
-        return _fused_decode(models["wide"], {"distributed_config": DistributedConfig(tp_size=WORLD)}, str(device), KINDS)
+        split = {"distributed_config": DistributedConfig(tp_size=WORLD)}
+        return _fused_decode(models["wide"], split, str(device), KINDS)
     if case == "saved":
         m = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], **split_kw)
         ref = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], device_map=device, **kw)
