@@ -59,8 +59,8 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
-    if case == "fused_decode":
-        return _fused_decode(paths["wide"], tp)
+    if case.startswith("fused_decode"):
+        return _fused_decode(paths["wide"], tp, fmt="nvfp4" if case.endswith("nvfp4") else "kbit")
     if case in ("kbit", "nvfp4", "head", "moe"):
         opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
         src = paths["moe" if case == "moe" else "dense"]
@@ -120,21 +120,21 @@ def _decode_logits(model, ids, steps) -> torch.Tensor:
     return torch.cat(out, 1).float()
 
 
-def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor")) -> dict:
+def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor"), fmt: str = "kbit") -> dict:
     """The fused decoder layer (lowbit.hf.layers; on the CPU through the ops' reference) on this rank's parts, in bf16,
     for each all-reduce kind: its decode logits against the whole model's fused step and against the split model's
-    own layers, how many row-split sums it made, and (CPU) which GEMV calls carried the residual."""
+    own layers, how many GEMV calls it made and how many of them carried the residual, how many row-split sums."""
     import lowbit
-    from lowbit import ops
+    from lowbit import dispatch
     from lowbit.hf import LowbitConfig
     from lowbit.hf import attention as hf_attention
     from lowbit.hf import layers as hf_layers
     from lowbit.hf import tp as hf_tp
 
     kw = {**tp, "dtype": torch.bfloat16}
-    split = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(), **kw)
+    split = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(format=fmt), **kw)
     whole = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map=device)
-    lowbit.quantize_model(whole, progress=False)
+    lowbit.quantize_model(whole, progress=False, format=fmt)
     for m in (split, whole):
         m.set_attn_implementation("sdpa")
         hf_attention.use_gqa_sdpa(m)
@@ -144,7 +144,7 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
     ids = torch.randint(0, 320, (2, 6), generator=g).to(device)
     steps = torch.randint(0, 320, (3, 2, 1), generator=g).to(device)
     result = {}
-    real_op, real_sum = ops.kbit_gemv_epilogue, hf_layers._row_sum
+    real_op, real_sum = dispatch.gemv_epilogue_op, hf_layers._row_sum
     hf_layers.CPU_REFERENCE = device == "cpu"
     try:
         want = _decode_logits(whole, ids, steps)
@@ -155,17 +155,18 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
         for kind in kinds:
             hf_tp.set_allreduce(kind)
             calls, sums = [], []
-            ops.kbit_gemv_epilogue = (lambda *a, c=calls, **k:  # a[11]: the residual
-                                      c.append(len(a) > 11 and a[11] is not None) or real_op(*a, **k))
+            dispatch.gemv_epilogue_op = (lambda *a, c=calls, **k:
+                                         c.append(k.get("residual") is not None) or real_op(*a, **k))
             hf_layers._row_sum = lambda *a, s=sums: s.append(1) or real_sum(*a)
             got = _decode_logits(split, ids, steps)
-            ops.kbit_gemv_epilogue, hf_layers._row_sum = real_op, real_sum
+            dispatch.gemv_epilogue_op, hf_layers._row_sum = real_op, real_sum
             result[kind] = {"finite": bool(torch.isfinite(got).all()), "calls": len(calls), "with_residual": sum(calls),
                             "sums": len(sums), "vs_whole": (got - want).abs().max().item() / spread,
                             "vs_own": (got - own).abs().max().item() / spread}
         result["own_vs_whole"] = (own - want).abs().max().item() / spread
+        result["modules"] = sorted({type(m.mlp.down_proj).__name__ for m in (split.model.layers[0], whole.model.layers[0])})
     finally:
-        ops.kbit_gemv_epilogue, hf_layers._row_sum = real_op, real_sum
+        dispatch.gemv_epilogue_op, hf_layers._row_sum = real_op, real_sum
         hf_layers.FUSED, hf_layers.CPU_REFERENCE = True, False
         hf_tp.set_allreduce("nccl")
     return result
@@ -189,7 +190,8 @@ def paths(tmp_path_factory):
     return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved", "wide")}
 
 
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode"]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode",
+         "fused_decode_nvfp4"]
 
 
 @pytest.fixture(scope="module")
@@ -240,14 +242,16 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
             assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
 
 
-def test_fused_layers_decode_the_split_model(ranks):
-    """The fused decoder layer on each rank's parts (bf16, hidden 256, 2 layers, 3 decode steps of 2 sequences):
-    every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the residual goes
-    into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the
+@pytest.mark.parametrize("case", ["fused_decode", "fused_decode_nvfp4"])
+def test_fused_layers_decode_the_split_model(case, ranks):
+    """The fused decoder layer on each rank's kbit or NVFP4 parts (bf16, hidden 256, 2 layers, 3 decode steps of 2
+    sequences): every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the
+    residual goes into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the
     whole model's fused step and the split model's own layers within bf16 rounding of a few ops (bound: 2% of the
     logits' spread, as tests/test_layers.py)."""
-    results = _run("fused_decode", ranks)
+    results = _run(case, ranks)
     for rank, res in enumerate(results):
+        assert res["modules"] == ["NvFp4Linear" if case.endswith("nvfp4") else "KbitLinear"], res
         got = res["nccl"]
         assert got["finite"] and got["calls"] == 3 * 7 and got["sums"] == 3 * 4, res
         assert got["with_residual"] == (3 * 4 if rank == 0 else 0), res
