@@ -334,6 +334,29 @@ def test_allreduce_kinds_are_checked(monkeypatch):
         tp.all_reduce(torch.ones(4), group=None, kind="symm-mem")
 
 
+def test_inductor_symm_mem_note_is_dropped_and_nothing_else():
+    """lowbit's symm-mem buffer is allocated outside the compiled graph, so inductor's lowering warns at every call
+    site that it could not allocate its own; that one message is dropped, the logger's others are kept."""
+    import logging
+
+    from lowbit.hf import tp
+
+    log = logging.getLogger("torch._inductor.comm_lowering")
+    tp.quiet_inductor_symm_mem()
+    tp.quiet_inductor_symm_mem()  # idempotent: one filter
+    assert sum(isinstance(f, tp._DropMessage) for f in log.filters) == 1
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log.addHandler(handler)  # (torch's loggers do not propagate to the root logger)
+    try:
+        log.warning("%s for symm_mem operation; ensure ...", tp._SYMM_MEM_NOTE)
+        log.warning("something else went wrong")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["something else went wrong"]
+
+
 def _tp_scaling(tmp_path, *extra) -> dict:
     import subprocess
     import sys

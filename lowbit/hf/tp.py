@@ -203,7 +203,34 @@ def _symm_buffer(group, device: torch.device, dtype: torch.dtype) -> torch.Tenso
         buf = symm_mem.empty(SYMM_MEM_MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(buf, group.group_name)
         _symm_buffers[key] = buf
+        quiet_inductor_symm_mem()
     return _symm_buffers[key]
+
+
+class _DropMessage:
+    """A logging filter that drops records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def filter(self, record) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+#: what torch.compile's lowering of the symm-mem all-reduce logs at every call site when its buffer is not one the
+#: compiled graph allocates. lowbit's is allocated and exchanged once, outside the graph (:func:`_symm_buffer`), and
+#: the op runs on it as written, so the message is expected: a compiled 80-layer decode step printed it 160 times
+#: per rank and compile.
+_SYMM_MEM_NOTE = "Failed to realize the input as a symmetric memory buffer"
+
+
+def quiet_inductor_symm_mem() -> None:
+    """Drop inductor's :data:`_SYMM_MEM_NOTE` warnings (only those; the logger's other messages pass)."""
+    import logging
+
+    log = logging.getLogger("torch._inductor.comm_lowering")
+    if not any(isinstance(f, _DropMessage) for f in log.filters):
+        log.addFilter(_DropMessage(_SYMM_MEM_NOTE))
 
 
 def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
