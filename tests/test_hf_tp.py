@@ -12,7 +12,7 @@ import socket
 import pytest
 import torch
 
-from .tiny_models import build
+from .tiny_models import build, decode_logits
 
 transformers = pytest.importorskip("transformers")
 dist = pytest.importorskip("torch.distributed")
@@ -105,21 +105,6 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
     return result
 
 
-def _decode_logits(model, ids, steps) -> torch.Tensor:
-    """The logits of each decode step after a prefill of ``ids``, through a static cache (as greedy_decode runs)."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=16)
-    b, p = ids.shape
-    out = []
-    with torch.no_grad():
-        model(ids, past_key_values=cache, position_ids=torch.arange(p, device=ids.device).expand(b, -1), use_cache=True)
-        for i, tok in enumerate(steps):
-            pos = torch.full((b, 1), p + i, device=ids.device)
-            out.append(model(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits)
-    return torch.cat(out, 1).float()
-
-
 def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor"), fmt: str = "kbit") -> dict:
     """The fused decoder layer (lowbit.hf.layers; on the CPU through the ops' reference) on this rank's parts, in bf16,
     for each all-reduce kind: its decode logits against the whole model's fused step and against the split model's
@@ -147,9 +132,9 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
     real_op, real_sum = dispatch.gemv_epilogue_op, hf_layers._row_sum
     hf_layers.CPU_REFERENCE = device == "cpu"
     try:
-        want = _decode_logits(whole, ids, steps)
+        want = decode_logits(whole, ids, steps)
         hf_layers.FUSED = False
-        own = _decode_logits(split, ids, steps)
+        own = decode_logits(split, ids, steps)
         hf_layers.FUSED = True
         spread = (want.amax() - want.amin()).item()
         for kind in kinds:
@@ -158,7 +143,7 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
             dispatch.gemv_epilogue_op = (lambda *a, c=calls, **k:
                                          c.append(k.get("residual") is not None) or real_op(*a, **k))
             hf_layers._row_sum = lambda *a, s=sums: s.append(1) or real_sum(*a)
-            got = _decode_logits(split, ids, steps)
+            got = decode_logits(split, ids, steps)
             dispatch.gemv_epilogue_op, hf_layers._row_sum = real_op, real_sum
             result[kind] = {"finite": bool(torch.isfinite(got).all()), "calls": len(calls), "with_residual": sum(calls),
                             "sums": len(sums), "vs_whole": (got - want).abs().max().item() / spread,

@@ -86,18 +86,9 @@ def test_epilogue_errors(gen):
 
 
 def _decode(model, ids, steps, compiled):
-    from transformers import StaticCache
+    from .tiny_models import decode_logits  # (tiny_models needs transformers: only the tests that build a model)
 
-    cache = StaticCache(config=model.config, max_cache_len=16)
-    fwd = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
-    out = []
-    b, p = ids.shape
-    with torch.no_grad():
-        model(ids, past_key_values=cache, position_ids=torch.arange(p, device=ids.device).expand(b, -1), use_cache=True)
-        for i, tok in enumerate(steps):
-            pos = torch.full((b, 1), p + i, device=ids.device)
-            out.append(fwd(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits)
-    return torch.cat(out, 1).float()
+    return decode_logits(model, ids, steps, compiled)
 
 
 def _tiny_kbit_llama(seed, dtype=torch.bfloat16, **quantize):

@@ -118,3 +118,20 @@ def flipped_rows(a: RoutingRecorder, b: RoutingRecorder, batch: int) -> set[int]
         tokens = (x != y).any(-1).nonzero().flatten()
         rows.update((tokens // (x.shape[0] // batch)).tolist())
     return rows
+
+
+def decode_logits(model, ids, steps, compiled: bool = False) -> torch.Tensor:
+    """The logits of each decode step (``steps [n, batch, 1]`` tokens) after a prefill of ``ids [batch, prompt]``,
+    through a static cache as greedy_decode runs them; ``compiled``: the steps through ``torch.compile``."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    fwd = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
+    out = []
+    b, p = ids.shape
+    with torch.no_grad():
+        model(ids, past_key_values=cache, position_ids=torch.arange(p, device=ids.device).expand(b, -1), use_cache=True)
+        for i, tok in enumerate(steps):
+            pos = torch.full((b, 1), p + i, device=ids.device)
+            out.append(fwd(tok, past_key_values=cache, position_ids=pos, use_cache=True).logits)
+    return torch.cat(out, 1).float()
