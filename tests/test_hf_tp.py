@@ -59,6 +59,8 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
+    if case == "fused_decode_compiled":
+        return _fused_decode(paths["wide"], tp, kinds=("nccl",), compiled=True)
     if case.startswith("fused_decode"):
         return _fused_decode(paths["wide"], tp, fmt="nvfp4" if case.endswith("nvfp4") else "kbit")
     if case in ("kbit", "nvfp4", "head", "moe"):
@@ -105,10 +107,12 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
     return result
 
 
-def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor"), fmt: str = "kbit") -> dict:
+def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor"), fmt: str = "kbit",
+                  compiled: bool = False) -> dict:
     """The fused decoder layer (lowbit.hf.layers; on the CPU through the ops' reference) on this rank's parts, in bf16,
     for each all-reduce kind: its decode logits against the whole model's fused step and against the split model's
-    own layers, how many GEMV calls it made and how many of them carried the residual, how many row-split sums."""
+    own layers, how many GEMV calls it made and how many of them carried the residual, how many row-split sums.
+    ``compiled``: the split model's fused steps through torch.compile (fullgraph)."""
     import lowbit
     from lowbit import dispatch
     from lowbit.hf import LowbitConfig
@@ -143,7 +147,8 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
             dispatch.gemv_epilogue_op = (lambda *a, c=calls, **k:
                                          c.append(k.get("residual") is not None) or real_op(*a, **k))
             hf_layers._row_sum = lambda *a, s=sums: s.append(1) or real_sum(*a)
-            got = decode_logits(split, ids, steps)
+            torch._dynamo.reset()
+            got = decode_logits(split, ids, steps, compiled)
             dispatch.gemv_epilogue_op, hf_layers._row_sum = real_op, real_sum
             result[kind] = {"finite": bool(torch.isfinite(got).all()), "calls": len(calls), "with_residual": sum(calls),
                             "sums": len(sums), "vs_whole": (got - want).abs().max().item() / spread,
@@ -176,7 +181,7 @@ def paths(tmp_path_factory):
 
 
 CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode",
-         "fused_decode_nvfp4"]
+         "fused_decode_nvfp4", "fused_decode_compiled"]
 
 
 @pytest.fixture(scope="module")
@@ -227,10 +232,10 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
             assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
 
 
-@pytest.mark.parametrize("case", ["fused_decode", "fused_decode_nvfp4"])
+@pytest.mark.parametrize("case", ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled"])
 def test_fused_layers_decode_the_split_model(case, ranks):
     """The fused decoder layer on each rank's kbit or NVFP4 parts (bf16, hidden 256, 2 layers, 3 decode steps of 2
-    sequences): every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the
+    sequences; kbit also compiled with fullgraph, which traces the split's checks): every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the
     residual goes into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the
     whole model's fused step and the split model's own layers within bf16 rounding of a few ops (bound: 2% of the
     logits' spread, as tests/test_layers.py)."""
@@ -241,6 +246,8 @@ def test_fused_layers_decode_the_split_model(case, ranks):
         assert got["finite"] and got["calls"] == 3 * 7 and got["sums"] == 3 * 4, res
         assert got["with_residual"] == (3 * 4 if rank == 0 else 0), res
         assert got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02 and res["own_vs_whole"] <= 0.02, res
+        if "dtensor" not in res:  # (the compiled case: NCCL only)
+            continue
         # transformers' own all-reduce (a DTensor redistribute) keeps the layers' own forward
         assert res["dtensor"]["calls"] == 0 and res["dtensor"]["sums"] == 0 and res["dtensor"]["vs_own"] == 0, res
 
