@@ -59,8 +59,9 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
-    if case == "fused_decode_compiled":
-        return _fused_decode(paths["wide"], tp, kinds=("nccl",), compiled=True)
+    if case in ("fused_decode_compiled", "fused_decode_separate"):
+        return _fused_decode(paths["wide"], tp, kinds=("nccl",), compiled=case.endswith("compiled"),
+                             fuse=case.endswith("compiled"))
     if case.startswith("fused_decode"):
         return _fused_decode(paths["wide"], tp, fmt="nvfp4" if case.endswith("nvfp4") else "kbit")
     if case in ("kbit", "nvfp4", "head", "moe"):
@@ -108,11 +109,12 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
 
 def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtensor"), fmt: str = "kbit",
-                  compiled: bool = False) -> dict:
+                  compiled: bool = False, fuse: bool = True) -> dict:
     """The fused decoder layer (lowbit.hf.layers; on the CPU through the ops' reference) on this rank's parts, in bf16,
     for each all-reduce kind: its decode logits against the whole model's fused step and against the split model's
     own layers, how many GEMV calls it made and how many of them carried the residual, how many row-split sums.
-    ``compiled``: the split model's fused steps through torch.compile (fullgraph)."""
+    ``compiled``: the split model's fused steps through torch.compile (fullgraph); ``fuse=False``: q, k, v, gate and
+    up quantized as modules of their own."""
     import lowbit
     from lowbit import dispatch
     from lowbit.hf import LowbitConfig
@@ -121,9 +123,10 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
     from lowbit.hf import tp as hf_tp
 
     kw = {**tp, "dtype": torch.bfloat16}
-    split = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(format=fmt), **kw)
+    cfg = LowbitConfig(format=fmt, fuse=fuse)
+    split = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=cfg, **kw)
     whole = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, device_map=device)
-    lowbit.quantize_model(whole, progress=False, format=fmt)
+    lowbit.quantize_model(whole, progress=False, format=fmt, fuse=fuse)
     for m in (split, whole):
         m.set_attn_implementation("sdpa")
         hf_attention.use_gqa_sdpa(m)
@@ -154,7 +157,7 @@ def _fused_decode(src: str, tp: dict, device: str = "cpu", kinds=("nccl", "dtens
                             "sums": len(sums), "vs_whole": (got - want).abs().max().item() / spread,
                             "vs_own": (got - own).abs().max().item() / spread}
         result["own_vs_whole"] = (own - want).abs().max().item() / spread
-        result["modules"] = sorted({type(m.mlp.down_proj).__name__ for m in (split.model.layers[0], whole.model.layers[0])})
+        result["modules"] = sorted({type(m.model.layers[0].mlp.down_proj).__name__ for m in (split, whole)})
     finally:
         dispatch.gemv_epilogue_op, hf_layers._row_sum = real_op, real_sum
         hf_layers.FUSED, hf_layers.CPU_REFERENCE = True, False
@@ -180,8 +183,8 @@ def paths(tmp_path_factory):
     return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved", "wide")}
 
 
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "fused_decode",
-         "fused_decode_nvfp4", "fused_decode_compiled"]
+FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", *FUSED_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -232,18 +235,20 @@ def test_sharded_moe_forward_equals_unsharded(case, ranks):
             assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
 
 
-@pytest.mark.parametrize("case", ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled"])
+@pytest.mark.parametrize("case", FUSED_CASES)
 def test_fused_layers_decode_the_split_model(case, ranks):
     """The fused decoder layer on each rank's kbit or NVFP4 parts (bf16, hidden 256, 2 layers, 3 decode steps of 2
-    sequences; kbit also compiled with fullgraph, which traces the split's checks): every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too), the
-    residual goes into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the logits match the
-    whole model's fused step and the split model's own layers within bf16 rounding of a few ops (bound: 2% of the
-    logits' spread, as tests/test_layers.py)."""
+    sequences; kbit also compiled with fullgraph, which traces the split's checks, and with each projection a
+    module of its own): every projection runs as an epilogue GEMV (layer 0: o, gate|up, down; layer 1: q|k|v too),
+    the residual goes into rank 0's o_proj and down_proj only, their outputs are summed over the ranks, and the
+    logits match the whole model's fused step and the split model's own layers within bf16 rounding of a few ops
+    (bound: 2% of the logits' spread, as tests/test_layers.py)."""
     results = _run(case, ranks)
     for rank, res in enumerate(results):
         assert res["modules"] == ["NvFp4Linear" if case.endswith("nvfp4") else "KbitLinear"], res
         got = res["nccl"]
-        assert got["finite"] and got["calls"] == 3 * 7 and got["sums"] == 3 * 4, res
+        per_step = 11 if case.endswith("separate") else 7  # separate q, k, v, gate, up: 2 + 2 more GEMVs per layer
+        assert got["finite"] and got["calls"] == 3 * per_step and got["sums"] == 3 * 4, res
         assert got["with_residual"] == (3 * 4 if rank == 0 else 0), res
         assert got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02 and res["own_vs_whole"] <= 0.02, res
         if "dtensor" not in res:  # (the compiled case: NCCL only)

@@ -145,6 +145,12 @@ def _sharded(mod):
     return info
 
 
+def _unwrapped(*mods) -> bool:
+    """Whether the fused step may stand in for calling each of ``mods``: no hooks or forward of its own, or only the
+    tensor-parallel wrapping :func:`_tp_plan` checks (separate projections under TP are called through it)."""
+    return all(not hooked(m) or _sharded(m) for m in mods)
+
+
 def _tp_plan(col: list, row: list):
     """Whether the fused step can stand in for tensor parallelism's wrapping of a layer's column-split (``col``) and
     row-split (``row``) projections: None where none of them is split (one device), False where it cannot (only some
@@ -182,8 +188,8 @@ def _plan(self, hidden_states):
         return None
     inter = _widths(gu)
     tp = _tp_plan([mlp.gate_proj, mlp.up_proj], [o, down])
-    if tp is False or hooked(attn, mlp, self.post_attention_layernorm, *_launches(gu)) \
-            or (tp is None and hooked(o, down, mlp.gate_proj, mlp.up_proj)):
+    if tp is False or not _unwrapped(attn, mlp, self.post_attention_layernorm, o, down, mlp.gate_proj, mlp.up_proj,
+                                     *_launches(gu)):
         return None
     if not (_takes(o, b, hidden_states, o.in_features) and o.out_features == d
             and all(_takes(m, b, hidden_states, d) for m in _launches(gu))
@@ -195,8 +201,8 @@ def _plan(self, hidden_states):
         if (qkv_tp is False or (qkv_tp is None) != (tp is None)
                 or not _norm_ok(self.input_layernorm, self._lowbit_in_eps, hidden_states)
                 or not all(_takes(m, b, hidden_states, d) for m in _launches(qkv))
-                or hooked(self.input_layernorm, *_launches(qkv))
-                or (qkv_tp is None and hooked(attn.q_proj, attn.k_proj, attn.v_proj))):
+                or hooked(self.input_layernorm)
+                or not _unwrapped(attn.q_proj, attn.k_proj, attn.v_proj, *_launches(qkv))):
             qkv = None
     return eps, gu, qkv, tp
 
