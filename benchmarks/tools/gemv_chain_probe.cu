@@ -1,0 +1,360 @@
+// What does a chain of kbit GEMVs lose between one GEMV and the next? The same GEMVs (lowbit's CTA-local stream-K
+// decode, 16 warps per SM) timed several ways over the projections of L Llama-3-8B layers. Cold: every layer's
+// weights are its own, ~116 MB each at K = 4. M = 1, bf16, and each GEMV's x is the previous one's y.
+//
+//   launches    one launch per GEMV under PDL (the library's kernel, as a decode step runs it);
+//   split mix   the same with the dispatcher's split kernel for o_proj and down_proj;
+//   persistent  one kernel runs every GEMV in turn. Between two, each CTA waits on a grid-wide counter (every
+//               CTA has stored its outputs). It issues its first weight loads of the next GEMV *before* that wait
+//               ("early") or after it ("late", to see what the early loads buy). Variants:
+//               - the early loads plus an L2 prefetch of the warp's next 2 / 4 / 8 units;
+//               - no wait at all: timing only (x is read while it is written), the chain without its dependency.
+//
+// The persistent kernel reuses the library's pieces (tiled/gemv.cuh): table, unit loop, decode. Its outputs are
+// checked against the library's kernel on the same inputs, job by job: the same tile and unit partition, so
+// equal bit for bit. A probe, not a library path: no epilogues, and no attention between the projections.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -o gemv_chain_probe benchmarks/tools/gemv_chain_probe.cu
+//   ./gemv_chain_probe [layers=8] [replays=20]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "tiled/gemv.cuh"
+
+using T = __nv_bfloat16;
+constexpr int kBits = 4;
+
+#define CHECK(x)                                                                         \
+    do {                                                                                 \
+        cudaError_t e_ = (x);                                                            \
+        if (e_ != cudaSuccess) {                                                         \
+            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            exit(1);                                                                     \
+        }                                                                                \
+    } while (0)
+
+namespace lowbit {
+namespace gemv {
+
+struct Job {
+    const T* x;
+    const uint4* qw;
+    const uint4* qa;
+    const float* scale;
+    T* y;
+    int n, k_in, n_tiles, n_groups;
+    StreamK tiles;  // CTA c's tiles
+};
+
+// This warp's units of job J in CTA-local mode (as kbit_gemv_kernel's local branch).
+struct Range {
+    int u_begin, u_end, first_tile, cta_tiles, unit_base;
+    StreamK sk;
+};
+__device__ __forceinline__ Range range_of(const Job& J, int warp) {
+    Range r;
+    const int first = J.tiles.begin(blockIdx.x);
+    r.cta_tiles = J.tiles.begin(blockIdx.x + 1) - first;
+    const int units = r.cta_tiles * J.n_groups;
+    r.sk = StreamK{units / kStreamWarps, units % kStreamWarps};
+    r.unit_base = first * J.n_groups;
+    r.u_begin = r.unit_base + r.sk.begin(warp);
+    r.u_end = r.unit_base + r.sk.begin(warp + 1);
+    r.first_tile = r.u_begin / J.n_groups;
+    return r;
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// L2 prefetch of `bytes` at p (multiple of 16, 16-byte aligned): one bulk request
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+template <int MAXM, bool EARLY, int PF = 0, bool NOWAIT = false>
+__global__ void __launch_bounds__(kStreamWarps * 32, 1)
+    chain_kernel(const Job* __restrict__ jobs, int n_jobs, const float* __restrict__ codebook, unsigned* bar, int m) {
+    constexpr bool QUAD = false;
+    constexpr int S = kStreamStages(kBits, MAXM);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    m = m < MAXM ? m : MAXM;
+    const float cb = Lut<kBits, QUAD>::fetch(codebook);
+    GroupData<kBits> buf[S];
+    Job J = jobs[0];
+    Range R = range_of(J, warp);
+    prologue<kBits, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), R.u_begin, R.u_end);
+    Lut<kBits, QUAD>::template store<kStreamWarps * 32, T>(cb);
+    __syncthreads();
+    pdl_wait();
+    float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<kBits>());
+    for (int j = 0; j < n_jobs; ++j) {
+        if (j > 0) {  // job j - 1 stored by every CTA
+            if (threadIdx.x == 0 && !NOWAIT)
+                while (ld_acquire(bar + j - 1) < gridDim.x) {
+                }
+            __syncthreads();
+            if (!EARLY) prologue<kBits, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), R.u_begin, R.u_end);
+        }
+        const float scale = *J.scale;
+        const LaneCtx<T> ctx = lane_ctx<kBits, QUAD, T>(J.x, J.k_in, m, J.k_in);
+        const int n = J.n, n_groups = J.n_groups;
+        auto store = [&](const float (&v)[4], int tile) {
+            const int row0 = tile * 16 + g;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+                if (tok < m && row < n) J.y[int64_t(tok) * n + row] = from_float<T>(v[i] * kGemvOutFix<false> * scale);
+            }
+        };
+        auto flush = [&](const float (&acc)[4], int tile, int g0, int g1) {
+            if (g0 == 0 && g1 == n_groups) {
+                store(acc, tile);
+                return;
+            }
+            float* p = red + (warp * 2 + (tile == R.first_tile ? 0 : 1)) * 128 + lane;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[32 * i] = acc[i];
+        };
+        run_units<kBits, QUAD, T, S, kXCoherent, false, false, 0u>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx,
+                                                                R.u_begin, R.u_end, R.first_tile,
+                                                                R.u_begin - R.first_tile * n_groups, n_groups, flush);
+        const Job Jc = J;
+        const Range Rc = R;
+        if (j + 1 < n_jobs) {  // the next job's first loads, before this one's tail and the grid-wide wait
+            J = jobs[j + 1];
+            R = range_of(J, warp);
+            if (EARLY) prologue<kBits, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), R.u_begin, R.u_end);
+            // PF: the warp's next PF units past the prologue's, asked of L2 now (DRAM idles at the boundary)
+            const int p0 = R.u_begin + S - 1, p1 = min(R.u_end, p0 + PF);
+            if (PF > 0 && p1 > p0 && lane < 2) {
+                if (lane == 0) prefetch_l2(J.qw + int64_t(p0) * kBits * 32, uint32_t(p1 - p0) * kBits * 512);
+                else prefetch_l2(J.qa + int64_t(p0) * 8, uint32_t(p1 - p0) * 128);
+            }
+        }
+        __syncthreads();
+        for (int jt = warp; jt < Rc.cta_tiles; jt += kStreamWarps) {
+            const int w_first = Rc.sk.warp_of(jt * n_groups), w_last = Rc.sk.warp_of((jt + 1) * n_groups - 1);
+            if (w_first == w_last) continue;
+            float sum[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int v = w_first; v <= w_last; ++v) {
+                const float* p = red + (v * 2 + (jt == Rc.sk.begin(v) / n_groups ? 0 : 1)) * 128 + lane;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sum[i] += p[32 * i];
+            }
+            const int row0 = (Rc.unit_base / n_groups + jt) * 16 + g;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = row0 + (i >> 1) * 8, tok = 2 * t + (i & 1);
+                if (tok < m && row < n) Jc.y[int64_t(tok) * n + row] = from_float<T>(sum[i] * kGemvOutFix<false> * scale);
+            }
+        }
+        __syncthreads();  // every store of this CTA issued (and red free for the next job)
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(bar + j, 1u);
+        }
+    }
+}
+
+}  // namespace gemv
+}  // namespace lowbit
+
+using namespace lowbit;
+using namespace lowbit::gemv;
+
+__global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed, uint32_t mask, uint32_t set) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        uint32_t v = uint32_t(i) * 2654435761u ^ seed;
+        v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
+        p[i] = (v & mask) | set;
+    }
+}
+
+int main(int argc, char** argv) {
+    const int layers = argc > 1 ? atoi(argv[1]) : 8;
+    const int replays = argc > 2 ? atoi(argv[2]) : 20;
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs; %d layers of Llama-3-8B projections, K = %d, M = 1, bf16\n", prop.name, sms, layers, kBits);
+    const int shapes[4][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};  // k_in, n
+    const int n_jobs = 4 * layers;
+    std::vector<Job> jobs(n_jobs);
+    float* codebook;
+    CHECK(cudaMalloc(&codebook, 16 * sizeof(float)));
+    std::vector<float> cbh(16);
+    for (int i = 0; i < 16; ++i) cbh[i] = -1.f + 2.f * i / 15.f;
+    CHECK(cudaMemcpy(codebook, cbh.data(), sizeof(float) * 16, cudaMemcpyHostToDevice));
+    float* scales;
+    CHECK(cudaMalloc(&scales, sizeof(float) * n_jobs));
+    std::vector<float> sh(n_jobs, 1.f);
+    CHECK(cudaMemcpy(scales, sh.data(), sizeof(float) * n_jobs, cudaMemcpyHostToDevice));
+    // activations: x of job 0, then each job's y (the next job's x: its first k_in values)
+    std::vector<T*> acts(n_jobs + 1);
+    CHECK(cudaMalloc(&acts[0], 8 * 4096 * sizeof(T)));
+    {
+        std::vector<T> xh(8 * 4096);
+        for (size_t i = 0; i < xh.size(); ++i) xh[i] = __float2bfloat16(float((i * 7919) % 2001) / 1000.f - 1.f);
+        CHECK(cudaMemcpy(acts[0], xh.data(), xh.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    double bytes = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+        const int k_in = shapes[j % 4][0], n = shapes[j % 4][1];
+        const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+        const size_t units = size_t(n_tiles) * n_groups;
+        uint4 *qw, *qa;
+        CHECK(cudaMalloc(&qw, units * kBits * 32 * 16));
+        CHECK(cudaMalloc(&qa, units * 8 * 16));
+        fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qw), units * kBits * 32 * 4, 17u + j, ~0u, 0u);
+        // absmax bytes 0xA0..0xBF: 2^-5 .. 2^-4 (E4M4, fp16's exponent bias), so outputs stay O(1) along the chain
+        fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qa), units * 8 * 4, 91u + j, 0x1f1f1f1fu, 0xa0a0a0a0u);
+        CHECK(cudaMalloc(&acts[j + 1], size_t(8) * n * sizeof(T)));
+        CHECK(cudaMemset(acts[j + 1], 0, size_t(8) * n * sizeof(T)));
+        const int grid = sms < n_tiles ? sms : n_tiles;
+        jobs[j] = Job{acts[j], qw, qa, scales + j, acts[j + 1], n, k_in, n_tiles, n_groups,
+                      StreamK{n_tiles / grid, n_tiles % grid}};
+        bytes += double(units) * (kBits * 512 + 128);
+    }
+    CHECK(cudaDeviceSynchronize());
+    Job* d_jobs;
+    CHECK(cudaMalloc(&d_jobs, sizeof(Job) * n_jobs));
+    CHECK(cudaMemcpy(d_jobs, jobs.data(), sizeof(Job) * n_jobs, cudaMemcpyHostToDevice));
+    unsigned* bar;
+    CHECK(cudaMalloc(&bar, sizeof(unsigned) * n_jobs));
+    const size_t smem = stream_smem<kBits>();
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int split_ctas = occupancy(kbit_split_gemv_kernel<kBits, T, true>, split_smem<kBits>(1), kWarps) * sms;
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    auto launches = [&](bool split_mix) {
+        for (int j = 0; j < n_jobs; ++j) {
+            const Job& J = jobs[j];
+            int err;
+            if (split_mix && (j % 4 == 1 || j % 4 == 3))
+                err = launch_split<kBits, T>(J.x, nullptr, 1, J.qw, J.qa, codebook, J.scale, J.y, nullptr, 1, J.n, J.k_in,
+                                             split_ctas, kFlagPdl, nullptr, st);
+            else
+                err = launch_gemv<kBits, T, 1>(J.x, J.qw, J.qa, codebook, J.scale, J.y, nullptr, nullptr, nullptr, 1, J.n,
+                                               J.k_in, kStreamWarps * (sms < J.n_tiles ? sms : J.n_tiles),
+                                               kFlagLocal | kFlagPdl, nullptr, st);
+            if (err) {
+                fprintf(stderr, "launch %d: %s\n", j, cudaGetErrorString(cudaError_t(err)));
+                exit(1);
+            }
+        }
+    };
+    auto persistent = [&](bool early, int pf = 0) {
+        CHECK(cudaMemsetAsync(bar, 0, sizeof(unsigned) * n_jobs, st));
+        if (pf < 0)
+            chain_kernel<1, true, 0, true><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        else if (pf == 2)
+            chain_kernel<1, true, 2><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        else if (pf == 4)
+            chain_kernel<1, true, 4><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        else if (pf == 8)
+            chain_kernel<1, true, 8><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        else if (early)
+            chain_kernel<1, true><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        else
+            chain_kernel<1, false><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
+        CHECK(cudaGetLastError());
+    };
+
+    // correctness: the persistent kernel's y of every job against the library kernel on the same x
+    persistent(true);
+    CHECK(cudaStreamSynchronize(st));
+    std::vector<std::vector<T>> chain_out(n_jobs);
+    for (int j = 0; j < n_jobs; ++j) {
+        chain_out[j].resize(jobs[j].n);
+        CHECK(cudaMemcpy(chain_out[j].data(), jobs[j].y, jobs[j].n * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+    T* ref;
+    CHECK(cudaMalloc(&ref, 28672 * sizeof(T)));
+    int bad = 0, nan = 0;
+    double max_abs = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+        const Job& J = jobs[j];
+        CHECK(cudaMemset(ref, 0xff, J.n * sizeof(T)));  // poisoned: NaN where nothing is written
+        if (launch_gemv<kBits, T, 1>(J.x, J.qw, J.qa, codebook, J.scale, ref, nullptr, nullptr, nullptr, 1, J.n, J.k_in,
+                                     kStreamWarps * (sms < J.n_tiles ? sms : J.n_tiles), kFlagLocal, nullptr, st))
+            exit(1);
+        CHECK(cudaStreamSynchronize(st));
+        std::vector<T> rh(J.n);
+        CHECK(cudaMemcpy(rh.data(), ref, J.n * sizeof(T), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < J.n; ++i) {
+            const float a = __bfloat162float(chain_out[j][i]), b = __bfloat162float(rh[i]);
+            if (std::isnan(a) || std::isnan(b)) ++nan;
+            else if (a != b) ++bad;
+            if (std::isfinite(a)) max_abs = fmax(max_abs, fabs(a));
+        }
+    }
+    printf("check: %d outputs differ from the library kernel, %d NaN (max |y| %.3g)%s\n", bad, nan, max_abs,
+           bad || nan ? "  FAILED" : "");
+
+    auto graph_of = [&](auto&& body) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        body();
+        CHECK(cudaStreamEndCapture(st, &g));
+        CHECK(cudaGraphInstantiate(&ge, g, 0));
+        return ge;
+    };
+    cudaGraphExec_t g_launch = graph_of([&] { launches(false); });
+    cudaGraphExec_t g_mix = graph_of([&] { launches(true); });
+    cudaGraphExec_t g_early = graph_of([&] { persistent(true); });
+    cudaGraphExec_t g_late = graph_of([&] { persistent(false); });
+    cudaGraphExec_t g_pf[3] = {graph_of([&] { persistent(true, 2); }), graph_of([&] { persistent(true, 4); }),
+                               graph_of([&] { persistent(true, 8); })};
+    cudaGraphExec_t g_nowait = graph_of([&] { persistent(true, -1); });
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    auto time_graph = [&](cudaGraphExec_t ge) {
+        for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, st));
+        std::vector<float> ms;
+        for (int r = 0; r < replays; ++r) {
+            CHECK(cudaEventRecord(e0, st));
+            CHECK(cudaGraphLaunch(ge, st));
+            CHECK(cudaEventRecord(e1, st));
+            CHECK(cudaEventSynchronize(e1));
+            float v;
+            CHECK(cudaEventElapsedTime(&v, e0, e1));
+            ms.push_back(v);
+        }
+        std::sort(ms.begin(), ms.end());
+        return double(ms[ms.size() / 2]) * 1e3;  // us, median replay
+    };
+    printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
+    for (int round = 0; round < 2; ++round) {
+        const double a = time_graph(g_launch), b = time_graph(g_mix), c = time_graph(g_early), d = time_graph(g_late);
+        printf("round %d, us per layer (%% of 3.0 TB/s): launches %.2f (%.1f%%), split mix %.2f (%.1f%%), "
+               "persistent early %.2f (%.1f%%), persistent late %.2f (%.1f%%)\n",
+               round, a / layers, bytes / a / 3.0e4, b / layers, bytes / b / 3.0e4, c / layers, bytes / c / 3.0e4,
+               d / layers, bytes / d / 3.0e4);
+        const double f = time_graph(g_nowait);
+        printf("  persistent, no wait between GEMVs (timing only: x read while written): %.2f (%.1f%%)\n", f / layers,
+               bytes / f / 3.0e4);
+        for (int i = 0; i < 3; ++i) {
+            const double e = time_graph(g_pf[i]);
+            printf("  persistent early + L2 prefetch of the next %d units per warp: %.2f (%.1f%%)\n", 2 << i, e / layers,
+                   bytes / e / 3.0e4);
+        }
+    }
+    return bad || nan ? 1 : 0;
+}
