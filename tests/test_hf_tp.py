@@ -59,6 +59,15 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
+    if case == "auto":  # the default all-reduce on CPU ranks: decided once with both ranks, NCCL's path (gloo here)
+        from lowbit.hf import tp as hf_tp
+
+        hf_tp._auto.clear()
+        hf_tp.set_allreduce("auto")
+        t = torch.full((3,), float(rank + 1))
+        total = hf_tp.all_reduce(t, dist.group.WORLD)  # the first use decides
+        return {"sum": total.tolist(), "decided": dict(hf_tp._auto),
+                "again": hf_tp.resolve_allreduce(dist.group.WORLD, torch.device("cpu"))}
     if case in ("fused_decode_compiled", "fused_decode_separate"):
         return _fused_decode(paths["wide"], tp, kinds=("nccl",), compiled=case.endswith("compiled"),
                              fuse=case.endswith("compiled"))
@@ -184,7 +193,7 @@ def paths(tmp_path_factory):
 
 
 FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", *FUSED_CASES]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "auto", *FUSED_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +288,7 @@ def test_generate_under_torchrun(model, split, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert r.stdout.count(f"tensor parallel over 2 ranks: {split} quantized modules split") == 1, r.stdout
     assert "kbit4 TP=2" in r.stdout
+    assert "all-reduce: nccl (auto)" in r.stdout, r.stdout  # the default, decided with both (CPU) ranks
 
 
 def test_generate_under_torchrun_refuses_what_it_cannot_split(monkeypatch):
@@ -319,10 +329,29 @@ def test_tp_allreduce_option_needs_torchrun_and_a_gpu_for_symm_mem(monkeypatch):
         p.parse_args(["generate", "--tp-allreduce", "mpi"])
 
 
+def test_auto_allreduce_is_decided_once_with_every_rank(ranks):
+    """``auto`` (the default) on CPU ranks: the first all-reduce decides it with both ranks (NCCL's path, gloo
+    here), sums right, and the choice is kept for the group."""
+    for res in _run("auto", ranks):
+        assert res["sum"] == [3.0, 3.0, 3.0], res
+        assert list(res["decided"].values()) == ["nccl"] and res["again"] == "nccl", res
+
+
+def test_auto_allreduce_takes_symm_mem_only_where_every_rank_can():
+    from lowbit.hf.tp import choose_allreduce
+
+    gpu = {"host": "a", "cuda": True, "symm_mem": True, "p2p": True}
+    assert choose_allreduce([gpu, dict(gpu)]) == "symm-mem"
+    assert choose_allreduce([gpu]) == "symm-mem"
+    for odd in ({"p2p": False}, {"host": "b"}, {"cuda": False}, {"symm_mem": False}):
+        assert choose_allreduce([gpu, {**gpu, **odd}]) == "nccl", odd
+    assert choose_allreduce([]) == "nccl"
+
+
 def test_allreduce_kinds_are_checked(monkeypatch):
     from lowbit.hf import tp
 
-    with pytest.raises(ValueError, match="nccl, symm-mem, dtensor"):
+    with pytest.raises(ValueError, match="auto, nccl, symm-mem, dtensor"):
         tp.set_allreduce("ring")
     monkeypatch.setattr(tp, "_allreduce", "ring")  # as a bad $LOWBIT_TP_ALLREDUCE leaves it
     with pytest.raises(ValueError, match="LOWBIT_TP_ALLREDUCE"):

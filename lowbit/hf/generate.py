@@ -191,11 +191,13 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
             if mesh is not None:
                 split, plain = tp.shard_model(m, mesh)
                 label += f" TP={world}"
+                kind = tp.allreduce_kind()
+                used = tp.resolve_allreduce(tp._group(mesh), torch.device(device))
                 result["tensor_parallel"] = {"world": world, "split_modules": split, "split_plain_linears": plain,
-                                             "allreduce": tp.allreduce_kind()}
+                                             "allreduce": used, "allreduce_option": kind}
                 say(f"tensor parallel over {world} ranks: {split} quantized modules split by the model's TP plan"
                     + (f", and {plain} unquantized linear{'s' * (plain > 1)}" if plain else "")
-                    + f" (the rest replicated); all-reduce: {tp.allreduce_kind()}")
+                    + f" (the rest replicated); all-reduce: {used}" + (" (auto)" if kind == "auto" else ""))
             result.setdefault("calibration", report.calibration and {
                 "data": report.calibration.data, "seconds": report.calibration.seconds,
                 "peak_memory": report.calibration.peak_memory})
@@ -380,10 +382,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="kbit: store weights rotated by a block-32 Hadamard transform; the GEMV rotates its input "
                         "in registers (default: on with --method gptq at 2-3 bits, where it lowers the error; "
                         "costs ~8%% decode speed)")
-    p.add_argument("--tp-allreduce", choices=("nccl", "symm-mem", "dtensor"), default=None,
-                   help="under torchrun: how row-split layers sum their partial outputs: the process group's "
-                        "all_reduce (nccl, the default), torch's symmetric-memory one-shot kernel (symm-mem, CUDA), "
-                        "or transformers' DTensor redistribute (dtensor)")
+    p.add_argument("--tp-allreduce", choices=("auto", "nccl", "symm-mem", "dtensor"), default=None,
+                   help="under torchrun: how row-split layers sum their partial outputs: torch's symmetric-memory "
+                        "one-shot kernel where the GPUs of one host reach each other peer to peer, else the process "
+                        "group's all_reduce (auto, the default); or always the process group's all_reduce (nccl), "
+                        "torch's one-shot kernel (symm-mem, CUDA), or transformers' DTensor redistribute (dtensor)")
     p.add_argument("--format", dest="fmt", default="kbit",
                    help=f"weight format: {' or '.join(formats())} (kbit takes --bits); several, comma-separated "
                         f"({','.join(formats())}), are timed side by side (default %(default)s)")

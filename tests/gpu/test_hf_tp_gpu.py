@@ -25,8 +25,12 @@ import torch.multiprocessing as mp  # noqa: E402
 
 WORLD = 2
 BOUND = 3e-2
-KINDS = ("nccl", "symm-mem", "dtensor")
-CASES = ("kbit", "nvfp4", "saved", "moe", "fused_decode")
+KINDS = ("nccl", "symm-mem", "dtensor", "auto")
+CASES = ("kbit", "nvfp4", "saved", "moe", "fused_decode", "fused_decode_nvfp4", "fused_decode_compiled",
+         "fused_decode_separate")
+#: the fused-decode cases beside the kbit one, and the all-reduce kinds each runs (a compile per kind costs ~30 s)
+FUSED_MORE = {"fused_decode_nvfp4": ("nccl", "symm-mem"), "fused_decode_compiled": ("symm-mem",),
+              "fused_decode_separate": ("auto",)}
 
 
 def _worker(rank: int, port: int, models: dict, out: str) -> None:
@@ -59,9 +63,13 @@ def _case(case: str, rank: int, models: dict) -> dict:
     device = torch.device("cuda", rank)
     kw = {"dtype": torch.bfloat16}
     split_kw = {**kw, "distributed_config": DistributedConfig(tp_size=WORLD)}
-    if case == "fused_decode":
+    if case.startswith("fused_decode"):
         split = {"distributed_config": DistributedConfig(tp_size=WORLD)}
-        return _fused_decode(models["wide"], split, str(device), KINDS)
+        res = _fused_decode(models["wide"], split, str(device), FUSED_MORE.get(case, KINDS),
+                            fmt="nvfp4" if case.endswith("nvfp4") else "kbit", compiled=case.endswith("compiled"),
+                            fuse=not case.endswith("separate"))
+        res["auto_is"] = sorted(set(tp._auto.values()))
+        return res
     if case == "saved":
         m = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], **split_kw)
         ref = transformers.AutoModelForCausalLM.from_pretrained(models["saved"], device_map=device, **kw)
@@ -88,6 +96,7 @@ def _case(case: str, rank: int, models: dict) -> dict:
             result[kind] = got
             result.setdefault("logits", {})[kind] = y.float().cpu().tolist()
     tp.set_allreduce("nccl")
+    result["auto_is"] = sorted(set(tp._auto.values()))
     return result
 
 
@@ -100,7 +109,12 @@ def ranks(paths, tmp_path_factory):  # noqa: F811 -- the imported fixture
     return [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("case", CASES[:-1])
+def _auto_expected() -> str:
+    """What ``auto`` must pick on this machine: symm-mem where the two GPUs reach each other peer to peer."""
+    return "symm-mem" if torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0) else "nccl"
+
+
+@pytest.mark.parametrize("case", CASES[:4])
 def test_split_on_nccl_every_allreduce_kind(case, ranks):
     for res in (r[case] for r in ranks):
         assert "exception" not in res, res["exception"]
@@ -113,6 +127,7 @@ def test_split_on_nccl_every_allreduce_kind(case, ranks):
         first = torch.tensor(res["logits"][KINDS[0]])
         for kind in KINDS[1:]:
             assert torch.equal(torch.tensor(res["logits"][kind]), first), kind  # the same sums, whichever kind
+        assert res["auto_is"] == [_auto_expected()], res["auto_is"]
 
 
 def test_fused_layers_decode_the_split_model_on_every_allreduce_kind(ranks):
@@ -127,3 +142,21 @@ def test_fused_layers_decode_the_split_model_on_every_allreduce_kind(ranks):
             got = res[kind]
             assert got["finite"] and got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02, (kind, got)
             assert got["sums"] == (0 if kind == "dtensor" else 3 * 4), (kind, got)
+
+
+@pytest.mark.parametrize("case", list(FUSED_MORE))
+def test_fused_layers_decode_the_split_model_nvfp4_compiled_separate(case, ranks):
+    """The gloo tests' other fused cases through the kernels: NVFP4 parts, the kbit step compiled (fullgraph) on
+    symm-mem, and q, k, v, gate and up as modules of their own (on the default all-reduce). Each sums o_proj's and
+    down_proj's partial outputs itself and stays within 2% of the logits' spread of the whole model's fused step
+    and of the split model's own layers."""
+    for res in (r[case] for r in ranks):
+        assert "exception" not in res, res["exception"]
+        assert res["modules"] == ["NvFp4Linear" if case.endswith("nvfp4") else "KbitLinear"], res
+        assert res["own_vs_whole"] <= 0.02, res
+        for kind in FUSED_MORE[case]:
+            got = res[kind]
+            assert got["finite"] and got["vs_whole"] <= 0.02 and got["vs_own"] <= 0.02, (kind, got)
+            assert got["sums"] == 3 * 4, (kind, got)
+        if "auto" in FUSED_MORE[case]:
+            assert res["auto_is"] == [_auto_expected()], res["auto_is"]
