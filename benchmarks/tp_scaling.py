@@ -79,7 +79,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if device.type == "cuda" else torch.float32
     batches = [int(b) for b in args.batch.split(",")]
     kinds = args.allreduce.split(",") if args.allreduce else (
-        ["nccl", "symm-mem", "dtensor"] if device.type == "cuda" else ["nccl", "dtensor"])
+        ["auto", "nccl", "symm-mem", "dtensor"] if device.type == "cuda" else ["auto", "nccl", "dtensor"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -129,6 +129,8 @@ def main() -> int:
             r = decode.greedy_decode(model, prompts[b], args.max_new_tokens, graph=graph, compile=args.compile)
             row = {"variant": label, "batch": b, "tokens_per_s": r.tokens_per_s(), "ms_per_step": r.ms_per_step(),
                    "allreduce": kind}
+            if kind == "auto":  # what it stood for here (settled by shard_model, with every rank)
+                row["allreduce_used"] = tp.resolve_allreduce(tp._group(mesh), device)
             if tp1:
                 row["speedup_vs_tp1"] = row["tokens_per_s"] / tp1[b]
                 # greedy tokens as TP = 1 chose them, up to the first that differs (random weights: near-flat
@@ -192,6 +194,8 @@ def main() -> int:
             got = {"rel_error": err, "top1": top1, "finite": finite, "vs_emulated_split": rel_err(y, emulated)}
             if fp32 is not None:
                 got["vs_fp32"] = rel_err(y, fp32)
+            if kind == "auto":
+                say(f"all-reduce auto is {tp.resolve_allreduce(tp._group(mesh), device)} here")
             say(f"TP={world}, all-reduce {kind}: logits vs TP=1 rel. error {err:.2e}, top-1 agreement {top1:.1%}, "
                 f"vs the emulated split {got['vs_emulated_split']:.2e}"
                 + (f", vs fp32 activations {got['vs_fp32']:.2e}" if fp32 is not None else "")

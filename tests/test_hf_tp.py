@@ -409,12 +409,14 @@ def test_tp_scaling_benchmark_on_cpu(tmp_path):
     info, rows = res["info"], res["rows"]
     assert info["fused_attention_layers"] == 2 and info["split_modules"] == 8 and info["split_plain_linears"] == 1
     assert info["whole_unchanged_after_fp32"] and info["logits"]["emulated_split_vs_whole"] <= BOUND
-    for kind in ("nccl", "dtensor"):
+    for kind in ("auto", "nccl", "dtensor"):
         got = info["logits_vs_tp1"][kind]
         assert got["finite"] and got["rel_error"] <= BOUND and got["top1"] == 1.0, got
         assert got["vs_emulated_split"] <= 1e-6, got  # the same partial sums, added in the same order
     split = [row for row in rows if "TP=2" in row["variant"]]
-    assert {(row["allreduce"], row["batch"]) for row in split} == {(k, b) for k in ("nccl", "dtensor") for b in (1, 4)}
+    kinds = ("auto", "nccl", "dtensor")
+    assert {(row["allreduce"], row["batch"]) for row in split} == {(k, b) for k in kinds for b in (1, 4)}
+    assert {row.get("allreduce_used") for row in split if row["allreduce"] == "auto"} == {"nccl"}  # CPU ranks
     for row in split:
         assert row["same_tokens_as_tp1"] == 5 and row["tokens_per_s"] > 0, row  # every one of the 5 tokens
 
