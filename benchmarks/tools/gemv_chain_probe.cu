@@ -15,17 +15,22 @@
 // equal bit for bit. A probe, not a library path: no epilogues, and no attention between the projections.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -o gemv_chain_probe benchmarks/tools/gemv_chain_probe.cu
-//   ./gemv_chain_probe [layers=8] [replays=20]
+//   ./gemv_chain_probe [layers=8] [replays=20] [quick]   (quick: the two launch chains only, three rounds; for A/B
+//   of kernel changes: build the probe once per csrc tree, -I<tree>)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "tiled/gemv.cuh"
 
 using T = __nv_bfloat16;
-constexpr int kBits = 4;
+#ifndef PROBE_BITS
+#define PROBE_BITS 4
+#endif
+constexpr int kBits = PROBE_BITS;  // -DPROBE_BITS=2|3|5 for the other widths
 
 #define CHECK(x)                                                                         \
     do {                                                                                 \
@@ -81,7 +86,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 template <int MAXM, bool EARLY, int PF = 0, bool NOWAIT = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     chain_kernel(const Job* __restrict__ jobs, int n_jobs, const float* __restrict__ codebook, unsigned* bar, int m) {
-    constexpr bool QUAD = false;
+    constexpr bool QUAD = kStreamQuad<kBits>();
     constexpr int S = kStreamStages(kBits, MAXM);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -181,6 +186,7 @@ __global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed, uint32_t mask, 
 int main(int argc, char** argv) {
     const int layers = argc > 1 ? atoi(argv[1]) : 8;
     const int replays = argc > 2 ? atoi(argv[2]) : 20;
+    const bool quick = argc > 3 && std::string(argv[3]) == "quick";
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaDeviceProp prop;
@@ -341,6 +347,14 @@ int main(int argc, char** argv) {
         return double(ms[ms.size() / 2]) * 1e3;  // us, median replay
     };
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
+    if (quick) {
+        for (int round = 0; round < 3; ++round) {
+            const double a = time_graph(g_launch), b = time_graph(g_mix);
+            printf("round %d, us per layer (%% of 3.0 TB/s): launches %.2f (%.1f%%), split mix %.2f (%.1f%%)\n", round,
+                   a / layers, bytes / a / 3.0e4, b / layers, bytes / b / 3.0e4);
+        }
+        return bad || nan ? 1 : 0;
+    }
     for (int round = 0; round < 2; ++round) {
         const double a = time_graph(g_launch), b = time_graph(g_mix), c = time_graph(g_early), d = time_graph(g_late);
         printf("round %d, us per layer (%% of 3.0 TB/s): launches %.2f (%.1f%%), split mix %.2f (%.1f%%), "
