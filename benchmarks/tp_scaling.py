@@ -61,6 +61,9 @@ def main() -> int:
     p.add_argument("--own-layers", action="store_true",
                    help="also decode each all-reduce kind with the decoder layers' own forward (lowbit's fused "
                         "decoder layer off: norms, adds and activation as kernels of their own; the A/B of that layer)")
+    p.add_argument("--split-first", action="store_true",
+                   help="split the model right after quantizing, as `lowbit generate` under torchrun does: no TP = 1 "
+                        "decode and no logits checks before (the TP = 2 rows only)")
     p.add_argument("--device", default=None, help="cuda (default when there is one) or cpu (gloo; no graphs)")
     p.add_argument("--out", required=True, help="directory for rows.json and the log")
     args = p.parse_args()
@@ -152,6 +155,20 @@ def main() -> int:
             save(row)
             yield b, row["tokens_per_s"]
 
+    if args.split_first:  # straight to 3., as `lowbit generate` under torchrun
+        split, plain = tp.shard_model(model, mesh)
+        info["split_modules"], info["split_plain_linears"] = split, plain
+        say(f"split {split} quantized modules and {plain} unquantized linears over {world} ranks (before any decode)")
+        for kind in kinds:
+            tp.set_allreduce(kind)
+            if kind == "auto":
+                say(f"all-reduce auto is {tp.resolve_allreduce(tp._group(mesh), device)} here")
+            for _ in run_decode(f"{info['format']} TP={world} {kind} split-first", kind, None):
+                pass
+        save()
+        dist.barrier()
+        tp.teardown()
+        return 0
     # -- 1. TP = 1 (each rank alone), 2. the reference logits
     say(f"TP=1 ({info['format']}, each rank decodes the whole model alone; rank 0's times)")
     tp1 = dict(run_decode(f"{info['format']} TP=1", None, None))

@@ -421,6 +421,16 @@ def test_tp_scaling_benchmark_on_cpu(tmp_path):
         assert row["same_tokens_as_tp1"] == 5 and row["tokens_per_s"] > 0, row  # every one of the 5 tokens
 
 
+def test_tp_scaling_split_first_as_generate_does(tmp_path):
+    """``--split-first``: the model split right after quantizing (as ``lowbit generate`` under torchrun), then
+    decoded with each kind: rows for TP = 2 only, every token produced."""
+    res = _tp_scaling(tmp_path, "--split-first", "--allreduce", "auto,nccl", "--batch", "1")
+    rows = res["rows"]
+    assert [(row["allreduce"], row["batch"]) for row in rows] == [("auto", 1), ("nccl", 1)], rows
+    assert rows[0]["allreduce_used"] == "nccl" and all(row["tokens_per_s"] > 0 for row in rows), rows
+    assert res["info"]["split_modules"] == 8 and res["info"]["split_plain_linears"] == 1
+
+
 def test_tp_split_in_bf16_is_its_summation_order(tmp_path):
     """In bf16 a rank's partial sums are rounded before they are added, so the split's logits move further from
     the whole model's than fp32's bound; they must equal the one-process emulation of that summation order

@@ -33,7 +33,7 @@ from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, Colwi
 from ..nn import QuantizedModule
 from ..nn.base import tp_split_problem
 from ..nn.fused import FusedParts, install
-from .head import LowbitDenseHead
+from .head import LowbitDenseHead, use_dense_head
 
 #: transformers' styles that lowbit takes over for the modules it quantizes, by the split they make (the
 #: gathering ones keep transformers' output all-gather: the LM head's). An MoE expert block ("moe_tp_experts"
@@ -428,10 +428,14 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     splits colwise or rowwise, every kbit expert block it splits as ``moe_tp_experts`` (:func:`place`), and every
     plain ``nn.Linear`` left unquantized that the plan splits colwise or rowwise into equal parts (an LM head kept
     in bf16, also one a decode already switched to lowbit's dense GEMV: its vocabulary rows, the logits gathered);
-    everything else stays whole on every rank (replicated: correct, not smaller). Returns how many (quantized
-    modules, plain linears) were split. Also settles what the ``auto`` all-reduce means on the mesh
+    everything else stays whole on every rank (replicated: correct, not smaller). A bf16/fp16 head on a GPU is
+    first switched to lowbit's dense GEMV (:func:`lowbit.hf.head.use_dense_head`, as a decode would), so that its
+    slice keeps it. Returns how many (quantized modules, plain linears) were split. Also settles what the ``auto`` all-reduce means on the mesh
     (:func:`resolve_allreduce`)."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
+    # A bf16 head on a GPU decodes through lowbit's dense GEMV (greedy_decode switches it), but a split head keeps
+    # its TP forward and could no longer be switched: switch it first, and its slice keeps the class.
+    use_dense_head(model)
     todo, plain = [], []
     for name, mod in model.named_modules():
         parent_name, _, child = name.rpartition(".")
