@@ -59,6 +59,27 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
 
     tp = {"distributed_config": DistributedConfig(tp_size=WORLD), "dtype": torch.float32}
     result = {}
+    if case == "dense_head":  # shard_model switches a bf16 head to lowbit's dense GEMV before splitting it
+        from lowbit.hf import head as hf_head
+        from lowbit.hf import tp as hf_tp
+
+        m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], dtype=torch.float32)
+        lowbit.quantize_model(m, progress=False)
+        ids = torch.tensor([[3, 17, 99, 250, 7, 64, 1, 120, 45, 8]])
+        with torch.no_grad():
+            want = m(ids).logits
+        real = hf_head.refusal
+        # as if on a GPU: every other reason stands (a split head, with its TP forward, is still refused)
+        hf_head.refusal = lambda h: None if (r := real(h)) is not None and r.startswith("its weight is on") else r
+        try:
+            _, mesh = hf_tp.setup("cpu")
+            split, plain = hf_tp.shard_model(m, mesh)
+        finally:
+            hf_head.refusal = real
+        with torch.no_grad():
+            got = m(ids).logits  # on the CPU its forward is nn.Linear's: the gathered slices
+        return {"head": [type(m.lm_head).__name__, m.lm_head.out_features], "plain": plain,
+                "err": ((got - want).norm() / want.norm()).item()}
     if case == "auto":  # the default all-reduce on CPU ranks: decided once with both ranks, NCCL's path (gloo here)
         from lowbit.hf import tp as hf_tp
 
@@ -193,7 +214,8 @@ def paths(tmp_path_factory):
 
 
 FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "auto", *FUSED_CASES]
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "auto", "dense_head",
+         *FUSED_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +357,15 @@ def test_auto_allreduce_is_decided_once_with_every_rank(ranks):
     for res in _run("auto", ranks):
         assert res["sum"] == [3.0, 3.0, 3.0], res
         assert list(res["decided"].values()) == ["nccl"] and res["again"] == "nccl", res
+
+
+def test_shard_model_keeps_the_dense_gemv_head(ranks):
+    """A bf16 head that a decode would run through lowbit's dense GEMV is switched before it is split (a split head
+    keeps its TP forward and could not be switched after): each rank's half keeps the class, and the gathered
+    logits are the unsplit model's."""
+    for res in _run("dense_head", ranks):
+        assert res["head"] == ["LowbitDenseHead", 320 // WORLD] and res["plain"] == 1, res
+        assert res["err"] <= BOUND, res
 
 
 def test_auto_allreduce_takes_symm_mem_only_where_every_rank_can():
