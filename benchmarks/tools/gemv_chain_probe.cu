@@ -32,14 +32,7 @@ using T = __nv_bfloat16;
 #endif
 constexpr int kBits = PROBE_BITS;  // -DPROBE_BITS=2|3|5 for the other widths
 
-#define CHECK(x)                                                                         \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "cuda_check.h"
 
 namespace lowbit {
 namespace gemv {

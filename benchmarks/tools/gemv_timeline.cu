@@ -36,14 +36,7 @@ __device__ __forceinline__ void lowbit_trace(int ev) {
 #define LOWBIT_TRACE(ev) lowbit_trace(ev)
 #include "tiled/gemv.cuh"
 
-#define CHECK(x)                                                                         \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "cuda_check.h"
 
 __global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
