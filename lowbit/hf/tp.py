@@ -289,7 +289,8 @@ def quiet_inductor_symm_mem() -> None:
 
 def all_reduce(t: torch.Tensor, group, kind: str | None = None) -> torch.Tensor:
     """The sum of ``t`` over ``group`` by :func:`allreduce_kind` (``auto``: :func:`resolve_allreduce`; ``nccl`` or
-    ``symm-mem``; ``dtensor`` is a style's business, here it means ``nccl``). Returns the sum: ``t`` itself (reduced in place) or a new tensor."""
+    ``symm-mem``; ``dtensor`` is a style's business, here it means ``nccl``). Returns the sum: ``t`` itself
+    (reduced in place) or a new tensor."""
     import torch.distributed as dist
 
     kind = kind or allreduce_kind()
@@ -430,8 +431,8 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     in bf16, also one a decode already switched to lowbit's dense GEMV: its vocabulary rows, the logits gathered);
     everything else stays whole on every rank (replicated: correct, not smaller). A bf16/fp16 head on a GPU is
     first switched to lowbit's dense GEMV (:func:`lowbit.hf.head.use_dense_head`, as a decode would), so that its
-    slice keeps it. Returns how many (quantized modules, plain linears) were split. Also settles what the ``auto`` all-reduce means on the mesh
-    (:func:`resolve_allreduce`)."""
+    slice keeps it. Also settles what the ``auto`` all-reduce means on the mesh (:func:`resolve_allreduce`).
+    Returns how many (quantized modules, plain linears) were split."""
     plan = original_styles(dict(getattr(model, "tp_plan", None) or {}))
     # A bf16 head on a GPU decodes through lowbit's dense GEMV (greedy_decode switches it), but a split head keeps
     # its TP forward and could no longer be switched: switch it first, and its slice keeps the class.
