@@ -470,7 +470,8 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
             _place_linear(lin, parent, child, style, mesh)
     if mesh.size() > 1:  # what ``auto`` means here, decided now with every rank (a collective), not mid-forward
         cuda = mesh.device_type == "cuda" and torch.cuda.is_available()
-        resolve_allreduce(_group(mesh), torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+        here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        resolve_allreduce(_group(mesh), here)
     return len(todo), len(plain)
 
 
