@@ -69,8 +69,10 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
         with torch.no_grad():
             want = m(ids).logits
         real = hf_head.refusal
-        # as if on a GPU: every other reason stands (a split head, with its TP forward, is still refused)
-        hf_head.refusal = lambda h: None if (r := real(h)) is not None and r.startswith("its weight is on") else r
+        # as if a bf16 head on a GPU (this one is fp32 on the CPU): every other reason stands, so a split head, with
+        # its TP forward, is still refused
+        gpu_only = ("its weight is on", "its weight is torch.float32")
+        hf_head.refusal = lambda h: None if (r := real(h)) is not None and r.startswith(gpu_only) else r
         try:
             _, mesh = hf_tp.setup("cpu")
             split, plain = hf_tp.shard_model(m, mesh)
