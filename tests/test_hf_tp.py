@@ -82,6 +82,27 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
             got = m(ids).logits  # on the CPU its forward is nn.Linear's: the gathered slices
         return {"head": [type(m.lm_head).__name__, m.lm_head.out_features], "plain": plain,
                 "err": ((got - want).norm() / want.norm()).item()}
+    if case == "localize_head":  # a head transformers split while loading becomes local rows (LowbitDenseHead)
+        from lowbit.hf import head as hf_head
+        from lowbit.hf import tp as hf_tp
+
+        m = transformers.AutoModelForCausalLM.from_pretrained(paths["dense"], quantization_config=LowbitConfig(), **tp)
+        ids = torch.tensor([[3, 17, 99, 250, 7, 64, 1, 120, 45, 8]])
+        with torch.no_grad():
+            want = m(ids).logits
+        before = [type(m.lm_head).__name__, type(m.lm_head.weight.data).__name__]
+        real = hf_head.refusal
+        gpu_only = ("its weight is on", "its weight is torch.float32")  # as if a bf16 head on a GPU
+        hf_head.refusal = lambda h: None if (r := real(h)) is not None and r.startswith(gpu_only) else r
+        try:
+            done = hf_tp.localize_head(m)
+            again = hf_tp.localize_head(m)  # nothing left to do
+        finally:
+            hf_head.refusal = real
+        with torch.no_grad():
+            got = m(ids).logits  # on the CPU its forward is nn.Linear's, on the local rows, then gathered
+        return {"before": before, "done": done, "again": again, "err": ((got - want).norm() / want.norm()).item(),
+                "after": [type(m.lm_head).__name__, type(m.lm_head.weight.data).__name__, m.lm_head.out_features]}
     if case == "auto":  # the default all-reduce on CPU ranks: decided once with both ranks, NCCL's path (gloo here)
         from lowbit.hf import tp as hf_tp
 
@@ -217,7 +238,7 @@ def paths(tmp_path_factory):
 
 FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
 CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "auto", "dense_head",
-         *FUSED_CASES]
+         "localize_head", *FUSED_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +388,17 @@ def test_shard_model_keeps_the_dense_gemv_head(ranks):
     logits are the unsplit model's."""
     for res in _run("dense_head", ranks):
         assert res["head"] == ["LowbitDenseHead", 320 // WORLD] and res["plain"] == 1, res
+        assert res["err"] <= BOUND, res
+
+
+def test_a_head_transformers_split_becomes_local_rows(ranks):
+    """A bf16 head that transformers split while loading (DTensor rows, its own forward: the dense GEMV must refuse
+    it) becomes this rank's rows as a local LowbitDenseHead under lowbit's gathering style; the logits are
+    unchanged, and a second call finds nothing to do."""
+    for res in _run("localize_head", ranks):
+        assert res["before"] == ["Linear", "DTensor"], res
+        assert res["done"] and not res["again"], res
+        assert res["after"] == ["LowbitDenseHead", "Tensor", 320 // WORLD], res
         assert res["err"] <= BOUND, res
 
 

@@ -155,7 +155,8 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     ``fused_layers``: with ``fused_attention``, run each Llama-pattern decoder layer's residual adds and
     RMSNorms inside its kbit GEMVs (:func:`lowbit.hf.layers.use_fused_decode_layers`; kept too).
     ``dense_head``: on CUDA, run an unquantized fp16/bf16 ``lm_head``'s decode rows through lowbit's dense GEMV
-    (:func:`lowbit.hf.head.use_dense_head`; kept too), bf16 models and quantized ones alike.
+    (:func:`lowbit.hf.head.use_dense_head`; kept too), bf16 models and quantized ones alike; a head transformers
+    split for tensor parallelism is first made this rank's local rows (:func:`lowbit.hf.tp.localize_head`).
     """
     from transformers import StaticCache
 
@@ -182,6 +183,10 @@ def greedy_decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, graph:
     if dense_head and device.type == "cuda":
         from .head import use_dense_head
 
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from .tp import localize_head
+
+            localize_head(model)  # a head transformers split while loading: its rows, local (else cuBLAS)
         use_dense_head(model)
     if lowbit_router and device.type == "cuda":
         from .router import use_lowbit_router

@@ -475,6 +475,42 @@ def shard_model(model: nn.Module, mesh) -> tuple[int, int]:
     return len(todo), len(plain)
 
 
+def localize_head(model: nn.Module) -> bool:
+    """Give a head that transformers split while loading (``from_pretrained(..., distributed_config=...)``) the
+    form :func:`shard_model` leaves: this rank's vocabulary rows as a local :class:`~lowbit.hf.head.LowbitDenseHead`
+    under lowbit's gathering style. transformers' head is a ``Linear`` whose weight is a DTensor (``Shard(0)`` over
+    a 1-D mesh) with a forward of its own, which :func:`~lowbit.hf.head.use_dense_head` must refuse, so a decode
+    would run it through cuBLAS. A split head kept that way cost `lowbit generate` ~20% on Llama-3-70B shapes
+    (benchmarks/journal/2026-11-26_tp_auto_allreduce.md). Only an unbiased fp16/bf16 GPU head under the plan's
+    ``colwise_gather_output``, not tied to the input embeddings; returns whether the model's head is now local."""
+    from .head import refusal
+
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if type(head) is not nn.Linear or head.bias is not None:
+        return False
+    w = head.weight.data
+    if not isinstance(w, DTensor) or w.device_mesh.ndim != 1 or tuple(w.placements) != (Shard(0),):
+        return False
+    inputs = getattr(model, "get_input_embeddings", lambda: None)()
+    if inputs is not None and getattr(inputs, "weight", None) is head.weight:
+        return False
+    name = next(n for n, m in model.named_modules() if m is head)
+    if _style_of(name, original_styles(dict(getattr(model, "tp_plan", None) or {}))) != "colwise_gather_output":
+        return False
+    local = w.to_local()
+    new = nn.Linear(local.shape[1], local.shape[0], bias=False, device=local.device, dtype=local.dtype)
+    new.weight = nn.Parameter(local.contiguous(), requires_grad=False)
+    if refusal(new) is not None:
+        return False
+    new.__class__ = LowbitDenseHead
+    new._hf_quantized_needs_local_tp = True
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    _style("colwise_gather_output").install_forward(new, w.device_mesh)
+    return True
+
+
 def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mesh) -> None:
     """Replace a plain ``nn.Linear`` (or :class:`~lowbit.hf.head.LowbitDenseHead`) by this rank's slice (colwise:
     output rows, rowwise: input columns, the bias whole) under transformers' style in its local-tensor path (as
