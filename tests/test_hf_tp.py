@@ -75,7 +75,7 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
         hf_head.refusal = lambda h: None if (r := real(h)) is not None and r.startswith(gpu_only) else r
         try:
             _, mesh = hf_tp.setup("cpu")
-            split, plain = hf_tp.shard_model(m, mesh)
+            _, plain = hf_tp.shard_model(m, mesh)
         finally:
             hf_head.refusal = real
         with torch.no_grad():
