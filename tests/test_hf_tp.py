@@ -407,7 +407,7 @@ def test_auto_allreduce_takes_symm_mem_only_where_every_rank_can():
 
     gpu = {"host": "a", "cuda": True, "symm_mem": True, "p2p": True}
     assert choose_allreduce([gpu, dict(gpu)]) == "symm-mem"
-    assert choose_allreduce([gpu]) == "symm-mem"
+    assert choose_allreduce([gpu]) == "nccl"  # one rank: nothing to exchange
     for odd in ({"p2p": False}, {"host": "b"}, {"cuda": False}, {"symm_mem": False}):
         assert choose_allreduce([gpu, {**gpu, **odd}]) == "nccl", odd
     assert choose_allreduce([]) == "nccl"

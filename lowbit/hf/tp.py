@@ -193,8 +193,10 @@ def allreduce_kind() -> str:
 def choose_allreduce(ranks: list[dict]) -> str:
     """What ``auto`` means for a group whose ranks report ``ranks`` (one dict each: ``host``, ``cuda``: the rank
     runs on a GPU, ``symm_mem``: this torch has the one-shot kernel, ``p2p``: its GPU can read every peer's):
-    ``symm-mem`` when every rank says yes to all three and all share one host, else ``nccl``."""
-    if ranks and len({r["host"] for r in ranks}) == 1 and all(r["cuda"] and r["symm_mem"] and r["p2p"] for r in ranks):
+    ``symm-mem`` when there are peers, every rank says yes to all three and all share one host, else ``nccl``
+    (one rank alone has nothing to exchange: no symmetric buffer for it)."""
+    one_host = len({r["host"] for r in ranks}) == 1
+    if len(ranks) > 1 and one_host and all(r["cuda"] and r["symm_mem"] and r["p2p"] for r in ranks):
         return "symm-mem"
     return "nccl"
 
