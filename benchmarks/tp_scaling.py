@@ -37,9 +37,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lowbit  # noqa: E402
-from lowbit.bench.runner import rel_err  # noqa: E402
-from lowbit.hf import decode, layers, quality, sources, tp  # noqa: E402
+import lowbit
+from lowbit.bench.runner import rel_err
+from lowbit.hf import decode, layers, quality, sources, tp
 
 PROMPT_LEN = 16
 

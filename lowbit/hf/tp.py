@@ -27,8 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from transformers.distributed.tensor_parallel import (ALL_PARALLEL_STYLES, ColwiseParallel, ParallelInterface,
-                                                      RowwiseParallel, TensorParallelLayer)
+from transformers.distributed.tensor_parallel import (
+    ALL_PARALLEL_STYLES,
+    ColwiseParallel,
+    ParallelInterface,
+    RowwiseParallel,
+    TensorParallelLayer,
+)
 
 from ..nn import QuantizedModule
 from ..nn.base import tp_split_problem
