@@ -489,7 +489,8 @@ def localize_head(model: nn.Module) -> bool:
     a 1-D mesh) with a forward of its own, which :func:`~lowbit.hf.head.use_dense_head` must refuse, so a decode
     would run it through cuBLAS. A split head kept that way cost `lowbit generate` ~20% on Llama-3-70B shapes
     (benchmarks/journal/2026-11-26_tp_auto_allreduce.md). Only an unbiased fp16/bf16 GPU head under the plan's
-    ``colwise_gather_output``, not tied to the input embeddings; returns whether the model's head is now local."""
+    ``colwise_gather_output``, not tied to the input embeddings, split into equal parts; returns whether the
+    model's head is now local."""
     from .head import refusal
 
     get = getattr(model, "get_output_embeddings", None)
@@ -498,6 +499,8 @@ def localize_head(model: nn.Module) -> bool:
         return False
     w = head.weight.data
     if not isinstance(w, DTensor) or w.device_mesh.ndim != 1 or tuple(w.placements) != (Shard(0),):
+        return False
+    if w.shape[0] % w.device_mesh.size():  # uneven rows: the gather wants equal parts (transformers refuses them too)
         return False
     inputs = getattr(model, "get_input_embeddings", lambda: None)()
     if inputs is not None and getattr(inputs, "weight", None) is head.weight:
