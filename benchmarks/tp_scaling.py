@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -166,7 +167,8 @@ def main() -> int:
             for _ in run_decode(f"{info['format']} TP={world} {kind} split-first", kind, None):
                 pass
         save()
-        dist.barrier()
+        del model  # its TP forwards hold the process group: free them before the group ends (tp.teardown)
+        gc.collect()
         tp.teardown()
         return 0
     # -- 1. TP = 1 (each rank alone), 2. the reference logits
@@ -277,7 +279,8 @@ def main() -> int:
                     say(f"all-reduce {kind} alone failed:\n{traceback.format_exc()}")
                 save()
     save()
-    dist.barrier()
+    del model  # as above
+    gc.collect()
     tp.teardown()
     return 0
 
