@@ -167,7 +167,7 @@ def main() -> int:
             for _ in run_decode(f"{info['format']} TP={world} {kind} split-first", kind, None):
                 pass
         save()
-        del model  # its TP forwards hold the process group: free them before the group ends (tp.teardown)
+        model = None  # its TP forwards hold the process group: free them before the group ends (tp.teardown)
         gc.collect()
         tp.teardown()
         return 0
@@ -279,7 +279,7 @@ def main() -> int:
                     say(f"all-reduce {kind} alone failed:\n{traceback.format_exc()}")
                 save()
     save()
-    del model  # as above
+    model = None  # as above
     gc.collect()
     tp.teardown()
     return 0
