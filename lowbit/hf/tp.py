@@ -495,8 +495,8 @@ def localize_head(model: nn.Module) -> bool:
 
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if type(head) is not nn.Linear or head.bias is not None:
-        return False
+    if type(head) is not nn.Linear or head.bias is not None or head._forward_hooks or head._forward_pre_hooks:
+        return False  # (a replaced module would drop its hooks)
     w = head.weight.data
     if not isinstance(w, DTensor) or w.device_mesh.ndim != 1 or tuple(w.placements) != (Shard(0),):
         return False
