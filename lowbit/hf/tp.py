@@ -508,17 +508,25 @@ def localize_head(model: nn.Module) -> bool:
     name = next(n for n, m in model.named_modules() if m is head)
     if _style_of(name, original_styles(dict(getattr(model, "tp_plan", None) or {}))) != "colwise_gather_output":
         return False
-    local = w.to_local()
-    new = nn.Linear(local.shape[1], local.shape[0], bias=False, device=local.device, dtype=local.dtype)
-    new.weight = nn.Parameter(local.contiguous(), requires_grad=False)
+    new = _local_linear(nn.Linear, w.to_local(), None)
     if refusal(new) is not None:
         return False
     new.__class__ = LowbitDenseHead
-    new._hf_quantized_needs_local_tp = True
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     _style("colwise_gather_output").install_forward(new, w.device_mesh)
     return True
+
+
+def _local_linear(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """A ``cls`` (``nn.Linear`` or a subclass) holding this rank's ``weight`` (and ``bias``) as plain local tensors,
+    marked for the local-tensor path of transformers' styles; not yet wrapped by one."""
+    new = cls(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    if bias is not None:
+        new.bias = nn.Parameter(bias.clone(), requires_grad=False)
+    new._hf_quantized_needs_local_tp = True
+    return new
 
 
 def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mesh) -> None:
@@ -530,13 +538,9 @@ def _place_linear(lin: nn.Linear, parent: nn.Module, child: str, style: str, mes
     part = (lin.out_features if split == "colwise" else lin.in_features) // world
     sl = slice(rank * part, (rank + 1) * part)
     w = lin.weight[sl] if split == "colwise" else lin.weight[:, sl]
-    bias = lin.bias is not None
+    bias = None if lin.bias is None else lin.bias[sl] if split == "colwise" else lin.bias
     # the same class: a head that decodes through lowbit's dense GEMV keeps doing so on its slice
-    new = type(lin)(w.shape[1], w.shape[0], bias=bias, device=w.device, dtype=w.dtype)
-    new.weight = nn.Parameter(w.contiguous(), requires_grad=False)
-    if bias:
-        new.bias = nn.Parameter((lin.bias[sl] if split == "colwise" else lin.bias).clone(), requires_grad=False)
-    new._hf_quantized_needs_local_tp = True
+    new = _local_linear(type(lin), w, bias)
     setattr(parent, child, new)
     _style(style).install_forward(new, mesh)
 
