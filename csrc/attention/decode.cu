@@ -45,6 +45,31 @@
 namespace lowbit {
 namespace attention {
 
+// Timing hooks for benchmarks/tools/layer_probe.cu, compiled out of the library: thread 0 of each CTA records
+// the SM clock at phase i (0 entry, 1 after the PDL wait, 2 after the position read, 10 before the loop,
+// 3 after warp 0's loop, 4 after the warps' merge, 5 once the chunk merge's counter answered, 6 exit), the
+// global timer (ns) at entry (7) and exit (8), and whether it merged the chunks (9).
+#ifdef LOWBIT_ATTN_STAMPS
+__device__ long long* g_attn_stamps;  // [CTA][12]
+__device__ __forceinline__ long long* stamp_row() {
+    return g_attn_stamps + (int64_t(blockIdx.z) * gridDim.y * gridDim.x + blockIdx.y * gridDim.x + blockIdx.x) * 12;
+}
+__device__ __forceinline__ long long global_ns() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void stamp(int i, bool last = false) {
+    if (threadIdx.x != 0 || g_attn_stamps == nullptr) return;
+    long long* s = stamp_row();
+    s[i] = clock64();
+    if (i == 0) s[7] = global_ns();
+    if (i == 6) { s[8] = global_ns(); s[9] = last; }
+}
+#else
+__device__ __forceinline__ void stamp(int, bool = false) {}
+#endif
+
 constexpr int kWarps = 8;  // per CTA: one 8-position step each for a 64-position chunk
 constexpr int kStep = 8;   // positions per warp step (K and V rows in registers)
 static_assert(kStep == 8, "warp_sum8 reduces one step's 8 scores");
@@ -123,6 +148,15 @@ __device__ __forceinline__ void warp_sum_each(float (&d)[8]) {
         for (int o = 16; o > 0; o >>= 1) d[j] += __shfl_xor_sync(kFullMask, d[j], o);
     }
 }
+
+// counter += v at GPU scope with release and acquire semantics; returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel(int* counter, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(v) : "memory");
+    return old;
+}
+
+constexpr int kMergeRegs = 16;  // chunks the last CTA merges from registers, in one round of loads (<= 32)
 
 // Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
 __device__ __forceinline__ float merge_weight(float m, float m_all) {
@@ -232,6 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         load_rows(p0, false);
     };
     const int p_first = p_begin + warp * kStep;
+    stamp(0);
     __shared__ int64_t s_pos;  // APPEND: thread 0 reads the position for the CTA (see the arrival below)
     // EARLY (APPEND only): what no kernel but this one writes, before the wait (see the header)
     const bool early_rows = APPEND && early;
@@ -241,6 +276,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     }
     pdl_wait();  // no-ops unless launched with programmatic serialization (flags bit 0)
     pdl_launch_dependents();
+    stamp(1);
     // Every independent load first -- q; APPEND: the position, the new token's k, v and cos, sin; the first
     // step's mask bytes and rows -- so the kernel waits for one memory latency, not a chain of them.
     const T* qb = APPEND ? q + b * ap.q_sb + int64_t(h) * G * D : q + (int64_t(b) * hkv * G + h * G) * D;
@@ -270,6 +306,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     if constexpr (APPEND) {
         __syncthreads();
         pos = s_pos;
+        stamp(2);
         const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
         if (threadIdx.x == 0) arrived = atomicInc(reinterpret_cast<unsigned*>(counters + gridDim.z * hkv), ctas - 1) + 1;
     }
@@ -309,6 +346,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
 #pragma unroll
         for (int e = 0; e < E; ++e) o[g][e] = 0.f;
     }
+    stamp(10);
     for (int p0 = p_first; p0 < p_end; p0 += kWarps * kStep) {
         if (p0 != p_first) load_step(p0);
         if constexpr (APPEND) {
@@ -363,6 +401,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         }
     }
 
+    stamp(3);
     // Merge the warps: [warp][g] (m, l) and [warp][g][D] o.
     __shared__ float s_ml[kWarps][G][2];
     __shared__ float s_o[kWarps][G][D];
@@ -373,6 +412,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         for (int e = 0; e < E; ++e) s_o[warp][g][lane * E + e] = o[g][e];
     }
     __syncthreads();
+    stamp(4);
     // APPEND: the last CTA to arrive advances the position (every CTA has read it by then)
     if (APPEND && arrived == gridDim.x * gridDim.y * gridDim.z && !bad_pos) *ap.position = pos + 1;
     // thread t merges (g, d) = (i / D, i % D) for i = t, t + 128, ...; the CTA's state goes to
@@ -397,48 +437,67 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
             if (d == 0) { cta_ws[g * (D + 2) + D] = m_all; cta_ws[g * (D + 2) + D + 1] = l_all; }
         }
     }
-    if (chunks == 1) return;
+    if (chunks == 1) {
+        stamp(6);
+        return;
+    }
 
-    // The last CTA of (b, h) merges the chunks: every chunk's (m, l) loaded at once into shared memory
-    // (s_o is free again), weights 2^(m_c - m) per head, then each output element's chunk sum with its
-    // loads in flight together -- a merge of L2 round trips, not one per chunk. Order fixed: deterministic.
+    // The last CTA of (b, h) merges the chunks, in chunk order (deterministic). Arrival is one acq_rel atomic
+    // by thread 0 behind a CTA barrier: it releases this CTA's partials and, for the last CTA, acquires every
+    // other CTA's (the barrier after it passes that on to the CTA's threads); no per-thread fences. Each
+    // thread then asks for all it needs at once -- every chunk's (m, l) for its head and its element of every
+    // chunk's partial output -- so the merge costs one L2 round trip (up to kMergeRegs chunks; more: two).
     __shared__ int s_last;
-    __shared__ float s_den[G];
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(&counters[b * hkv + h], 1) == chunks - 1;
+    if (threadIdx.x == 0) s_last = atomic_add_acq_rel(&counters[b * hkv + h], 1) == chunks - 1;
     __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    stamp(5);
+    if (!s_last) {
+        stamp(6);
+        return;
+    }
     const float* bh_ws = ws + (int64_t(b) * hkv + h) * chunks * G * (D + 2);
-    float* s_w = &s_o[0][0][0];          // [chunk][g] max, then weight (chunks <= 2 D: host-checked)
-    float* s_l = s_w + chunks * G;       // [chunk][g] sum
-    for (int i = threadIdx.x; i < chunks * G; i += kWarps * 32) {
-        s_w[i] = __ldcg(bh_ws + int64_t(i) * (D + 2) + D);
-        s_l[i] = __ldcg(bh_ws + int64_t(i) * (D + 2) + D + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        const int g = threadIdx.x;
-        float m_all = -INFINITY;
-        for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, s_w[cc * G + g]);
-        float den = 0.f;
-        for (int cc = 0; cc < chunks; ++cc) {
-            const float wt = merge_weight(s_w[cc * G + g], m_all);
-            s_w[cc * G + g] = wt;
-            den += wt * s_l[cc * G + g];
-        }
-        s_den[g] = den;
-    }
-    __syncthreads();
     for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
         const int g = i / D, d = i % D;
-        float o_all = 0.f;
-#pragma unroll 8
-        for (int cc = 0; cc < chunks; ++cc) o_all += s_w[cc * G + g] * __ldcg(bh_ws + int64_t(cc * G + g) * (D + 2) + d);
-        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / s_den[g]);
+        const float* col = bh_ws + g * (D + 2);  // chunk cc's row at col + cc * G * (D + 2)
+        const int64_t row = int64_t(G) * (D + 2);
+        float o_all = 0.f, den = 0.f;
+        if (chunks <= kMergeRegs) {
+            // lane cc holds chunk cc's (m, l) of head g (g is warp-uniform: D is a multiple of 32), each thread
+            // its element of every chunk's output; the sums run in chunk order, as in the loop below
+            float m_c = -INFINITY, l_c = 0.f, oc[kMergeRegs];
+            if (lane < chunks) {
+                m_c = __ldcg(col + lane * row + D);
+                l_c = __ldcg(col + lane * row + D + 1);
+            }
+#pragma unroll
+            for (int cc = 0; cc < kMergeRegs; ++cc)
+                if (cc < chunks) oc[cc] = __ldcg(col + cc * row + d);
+            float m_all = m_c;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(kFullMask, m_all, o));
+            const float w_c = merge_weight(m_c, m_all);
+#pragma unroll
+            for (int cc = 0; cc < kMergeRegs; ++cc) {
+                if (cc < chunks) {  // uniform across the CTA
+                    const float wt = __shfl_sync(kFullMask, w_c, cc);
+                    den += wt * __shfl_sync(kFullMask, l_c, cc);
+                    o_all += wt * oc[cc];
+                }
+            }
+        } else {  // the same sums, the (m, l) pass first
+            float m_all = -INFINITY;
+            for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, __ldcg(col + cc * row + D));
+            for (int cc = 0; cc < chunks; ++cc) {
+                const float wt = merge_weight(__ldcg(col + cc * row + D), m_all);
+                den += wt * __ldcg(col + cc * row + D + 1);
+                o_all += wt * __ldcg(col + cc * row + d);
+            }
+        }
+        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / den);
     }
     if (threadIdx.x == 0) counters[b * hkv + h] = 0;  // ready for the next launch (graph replays too)
+    stamp(6, true);
 }
 
 template <typename T, int D, int G>

@@ -64,6 +64,24 @@ def test_query_heads_split_over_ctas(splits, gen):
     assert _rel(out, want) <= BOUND[torch.bfloat16]
 
 
+@pytest.mark.parametrize("length", [64, 1024, 1025, 2112])
+def test_chunk_merge_from_registers_and_in_a_loop(length, gen):
+    """The last CTA of a head group merges up to 16 chunks from registers (one round of loads) and more in a loop:
+    1, 16, 17 and 33 chunks of 64 positions give the reference's result, bit-equal on repeated calls."""
+    from lowbit.kernels import attention as kattn
+
+    q, k, v, mask = _case(gen, 1, 32, 8, length, 128, torch.bfloat16)
+    want = _ref(q, k, v, mask, 0.09)
+    try:
+        kattn.CHUNK = 64
+        out = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+        again = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+    finally:
+        kattn.CHUNK = None
+    assert _rel(out, want) <= BOUND[torch.bfloat16]
+    assert torch.equal(out, again)
+
+
 def test_masked_sequences_strided_cache_and_determinism(gen):
     """A sequence with no visible position is NaN, its neighbours are not; a cache view (the first slots
     of a longer cache) reads only its slots; repeated calls are bit-equal (chunk merge in fixed order)."""
