@@ -589,8 +589,11 @@ def setup(device_type: str):
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    if not dist.is_initialized():  # on GPUs bound to this rank's device (NCCL need not guess it)
+        if device_type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     return device, dist.init_device_mesh(device.type, (dist.get_world_size(),))
 
 
