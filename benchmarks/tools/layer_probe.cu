@@ -8,6 +8,8 @@
 //   layer           the five kernels;
 //   no attention    the four GEMVs, o reading q|k|v's first 4096 outputs: the layer minus attention's cost;
 //   attention only  the attention launches alone, back to back under PDL;
+//   floor           the layer with a do-nothing kernel in attention's place (PDL wait, q copied to the output):
+//                   what any kernel between q|k|v and o costs;
 // and, built with -DLOWBIT_ATTN_STAMPS (as below), each phase of the last layer's attention in the layer graph:
 // the SM clock at its phases in every CTA (decode.cu's stamp()), as medians and maxima over CTAs, with the chunk
 // merger's own chain.
@@ -26,6 +28,9 @@
 
 using T = __nv_bfloat16;
 constexpr int kBits = 4;
+#ifndef PROBE_G
+#define PROBE_G 2  // query heads per attention CTA (-DPROBE_G=1 / 4 for the other plans)
+#endif
 
 #include "cuda_check.h"
 
@@ -49,6 +54,15 @@ __global__ void fill_bf16(T* p, size_t n, uint32_t seed) {
     }
 }
 
+// The floor of any kernel between q|k|v and o: the attention grid's shape, waiting under PDL, then copying q to the
+// output (one L2 round trip), no work. "layer with the floor kernel" - "no attention" = what a kernel there costs at least.
+__global__ void floor_kernel(const T* __restrict__ q, T* __restrict__ out, int n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int per = (n + gridDim.x - 1) / gridDim.x;
+    for (int i = blockIdx.x * per + threadIdx.x; i < min(n, (blockIdx.x + 1) * per); i += blockDim.x) out[i] = q[i];
+}
+
 struct Gemv {
     const uint4* qw;
     const uint4* qa;
@@ -63,7 +77,7 @@ int main(int argc, char** argv) {
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
-    constexpr int D = 128, HQ = 32, HKV = 8, G = 2, KV_DIV = HQ / HKV / G, CHUNK = 64;
+    constexpr int D = 128, HQ = 32, HKV = 8, G = PROBE_G, KV_DIV = HQ / HKV / G, CHUNK = 64;
     const int L = ctx, chunks = (L + CHUNK - 1) / CHUNK, groups = HQ / G;
     const int64_t start_pos = L - 60;  // room for every replay's step: the graph rewinds it first
     printf("device %s, %d SMs; %d Llama-3-8B layers, K = %d, M = 1, bf16; attention: %d-position cache, step at %lld, "
@@ -171,16 +185,29 @@ int main(int argc, char** argv) {
             exit(1);
         }
     };
+    auto floor_launch = [&] {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(chunks * groups);
+        cfg.blockDim = dim3(256);
+        cfg.stream = st;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CHECK(cudaLaunchKernelEx(&cfg, floor_kernel, static_cast<const T*>(qkv), attn, 4096));
+    };
     constexpr int kAttnFlags = 1 | 2 | 4;  // PDL, append, early K/V rows (the step's flags)
     auto rewind = [&] { CHECK(cudaMemcpyAsync(pos, pos0, layers * sizeof(int64_t), cudaMemcpyDeviceToDevice, st)); };
-    auto layer_chain = [&](bool with_attention) {
+    auto layer_chain = [&](bool with_attention, bool floor = false) {
         rewind();
         const T* x = x0;
         for (int l = 0; l < layers; ++l) {
             const Gemv* g = &gemvs[4 * l];
             gemv(g[0], x, qkv, false);
-            if (with_attention) attention(l, kAttnFlags);
-            gemv(g[1], with_attention ? attn : qkv, o_out, true);
+            if (floor) floor_launch();
+            else if (with_attention) attention(l, kAttnFlags);
+            gemv(g[1], with_attention || floor ? attn : qkv, o_out, true);
             gemv(g[2], o_out, gu, false);
             gemv(g[3], gu, down, true);
             x = down;
@@ -220,11 +247,13 @@ int main(int argc, char** argv) {
     cudaGraphExec_t g_layer = graph_of([&] { layer_chain(true); });
     cudaGraphExec_t g_plain = graph_of([&] { layer_chain(false); });
     cudaGraphExec_t g_attn = graph_of(attention_only);
+    cudaGraphExec_t g_floor = graph_of([&] { layer_chain(false, true); });
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
     for (int round = 0; round < 3; ++round) {
         const double a = time_graph(g_layer), b = time_graph(g_plain), c = time_graph(g_attn);
-        printf("round %d, us per layer: layer %.2f, no attention %.2f (attention's cost %.2f), attention only %.2f\n",
-               round, a, b, a - b, c);
+        const double f = time_graph(g_floor);
+        printf("round %d, us per layer: layer %.2f, no attention %.2f (attention's cost %.2f), attention only %.2f; "
+               "with the floor kernel instead %.2f (its cost %.2f)\n", round, a, b, a - b, c, f, f - b);
     }
     // the attention output is finite (a NaN would mean a bad step position or a broken merge)
     {
