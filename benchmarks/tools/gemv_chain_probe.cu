@@ -32,7 +32,7 @@ using T = __nv_bfloat16;
 #endif
 constexpr int kBits = PROBE_BITS;  // -DPROBE_BITS=2|3|5 for the other widths
 
-#include "cuda_check.h"
+#include "graph_timing.h"
 
 namespace lowbit {
 namespace gemv {
@@ -168,14 +168,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
 using namespace lowbit;
 using namespace lowbit::gemv;
 
-__global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed, uint32_t mask, uint32_t set) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-        uint32_t v = uint32_t(i) * 2654435761u ^ seed;
-        v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
-        p[i] = (v & mask) | set;
-    }
-}
-
 int main(int argc, char** argv) {
     const int layers = argc > 1 ? atoi(argv[1]) : 8;
     const int replays = argc > 2 ? atoi(argv[2]) : 20;
@@ -305,40 +297,14 @@ int main(int argc, char** argv) {
     printf("check: %d outputs differ from the library kernel, %d NaN (max |y| %.3g)%s\n", bad, nan, max_abs,
            bad || nan ? "  FAILED" : "");
 
-    auto graph_of = [&](auto&& body) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        body();
-        CHECK(cudaStreamEndCapture(st, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        return ge;
-    };
-    cudaGraphExec_t g_launch = graph_of([&] { launches(false); });
-    cudaGraphExec_t g_mix = graph_of([&] { launches(true); });
-    cudaGraphExec_t g_early = graph_of([&] { persistent(true); });
-    cudaGraphExec_t g_late = graph_of([&] { persistent(false); });
-    cudaGraphExec_t g_pf[3] = {graph_of([&] { persistent(true, 2); }), graph_of([&] { persistent(true, 4); }),
-                               graph_of([&] { persistent(true, 8); })};
-    cudaGraphExec_t g_nowait = graph_of([&] { persistent(true, -1); });
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    auto time_graph = [&](cudaGraphExec_t ge) {
-        for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, st));
-        std::vector<float> ms;
-        for (int r = 0; r < replays; ++r) {
-            CHECK(cudaEventRecord(e0, st));
-            CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float v;
-            CHECK(cudaEventElapsedTime(&v, e0, e1));
-            ms.push_back(v);
-        }
-        std::sort(ms.begin(), ms.end());
-        return double(ms[ms.size() / 2]) * 1e3;  // us, median replay
-    };
+    cudaGraphExec_t g_launch = graph_of(st, [&] { launches(false); });
+    cudaGraphExec_t g_mix = graph_of(st, [&] { launches(true); });
+    cudaGraphExec_t g_early = graph_of(st, [&] { persistent(true); });
+    cudaGraphExec_t g_late = graph_of(st, [&] { persistent(false); });
+    cudaGraphExec_t g_pf[3] = {graph_of(st, [&] { persistent(true, 2); }), graph_of(st, [&] { persistent(true, 4); }),
+                               graph_of(st, [&] { persistent(true, 8); })};
+    cudaGraphExec_t g_nowait = graph_of(st, [&] { persistent(true, -1); });
+    auto time_graph = [&](cudaGraphExec_t ge) { return median_replay_us(ge, st, replays); };
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
     if (quick) {
         for (int round = 0; round < 3; ++round) {

@@ -32,18 +32,10 @@ constexpr int kBits = 4;
 #define PROBE_G 2  // query heads per attention CTA (-DPROBE_G=1 / 4 for the other plans)
 #endif
 
-#include "cuda_check.h"
+#include "graph_timing.h"
 
 using namespace lowbit;
 using namespace lowbit::gemv;
-
-__global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed, uint32_t mask, uint32_t set) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-        uint32_t v = uint32_t(i) * 2654435761u ^ seed;
-        v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
-        p[i] = (v & mask) | set;
-    }
-}
 
 // bf16 values in [-1, 1) from the same hash
 __global__ void fill_bf16(T* p, size_t n, uint32_t seed) {
@@ -217,37 +209,11 @@ int main(int argc, char** argv) {
         rewind();
         for (int l = 0; l < layers; ++l) attention(l, kAttnFlags);
     };
-    auto graph_of = [&](auto&& body) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        body();
-        CHECK(cudaStreamEndCapture(st, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        return ge;
-    };
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    auto time_graph = [&](cudaGraphExec_t ge) {
-        for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, st));
-        std::vector<float> ms;
-        for (int r = 0; r < replays; ++r) {
-            CHECK(cudaEventRecord(e0, st));
-            CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float v;
-            CHECK(cudaEventElapsedTime(&v, e0, e1));
-            ms.push_back(v);
-        }
-        std::sort(ms.begin(), ms.end());
-        return double(ms[ms.size() / 2]) * 1e3 / layers;  // us per layer, median replay
-    };
-    cudaGraphExec_t g_layer = graph_of([&] { layer_chain(true); });
-    cudaGraphExec_t g_plain = graph_of([&] { layer_chain(false); });
-    cudaGraphExec_t g_attn = graph_of(attention_only);
-    cudaGraphExec_t g_floor = graph_of([&] { layer_chain(false, true); });
+    auto time_graph = [&](cudaGraphExec_t ge) { return median_replay_us(ge, st, replays) / layers; };
+    cudaGraphExec_t g_layer = graph_of(st, [&] { layer_chain(true); });
+    cudaGraphExec_t g_plain = graph_of(st, [&] { layer_chain(false); });
+    cudaGraphExec_t g_attn = graph_of(st, attention_only);
+    cudaGraphExec_t g_floor = graph_of(st, [&] { layer_chain(false, true); });
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
     for (int round = 0; round < 3; ++round) {
         const double a = time_graph(g_layer), b = time_graph(g_plain), c = time_graph(g_attn);
