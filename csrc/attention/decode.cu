@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     stamp(4);
     // APPEND: the last CTA to arrive advances the position (every CTA has read it by then)
     if (APPEND && arrived == gridDim.x * gridDim.y * gridDim.z && !bad_pos) *ap.position = pos + 1;
-    // thread t merges (g, d) = (i / D, i % D) for i = t, t + 128, ...; the CTA's state goes to
+    // thread t merges (g, d) = (i / D, i % D) for i = t, t + 256, ...; the CTA's state goes to
     // registers (one chunk) or the workspace [b][h][c][g][D + 2] (m, l at D, D + 1)
     float* cta_ws = ws + ((int64_t(b) * hkv + h) * chunks + c) * G * (D + 2);
     for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
@@ -507,7 +507,7 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535)
         return static_cast<int>(cudaErrorInvalidValue);
     const int chunks = (L + chunk - 1) / chunk;
-    if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // the merge's shared memory
+    if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // the grid plan's cap (kernels/attention.py)
     const bool append = flags & 2;
     if (append && (ap.k_new == nullptr || ap.v_new == nullptr || ap.cos == nullptr || ap.sin == nullptr ||
                    ap.position == nullptr || ap.k_cache != k || ap.v_cache != v))
