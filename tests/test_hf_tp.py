@@ -486,6 +486,28 @@ def test_tp_scaling_benchmark_on_cpu(tmp_path):
         assert row["same_tokens_as_tp1"] == 5 and row["tokens_per_s"] > 0, row  # every one of the 5 tokens
 
 
+def test_tp_from_pretrained_benchmark_on_cpu(tmp_path):
+    """benchmarks/tools/tp_from_pretrained.py on 2 gloo processes: the tiny Llama written by rank 0, loaded with
+    LowbitConfig whole (TP = 1) and with DistributedConfig(tp_size=2), both decoded: a row per load, the split one
+    on NCCL's path (auto on CPU ranks), and the same greedy tokens from the same prompt."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "tp_from_pretrained.py"
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port", str(_port()),
+           str(script), "--model", "random:tiny-llama", "--dir", str(tmp_path / "src"), "--device", "cpu",
+           "--max-new-tokens", "4", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    one, split = json.loads(out.read_text())
+    assert one["variant"] == "kbit4 TP=1" and split["variant"] == "kbit4 TP=2 from_pretrained"
+    assert one["allreduce"] is None and split["allreduce"] == ["nccl"]
+    assert split["first_tokens"] == one["first_tokens"] and len(one["first_tokens"]) == 4
+    assert one["tokens_per_s"] > 0 and split["speedup_vs_tp1"] > 0
+
+
 def test_tp_scaling_split_first_as_generate_does(tmp_path):
     """``--split-first``: the model split right after quantizing (as ``lowbit generate`` under torchrun), then
     decoded with each kind: rows for TP = 2 only, every token produced."""

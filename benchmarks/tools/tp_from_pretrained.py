@@ -65,11 +65,11 @@ def main() -> int:
         torch.cuda.empty_cache()
     rows: list[dict] = []
     batches = [int(b) for b in args.batch.split(",")]
-    g = torch.Generator().manual_seed(0)
 
     def run(model, label: str, load_s: float, tp1: dict | None) -> dict:
         cfg = model.config
         for b in batches:
+            g = torch.Generator().manual_seed(b)  # the same prompt for both loads
             ids = torch.randint(0, cfg.vocab_size, (b, 16), generator=g).to(device)
             r = decode.greedy_decode(model, ids, args.max_new_tokens, compile=cuda)
             row = {"model": f"{args.model}" + (f" ({args.layers} layers)" if args.layers else ""), "variant": label,
