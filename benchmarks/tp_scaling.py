@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lowbit
-from lowbit.bench.runner import rel_err
-from lowbit.hf import decode, layers, quality, sources, tp
+import lowbit  # noqa: E402
+from lowbit.bench.runner import rel_err  # noqa: E402
+from lowbit.hf import decode, layers, quality, sources, tp  # noqa: E402
 
 PROMPT_LEN = 16
 

@@ -66,16 +66,16 @@ def main() -> int:
     rows: list[dict] = []
     batches = [int(b) for b in args.batch.split(",")]
 
-    def run(model, label: str, load_s: float, tp1: dict | None) -> dict:
+    def run(model, label: str, load_s: float, tp1: dict | None) -> dict:  # tp1: the TP = 1 rows, for a split model
         cfg = model.config
         for b in batches:
             g = torch.Generator().manual_seed(b)  # the same prompt for both loads
             ids = torch.randint(0, cfg.vocab_size, (b, 16), generator=g).to(device)
             r = decode.greedy_decode(model, ids, args.max_new_tokens, compile=cuda)
-            row = {"model": f"{args.model}" + (f" ({args.layers} layers)" if args.layers else ""), "variant": label,
+            row = {"model": args.model + (f" ({args.layers} layers)" if args.layers else ""), "variant": label,
                    "batch": b, "tokens_per_s": r.tokens_per_s(), "ms_per_step": r.ms_per_step(), "mode": r.mode,
                    "load_s": load_s, "head": type(model.lm_head).__name__,
-                   "allreduce": sorted(set(tp._auto.values())) or None if world > 1 and "TP=1" not in label else None,
+                   "allreduce": None if tp1 is None else sorted(set(tp._auto.values())),  # what auto resolved to
                    "first_tokens": r.tokens[0, :8].tolist()}
             if tp1 is not None:
                 row["speedup_vs_tp1"] = row["tokens_per_s"] / tp1[b]
