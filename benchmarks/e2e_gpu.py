@@ -15,9 +15,7 @@ the whole step compiled (torch.compile, unless ``--no-compile``) and captured in
 another model reads up to 6% slower (bf16 Qwen3-30B-A3B; kbit4 up to 2%), which favours whatever runs first.
 A variant may end in ``@<switch>`` (repeatable) to set one switch for it alone, for A/B rows in one process:
 ``@early-kv`` / ``@no-early-kv`` (``lowbit.kernels.attention.EARLY_KV``), ``@head-splits-<1|2|4|8>`` and
-``@chunk-<64|128|192|256>`` (the attention grid: ``lowbit.kernels.attention.HEAD_SPLITS`` / ``CHUNK`` instead of its plan),
-``@cluster-merge`` / ``@no-cluster-merge`` (``lowbit.kernels.attention.CLUSTER_MERGE``: the attention chunks merged in
-a thread-block cluster, or through a workspace and a counter), ``@routed`` / ``@no-routed``
+``@chunk-<64|128|192|256>`` (the attention grid: ``lowbit.kernels.attention.HEAD_SPLITS`` / ``CHUNK`` instead of its plan), ``@routed`` / ``@no-routed``
 (``lowbit.dispatch.MOE_ROUTED``: MoE decode on unsorted rows, or sorted by expert), ``@routed-split-all``
 (``lowbit.kernels.tiled.ROUTED_ONE_WAVE = False``: the routed GEMV with one group per warp), ``@qk-norm-modules``
 (``lowbit.hf.attention.QK_NORM_IN_KERNEL = False``: Qwen3's q/k norms as the model's modules, not in the op),
@@ -171,7 +169,6 @@ def main():
     switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
                 **{f"head-splits-{n}": (kattn, "HEAD_SPLITS", n) for n in (1, 2, 4, 8)},
                 **{f"chunk-{c}": (kattn, "CHUNK", c) for c in (64, 128, 192, 256)},
-                "cluster-merge": (kattn, "CLUSTER_MERGE", True), "no-cluster-merge": (kattn, "CLUSTER_MERGE", False),
                 "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
                 "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),

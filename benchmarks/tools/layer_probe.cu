@@ -16,13 +16,10 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -DLOWBIT_ATTN_STAMPS -o layer_probe benchmarks/tools/layer_probe.cu
 //   ./layer_probe [layers=8] [replays=20] [ctx=590]
-// Each round also times the layer and attention alone with the chunks merged in a thread-block cluster (decode.cu's
-// CLUSTER), and checks that merge's output against the global merge's, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -31,8 +28,6 @@
 
 using T = __nv_bfloat16;
 constexpr int kBits = 4;
-constexpr int kAttnFlags = 1 | 2 | 4;  // PDL, append, early K/V rows (the step's flags)
-constexpr int kCluster = 16;           // the chunks merged in a thread-block cluster (decode.cu's CLUSTER)
 #ifndef PROBE_G
 #define PROBE_G 2  // query heads per attention CTA (-DPROBE_G=1 / 4 for the other plans)
 #endif
@@ -194,52 +189,37 @@ int main(int argc, char** argv) {
         cfg.numAttrs = 1;
         CHECK(cudaLaunchKernelEx(&cfg, floor_kernel, static_cast<const T*>(qkv), attn, 4096));
     };
+    constexpr int kAttnFlags = 1 | 2 | 4;  // PDL, append, early K/V rows (the step's flags)
     auto rewind = [&] { CHECK(cudaMemcpyAsync(pos, pos0, layers * sizeof(int64_t), cudaMemcpyDeviceToDevice, st)); };
-    auto layer_chain = [&](bool with_attention, bool floor = false, int attn_flags = kAttnFlags) {
+    auto layer_chain = [&](bool with_attention, bool floor = false) {
         rewind();
         const T* x = x0;
         for (int l = 0; l < layers; ++l) {
             const Gemv* g = &gemvs[4 * l];
             gemv(g[0], x, qkv, false);
             if (floor) floor_launch();
-            else if (with_attention) attention(l, attn_flags);
+            else if (with_attention) attention(l, kAttnFlags);
             gemv(g[1], with_attention || floor ? attn : qkv, o_out, true);
             gemv(g[2], o_out, gu, false);
             gemv(g[3], gu, down, true);
             x = down;
         }
     };
-    auto attention_only = [&](int attn_flags) {
+    auto attention_only = [&] {
         rewind();
-        for (int l = 0; l < layers; ++l) attention(l, attn_flags);
+        for (int l = 0; l < layers; ++l) attention(l, kAttnFlags);
     };
     auto time_graph = [&](cudaGraphExec_t ge) { return median_replay_us(ge, st, replays) / layers; };
     cudaGraphExec_t g_layer = graph_of(st, [&] { layer_chain(true); });
     cudaGraphExec_t g_plain = graph_of(st, [&] { layer_chain(false); });
-    cudaGraphExec_t g_attn = graph_of(st, [&] { attention_only(kAttnFlags); });
+    cudaGraphExec_t g_attn = graph_of(st, attention_only);
     cudaGraphExec_t g_floor = graph_of(st, [&] { layer_chain(false, true); });
-    cudaGraphExec_t g_layer_cl = graph_of(st, [&] { layer_chain(true, false, kAttnFlags | kCluster); });
-    cudaGraphExec_t g_attn_cl = graph_of(st, [&] { attention_only(kAttnFlags | kCluster); });
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
     for (int round = 0; round < 3; ++round) {
         const double a = time_graph(g_layer), b = time_graph(g_plain), c = time_graph(g_attn);
         const double f = time_graph(g_floor);
         printf("round %d, us per layer: layer %.2f, no attention %.2f (attention's cost %.2f), attention only %.2f; "
                "with the floor kernel instead %.2f (its cost %.2f)\n", round, a, b, a - b, c, f, f - b);
-        const double ac = time_graph(g_layer_cl), cc = time_graph(g_attn_cl);
-        printf("         cluster merge: layer %.2f (attention's cost %.2f), attention only %.2f\n", ac, ac - b, cc);
-    }
-    // the cluster merge gives the global merge's bits (same operations, same order)
-    {
-        std::vector<T> a1(4096), a2(4096);
-        CHECK(cudaGraphLaunch(g_layer, st));
-        CHECK(cudaMemcpyAsync(a1.data(), attn, 4096 * sizeof(T), cudaMemcpyDeviceToHost, st));
-        CHECK(cudaGraphLaunch(g_layer_cl, st));
-        CHECK(cudaMemcpyAsync(a2.data(), attn, 4096 * sizeof(T), cudaMemcpyDeviceToHost, st));
-        CHECK(cudaStreamSynchronize(st));
-        int diff = 0;
-        for (int i = 0; i < 4096; ++i) diff += memcmp(&a1[i], &a2[i], sizeof(T)) != 0;
-        printf("cluster merge vs global merge: %d of 4096 outputs differ%s\n", diff, diff ? "  FAILED" : "");
     }
     // the attention output is finite (a NaN would mean a bad step position or a broken merge)
     {

@@ -31,12 +31,6 @@
 // less. A position outside the cache writes nothing, stays, and gives NaN. Optionally (q_norm / k_norm
 // weights: Qwen3's per-head q and k RMSNorm) q and k are normalized in registers before the rotation, as
 // transformers' RMSNorm rounds them: two more small kernels per layer folded in.
-// CLUSTER (flags bit 4, 2..16 chunks): the chunks of a (sequence, head group) run as one thread-block cluster and
-// merge through distributed shared memory instead: each CTA keeps its (max, sum, partial output) in its own shared
-// memory, one cluster barrier publishes them, and CTA c merges its share of the outputs from every CTA's copy, in
-// chunk order with the same operations as the global merge (the same bits). No workspace, no counter, no L2
-// round trip: the global path's arrival (stores, then an atomic) and its merge loads cost ~2.6 us per Llama-3-8B
-// layer at batch 1 (benchmarks/journal/2026-11-26_attention_chunk_merge.md).
 // EARLY (flags bit 2, with APPEND and PDL): the first step's K/V rows and the position are loaded before the
 // wait, behind the q|k|v projection's tail. Only this kernel writes the caches and the position (its new row
 // comes from registers), so the kernel in flight before it -- the projection -- cannot be writing them; the
@@ -45,8 +39,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-
-#include <cooperative_groups.h>
 
 #include "common.cuh"
 
@@ -165,12 +157,6 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* counter, int v) {
 }
 
 constexpr int kMergeRegs = 16;  // chunks the last CTA merges from registers, in one round of loads (<= 32)
-constexpr int kMaxClusterChunks = 16;  // the largest (non-portable) cluster the H100 schedules; also <= kMergeRegs
-
-// The cluster barrier, split: arrive publishes this thread's earlier writes (release), wait sees every other
-// thread's of the cluster (acquire). Every thread of every CTA of the cluster takes part.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
 __device__ __forceinline__ float merge_weight(float m, float m_all) {
@@ -245,7 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, int64_t k_sb, int64_t k_sh,
     int64_t v_sb, int64_t v_sh, const bool* __restrict__ mask, int64_t mask_sb, T* __restrict__ out,
     float* __restrict__ ws, int* __restrict__ counters, int L, int chunk, int kv_div, float scale_log2,
-    const Append<T> ap, const bool early, const bool each, const bool cluster) {
+    const Append<T> ap, const bool early, const bool each) {
     constexpr int E = D / 32;
     const int b = blockIdx.z, h = blockIdx.y, c = blockIdx.x, chunks = gridDim.x, hkv = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -430,9 +416,8 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     // APPEND: the last CTA to arrive advances the position (every CTA has read it by then)
     if (APPEND && arrived == gridDim.x * gridDim.y * gridDim.z && !bad_pos) *ap.position = pos + 1;
     // thread t merges (g, d) = (i / D, i % D) for i = t, t + 256, ...; the CTA's state goes to
-    // registers (one chunk), shared memory (CLUSTER) or the workspace [b][h][c][g][D + 2] (m, l at D, D + 1)
-    __shared__ float s_state[G * (D + 2)];
-    float* cta_ws = cluster ? s_state : ws + ((int64_t(b) * hkv + h) * chunks + c) * G * (D + 2);
+    // registers (one chunk) or the workspace [b][h][c][g][D + 2] (m, l at D, D + 1)
+    float* cta_ws = ws + ((int64_t(b) * hkv + h) * chunks + c) * G * (D + 2);
     for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
         const int g = i / D, d = i % D;
         float m_all = -INFINITY;
@@ -454,54 +439,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
     }
     if (chunks == 1) {
         stamp(6);
-        return;
-    }
-    if (cluster) {
-        // CTA c (the cluster's rank c: the cluster spans the chunks) merges outputs [c per, (c + 1) per) from every
-        // CTA's shared state. One round of loads: threads t < G chunks fetch (m, l) of (head, chunk) (t / chunks,
-        // t % chunks) into s_ml_all while every thread fetches its output's element of each chunk. The second
-        // barrier keeps each CTA's shared memory alive until every reader has its values.
-        __shared__ float s_ml_all[G][kMaxClusterChunks][2];
-        cluster_arrive();
-        cluster_wait();
-        stamp(5);
-        namespace cg = cooperative_groups;
-        const cg::cluster_group cl = cg::this_cluster();
-        if (threadIdx.x < G * chunks) {
-            const int g = threadIdx.x / chunks, cc = threadIdx.x % chunks;
-            const float* peer = cl.map_shared_rank(s_state, cc) + g * (D + 2) + D;
-            s_ml_all[g][cc][0] = peer[0];
-            s_ml_all[g][cc][1] = peer[1];
-        }
-        const int per = (G * D + chunks - 1) / chunks, i_end = min(G * D, (c + 1) * per);
-        for (int i0 = c * per; i0 < c * per + per; i0 += kWarps * 32) {  // uniform trip count: every thread arrives
-            const int i = i0 + threadIdx.x;
-            const bool mine = i < i_end;
-            const int g = mine ? i / D : 0, d = mine ? i % D : 0;
-            float oc[kMaxClusterChunks];
-#pragma unroll
-            for (int cc = 0; cc < kMaxClusterChunks; ++cc)
-                if (cc < chunks && mine) oc[cc] = cl.map_shared_rank(s_state, cc)[g * (D + 2) + d];
-            __syncthreads();   // s_ml_all filled
-            cluster_arrive();  // this thread's reads of this round are done (release orders them before)
-            if (mine) {  // the global merge's operations in its order: the same bits
-                float m_all = -INFINITY, o_all = 0.f, den = 0.f;
-#pragma unroll
-                for (int cc = 0; cc < kMaxClusterChunks; ++cc)
-                    if (cc < chunks) m_all = fmaxf(m_all, s_ml_all[g][cc][0]);
-#pragma unroll
-                for (int cc = 0; cc < kMaxClusterChunks; ++cc) {
-                    if (cc < chunks) {
-                        const float wt = merge_weight(s_ml_all[g][cc][0], m_all);
-                        den += wt * s_ml_all[g][cc][1];
-                        o_all += wt * oc[cc];
-                    }
-                }
-                out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / den);
-            }
-            cluster_wait();
-        }
-        stamp(6, true);
         return;
     }
 
@@ -575,35 +512,22 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
     if (append && (ap.k_new == nullptr || ap.v_new == nullptr || ap.cos == nullptr || ap.sin == nullptr ||
                    ap.position == nullptr || ap.k_cache != k || ap.v_cache != v))
         return static_cast<int>(cudaErrorInvalidValue);
-    // CLUSTER asks for the cluster merge; it applies to 2..16 chunks (one chunk needs no merge)
-    const bool cluster = (flags & 16) && chunks >= 2 && chunks <= kMaxClusterChunks;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(chunks, hkv, batch);
     cfg.blockDim = dim3(kWarps * 32);
     cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    if (flags & 1) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[cfg.numAttrs].val.clusterDim.x = chunks;
-        attr[cfg.numAttrs].val.clusterDim.y = 1;
-        attr[cfg.numAttrs++].val.clusterDim.z = 1;
-    }
+    cfg.numAttrs = (flags & 1) ? 1 : 0;
     const float scale_log2 = scale * 1.4426950408889634f;
     const bool early = append && (flags & 1) && (flags & 4);  // EARLY needs the append mode and PDL
     auto go = [&](auto kernel) {
-        if (cluster && chunks > 8) {  // more than the portable 8 CTAs per cluster
-            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-            if (e != cudaSuccess) return e;
-        }
         return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
                                   mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, scale_log2, ap,
-                                  early, (flags & 8) != 0, cluster);
+                                  early, (flags & 8) != 0);
     };
     const cudaError_t err = append ? go(decode_attention_kernel<T, D, G, true>) : go(decode_attention_kernel<T, D, G, false>);
     if (err != cudaSuccess) return static_cast<int>(err);
@@ -622,33 +546,6 @@ int occupancy(int append) {
     return err == cudaSuccess ? blocks : 0;
 }
 
-// Clusters of `size` CTAs of an instance the GPU can hold at once (the CLUSTER merge can run at all where >= 1);
-// 0 if the runtime cannot say or size is out of 2..kMaxClusterChunks.
-template <typename T, int D, int G>
-int clusters(int append, int size) {
-    if (size < 2 || size > kMaxClusterChunks) return 0;
-    int n = 0;
-    auto count = [&](auto kernel) {
-        if (size > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-            return;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(size, 1, 1);
-        cfg.blockDim = dim3(kWarps * 32);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = size;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
-    };
-    if (append) count(decode_attention_kernel<T, D, G, true>);
-    else count(decode_attention_kernel<T, D, G, false>);
-    cudaGetLastError();  // a size the GPU cannot hold is reported as 0, not left behind as the runtime's last error
-    return n;
-}
-
 }  // namespace attention
 }  // namespace lowbit
 
@@ -658,9 +555,7 @@ int clusters(int append, int size) {
 // mask: bool [batch, L] rows at mask_sb, or null; ws: fp32 [batch, hkv, ceil(L / chunk), G, D + 2];
 // counters: int [batch * hkv (+ 1 in APPEND mode)], zero; ceil(L / chunk) <= 2 D.
 // flags bit 2 (EARLY, with bits 0 and 1): see the header. flags bit 3: scores reduced one at a time (A/B of
-// warp_sum8). flags bit 4 (CLUSTER): the chunks merge through distributed shared memory where there are 2..16 of
-// them (ws and the per-head counters then go unused); ..._clusters(append, size) says whether the GPU can hold such a
-// cluster (> 0). flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
+// warp_sum8). flags bit 1 (APPEND): q's rows at q_sb (pre-RoPE); k_new, v_new [batch, hkv / kv_div, D] at kn_sb, vn_sb;
 // cos, sin [batch, D] at cs_sb; *position (int64) the cache row written, then advanced by one; k, v the caches
 // (written); q_norm, k_norm [D] (or null) RMSNorm weights applied to q and k before the rotation, with norm_eps.
 #define LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, D, G)                                                          \
@@ -681,9 +576,6 @@ int clusters(int append, int size) {
     }                                                                                                             \
     extern "C" int lowbit_decode_attention_occupancy_##NAME##_d##D##_g##G(int append) {                           \
         return lowbit::attention::occupancy<TYPE, D, G>(append);                                                  \
-    }                                                                                                             \
-    extern "C" int lowbit_decode_attention_clusters_##NAME##_d##D##_g##G(int append, int size) {                  \
-        return lowbit::attention::clusters<TYPE, D, G>(append, size);                                             \
     }
 #define LOWBIT_DEFINE_DECODE_ATTENTION_D(NAME, TYPE)  \
     LOWBIT_DEFINE_DECODE_ATTENTION(NAME, TYPE, 64, 1) \

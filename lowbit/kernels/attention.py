@@ -20,8 +20,6 @@ register_signatures({
                          _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _F, _P],
     # append mode (0/1) -> CTAs of that instance per SM (0: the runtime could not say)
     "decode_attention_occupancy": [_I],
-    # append mode (0/1), cluster size -> clusters of that size the GPU holds at once (0: none, or cannot say)
-    "decode_attention_clusters": [_I, _I],
 })
 
 
@@ -119,29 +117,6 @@ EARLY_KV = True
 FLAG_REDUCE_EACH = 8
 #: use FLAG_REDUCE_EACH (benchmarks set it; the results are bit-identical either way)
 REDUCE_EACH = False
-#: launch flag: the chunks of a (sequence, head group), 2..16 of them, run as one thread-block cluster and merge
-#: through distributed shared memory, not through a workspace and an atomic counter (bit-identical results)
-FLAG_CLUSTER = 16
-#: the most chunks the cluster merge takes (csrc/attention/decode.cu, kMaxClusterChunks)
-MAX_CLUSTER_CHUNKS = 16
-#: merge chunks in a cluster wherever :func:`cluster_merge` allows (benchmarks turn it off to compare)
-CLUSTER_MERGE = True
-
-_clusters: dict[tuple, bool] = {}
-
-
-def cluster_merge(lib, device: torch.device, dtype: torch.dtype, d: int, g: int, append: bool, chunks: int) -> bool:
-    """Whether this launch merges its ``chunks`` in a cluster: :data:`CLUSTER_MERGE` on, 2..16 chunks, and a
-    cluster of that many CTAs fits the GPU (asked of the CUDA runtime once per instance and size)."""
-    if not CLUSTER_MERGE or not 2 <= chunks <= MAX_CLUSTER_CHUNKS:
-        return False
-    key = (device.index, dtype, d, g, append, chunks)
-    ok = _clusters.get(key)
-    if ok is None:
-        with torch.cuda.device(device):
-            ok = lib.symbol("decode_attention_clusters", dtype=dtype, d=d, g=g)(int(append), chunks) > 0
-        _clusters[key] = ok
-    return ok
 
 
 def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
@@ -160,10 +135,7 @@ def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
     chunks = -(-length // chunk)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
-    cluster = cluster_merge(lib, q.device, q.dtype, d, g, append is not None, chunks)
-    # the chunks' partial states: in the cluster's shared memory, or in this workspace
-    ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 and not cluster else (1,), dtype=torch.float32,
-                     device=q.device)
+    ws = torch.empty((b, groups, chunks, g, d + 2) if chunks > 1 else (1,), dtype=torch.float32, device=q.device)
     # the tiled GEMVs' counters: every user resets what it takes, and under PDL each touches them only after
     # waiting for its predecessor, so a GEMV and this kernel never hold them at once
     cnt = counters(q.device, b * groups + 1)  # + the append mode's grid-wide arrivals
@@ -175,7 +147,6 @@ def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
                  cos.stride(0), ptr(position), ptr(q_norm), ptr(k_norm), norm_eps]
         flags = FLAG_APPEND | (FLAG_EARLY if early_kv else 0)
     flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
-    flags |= FLAG_CLUSTER if cluster else 0
     lib.call("decode_attention", [
         ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
         0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,

@@ -82,33 +82,6 @@ def test_chunk_merge_from_registers_and_in_a_loop(length, gen):
     assert torch.equal(out, again)
 
 
-@pytest.mark.parametrize("length", [65, 590, 1024, 1100])
-@pytest.mark.parametrize("d,g", [(128, 2), (128, 8), (64, 1), (256, 4)])
-def test_cluster_merge_gives_the_global_merge_bits(length, d, g, gen):
-    """2, 10 and 16 chunks merged in a thread-block cluster (distributed shared memory) give the workspace merge's
-    bits, NaN rows included; 18 chunks take the workspace merge (the cluster holds at most 16)."""
-    from lowbit.kernels import attention as kattn
-
-    q, k, v, mask = _case(gen, 3, 4 * g, 4, length, d, torch.bfloat16)
-    mask[1] = False  # no visible position: NaN in both merges
-    outs = {}
-    try:
-        kattn.CHUNK = 64
-        for on in (True, False):
-            kattn.CLUSTER_MERGE = on
-            kattn._clusters.clear()
-            outs[on] = lowbit.ops.decode_attention(q, k, v, mask, d ** -0.5)
-            used = any(kattn._clusters.values())
-            assert used == (on and -(-length // 64) <= kattn.MAX_CLUSTER_CHUNKS), (on, kattn._clusters)
-    finally:
-        kattn.CHUNK = None
-        kattn.CLUSTER_MERGE = True
-    assert torch.equal(outs[True].view(torch.int16), outs[False].view(torch.int16))
-    assert outs[True][1].isnan().all()
-    want = _ref(q, k, v, mask, d ** -0.5)
-    assert _rel(outs[True][[0, 2]], want[[0, 2]]) <= BOUND[torch.bfloat16]
-
-
 def test_masked_sequences_strided_cache_and_determinism(gen):
     """A sequence with no visible position is NaN, its neighbours are not; a cache view (the first slots
     of a longer cache) reads only its slots; repeated calls are bit-equal (chunk merge in fixed order)."""
