@@ -96,6 +96,15 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// 16 bytes global -> shared without registers (cp.async, L2 only); src_bytes = 0 fills them with zeros (rows past M,
+// columns past K_in). commit closes this thread's group of copies; wait<N> returns once at most N groups are pending.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 // Under PDL x may be the output of a predecessor still running when this kernel starts: read it
 // through the coherent path (ld.global.nc assumes data fixed for the kernel's lifetime) and in
 // asm volatile, so the compiler can't hoist it above pdl_wait(). (Reading x with __ldg there

@@ -391,6 +391,45 @@ __device__ __noinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi
     if (epi.yw != nullptr) epi.yw[idx] = from_float<T>(to_float(out) * to_float(epi.norm_w[row]));
 }
 
+// write_out with the residual value and the norm weight already at hand (the split kernel stages them in shared
+// memory: epi_stage); the same operations, so the same bits.
+template <typename T>
+__device__ __forceinline__ void write_out_staged(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, float v,
+                                                 const T& res, const T& nw) {
+    if (epi.residual != nullptr) v += to_float(res);
+    const T out = from_float<T>(v);
+    y[idx] = out;
+    if (epi.yw != nullptr) epi.yw[idx] = from_float<T>(to_float(out) * to_float(nw));
+}
+
+// The split kernel's EPI tail: the slice-0 warp of a tile sums the partials, then writes each output with its
+// residual and norm weight. Loaded there, those are L2 round trips one after another at the very end (write_out is
+// out of line); instead the warp copies its tile's rows of both into shared memory (cp.async, no registers) right
+// after the PDL wait, while its units decode. Rows in 16-byte pieces: n % 8 == 0 and aligned rows (else write_out).
+constexpr int kEpiStageElems = kRmsRows * 16 + 16;  // per warp: [token][16 residual rows], then 16 norm weights
+template <typename T>
+__device__ __forceinline__ bool epi_stageable(const Epilogue<T>& epi, int n) {
+    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+    return (epi.residual != nullptr || epi.yw != nullptr) && n % 8 == 0 && aligned(epi.residual) && aligned(epi.norm_w);
+}
+// Lanes 0 .. 2m - 1 copy token lane / 2's half lane % 2 of the tile's residual rows, lanes 16 and 17 the norm
+// weights' halves; every lane then commits its (possibly empty) group.
+template <typename T>
+__device__ __forceinline__ void epi_stage(T* st, const Epilogue<T>& epi, int lane, int tile, int tok0, int m, int n) {
+    const int row0 = tile * 16;
+    if (epi.residual != nullptr && lane < 2 * m) {
+        const int tok = lane >> 1, h = lane & 1, ok = row0 + 8 * h < n;
+        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(st + tok * 16 + 8 * h)),
+                   ok ? epi.residual + int64_t(tok0 + tok) * n + row0 + 8 * h : epi.residual, ok ? 16 : 0);
+    }
+    if (epi.yw != nullptr && (lane == 16 || lane == 17)) {
+        const int h = lane - 16, ok = row0 + 8 * h < n;
+        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(st + kRmsRows * 16 + 8 * h)),
+                   ok ? epi.norm_w + row0 + 8 * h : epi.norm_w, ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
 // ---- The unit loop: an S-deep register pipeline (the split kernel: 2, its warps' slices are a
 // few groups, often one; the stream-K kernel: kStreamStages).
 constexpr int kSplitStages = 2;
@@ -404,22 +443,37 @@ __device__ __forceinline__ void prologue(GroupData<BITS> (&buf)[S], const uint4*
         if (u0 + s < u_end) load_group<BITS, kScaleStride<FP4>>(buf[s], qw_lane, qa_lane, u0 + s);
 }
 
+// A range of at most S units, every one loaded now (the pipeline's buffers hold them all): the split kernel's
+// warps of a mid-size dense GEMV (4096 -> 4096: 2 groups each) then have their whole slice in flight before the
+// PDL wait, not half of it. Returns whether it did (run_units' FULL).
+template <int BITS, int S, bool FP4 = false>
+__device__ __forceinline__ bool preload_all(GroupData<BITS> (&buf)[S], const uint4* qw_lane, const uint4* qa_lane,
+                                            int64_t u0, int64_t u_end) {
+    if (u_end - u0 > S) return false;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+        if (u0 + s < u_end) load_group<BITS, kScaleStride<FP4>>(buf[s], qw_lane, qa_lane, u0 + s);
+    return true;
+}
+
 // Stream units [u_begin, u_end) (prologue already issued) through an S-deep register pipeline,
 // accumulating into acc; at the end of every tile (or of the range) call
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
-// them; dividing here put a 64-bit division on every warp's critical path).
+// them; dividing here put a 64-bit division on every warp's critical path). FULL: the caller loaded
+// the whole range (u_end - u_begin <= S: preload_all), so the loop issues no loads.
 template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, unsigned K2REG, typename Flush>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
-                                          int64_t u_end, int tile, int grp, int n_groups, Flush&& flush) {
+                                          int64_t u_end, int tile, int grp, int n_groups, Flush&& flush,
+                                          bool full = false) {
     int g0 = grp;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t u = u_begin; u < u_end;) {
 #pragma unroll
         for (int i = 0; i < S; ++i) {  // unrolled: buf[] indices are compile-time (registers)
             if (u < u_end) {
-                if (u + S - 1 < u_end)
+                if (u + S - 1 < u_end && !full)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
                 compute_group<BITS, QUAD, T, XSRC, FP4, ROT, K2REG>(acc, buf[i], ctx, grp);
                 LOWBIT_TRACE(3 + (u - u_begin < 16 ? int(u - u_begin) : 15));  // unit decoded
@@ -828,6 +882,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     __shared__ float rms_part[EPI ? kWarps : 1][kRmsRows], rms_f[EPI ? kWarps : 1][kRmsRows];  // EPI: the norm
     ActiveExpert* list = reinterpret_cast<ActiveExpert*>(g_table + Lut<BITS, false>::kBytes);
     __shared__ int rowmap[ROUTED ? kMaxRoutes : 1];  // ROUTED: the route at each position
+    __shared__ alignas(16) T epi_st[EPI ? kWarps : 1][EPI ? kEpiStageElems : 8];  // EPI: epi_stage's rows per warp
+    const bool staged = EPI && epi_stageable(epi, n);  // dense only (EPI is): token rows are y rows
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int items_per_expert = plan.items_per_expert, tiles_per_item = plan.tiles_per_item;
@@ -855,7 +911,11 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                 const float v = sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>);
                 if constexpr (EPI) {  // dense only (host-checked): y_row is the token row of rms_x and residual
                     const float f = epi.rms_x != nullptr ? rms_f[warp][y_row] * scale : scale;
-                    write_out(y, epi, int64_t(y_row) * n + row, row, v * f + bias_of(ebias, row));
+                    if (staged)
+                        write_out_staged(y, epi, int64_t(y_row) * n + row, v * f + bias_of(ebias, row),
+                                         epi_st[warp][tok * 16 + (row - tile * 16)], epi_st[warp][kRmsRows * 16 + (row - tile * 16)]);
+                    else
+                        write_out(y, epi, int64_t(y_row) * n + row, row, v * f + bias_of(ebias, row));
                 } else {
                     y[int64_t(y_row) * n + row] = from_float<T>(v * scale + bias_of(ebias, row));
                 }
@@ -892,12 +952,14 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 
     const float cb = Lut<BITS, false>::fetch(codebook);  // before the weights (Lut::fetch)
     GroupData<BITS> buf[S_];
-    bool prefetched = false;
+    bool prefetched = false, full = false;  // full: the first item's whole slice loaded (preload_all)
     if (expert_offsets == nullptr && !ROUTED) {
         // Dense: the first item is known before anything is read, so its loads overlap the table build.
         const int tile = blockIdx.x * tiles_per_item + tile_in_item;
         if (warp_used && blockIdx.x < items_per_expert && tile < n_tiles) {
-            prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, first_unit(0, tile), first_unit(0, tile) + (g_end - g_begin));
+            const int64_t u0 = first_unit(0, tile), u1 = u0 + (g_end - g_begin);
+            full = preload_all<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
+            if (!full) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
             prefetched = true;
         }
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
@@ -956,9 +1018,12 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
+                if (staged && slice == 0) epi_stage(epi_st[warp], epi, lane, tile, tok0, m, n);
                 run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
-                                                                                 g_begin, n_groups, flush);
+                                                                                 g_begin, n_groups, flush, full);
+                full = false;
             }
+            if (staged) cp_async_wait<0>();  // this thread's epi_stage copies landed (the barrier shares them)
             __syncthreads();
             if (has_tile && slice == 0) store_tile(tile, ae.e, tok0, m, scale);
             __syncthreads();  // partial[] is rewritten by the next chunk / item

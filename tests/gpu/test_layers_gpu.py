@@ -61,6 +61,27 @@ def test_epilogue_through_every_kernel(bits, m, dtype, dense_path, gen):
         assert torch.equal(y, ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k, bias))
 
 
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n", [4096, 4104, 200, 203])
+def test_epilogue_staged_rows_give_the_direct_loads_bits(m, n, dense_path, gen):
+    """The split kernel copies each tile's residual rows and norm weights to shared memory while its units decode
+    (16-byte pieces: N % 8 == 0 and aligned rows); otherwise -- N = 203, or a residual one element into its buffer --
+    it loads them where it writes. Both give the same bits, and the definition's y."""
+    dtype = torch.bfloat16
+    q, x, _, residual, nw, bias = _case(gen, n, 1024, m, 4, dtype)
+    args = (x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, 1024, bias)
+    shifted = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(m, n)
+    shifted.copy_(residual)  # contiguous, 2 bytes past a 16-byte boundary
+    y, yw = ops.kbit_gemv_epilogue(*args, None, 1e-6, residual, nw)
+    y2, yw2 = ops.kbit_gemv_epilogue(*args, None, 1e-6, shifted, nw)
+    assert torch.equal(y, y2) and torch.equal(yw, yw2)
+    assert rel(y, _want(q, x, None, residual, bias, 0)) <= BOUND[dtype]
+    assert torch.equal(yw, (y.float() * nw.float()).to(dtype))
+    y3, yw3 = ops.kbit_gemv_epilogue(*args, None, 1e-6, None, nw)  # yw without a residual: staged weights alone
+    assert torch.equal(yw3, (y3.float() * nw.float()).to(dtype))
+    assert torch.equal(y3, ops.kbit_gemv(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, n, 1024, bias))
+
+
 def _want_swiglu(want):
     g, u = want.chunk(2, dim=-1)
     return torch.nn.functional.silu(g) * u
