@@ -911,13 +911,16 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                 const float v = sum[i] * (kGemvOutFix<FP4> * kRotFix<ROT>);
                 if constexpr (EPI) {  // dense only (host-checked): y_row is the token row of rms_x and residual
                     const float f = epi.rms_x != nullptr ? rms_f[warp][y_row] * scale : scale;
+                    // one fused multiply-add, written out: with the two calls below the compiler kept v * f apart
+                    // in some instances, and a zero residual then missed the plain GEMV's bits by an ulp
+                    const float val = fmaf(v, f, bias_of(ebias, row));
                     if (staged)
-                        write_out_staged(y, epi, int64_t(y_row) * n + row, v * f + bias_of(ebias, row),
-                                         epi_st[warp][tok * 16 + (row - tile * 16)], epi_st[warp][kRmsRows * 16 + (row - tile * 16)]);
+                        write_out_staged(y, epi, int64_t(y_row) * n + row, val, epi_st[warp][tok * 16 + (row - tile * 16)],
+                                         epi_st[warp][kRmsRows * 16 + (row - tile * 16)]);
                     else
-                        write_out(y, epi, int64_t(y_row) * n + row, row, v * f + bias_of(ebias, row));
+                        write_out(y, epi, int64_t(y_row) * n + row, row, val);
                 } else {
-                    y[int64_t(y_row) * n + row] = from_float<T>(v * scale + bias_of(ebias, row));
+                    y[int64_t(y_row) * n + row] = from_float<T>(fmaf(v, scale, bias_of(ebias, row)));
                 }
             }
         }
