@@ -180,11 +180,7 @@ int main(int argc, char** argv) {
     const int shapes[4][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};  // k_in, n
     const int n_jobs = 4 * layers;
     std::vector<Job> jobs(n_jobs);
-    float* codebook;
-    CHECK(cudaMalloc(&codebook, 16 * sizeof(float)));
-    std::vector<float> cbh(16);
-    for (int i = 0; i < 16; ++i) cbh[i] = -1.f + 2.f * i / 15.f;
-    CHECK(cudaMemcpy(codebook, cbh.data(), sizeof(float) * 16, cudaMemcpyHostToDevice));
+    float* codebook = linear_codebook();
     float* scales;
     CHECK(cudaMalloc(&scales, sizeof(float) * n_jobs));
     std::vector<float> sh(n_jobs, 1.f);

@@ -1,5 +1,5 @@
-// Helpers the standalone CUDA probes share: hashed fill of device buffers, stream capture into a graph, and the
-// median replay time of a graph (3 warm-up replays first).
+// Helpers the standalone CUDA probes share: hashed fill of device buffers, a linear codebook, stream capture into a
+// graph, and the median replay time of a graph (3 warm-up replays first).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +14,16 @@ __global__ void fill_bytes(uint32_t* p, size_t n, uint32_t seed, uint32_t mask, 
         v ^= v >> 15; v *= 2246822519u; v ^= v >> 13; v *= 3266489917u; v ^= v >> 16;
         p[i] = (v & mask) | set;
     }
+}
+
+// A device codebook of `values` evenly spaced values from -1 to 1 (the probes' weights are hashed codes over it).
+inline float* linear_codebook(int values = 16) {
+    float* d;
+    CHECK(cudaMalloc(&d, values * sizeof(float)));
+    std::vector<float> h(values);
+    for (int i = 0; i < values; ++i) h[i] = -1.f + 2.f * i / float(values - 1);
+    CHECK(cudaMemcpy(d, h.data(), sizeof(float) * values, cudaMemcpyHostToDevice));
+    return d;
 }
 
 // What body() launches on st, captured as one graph.

@@ -75,11 +75,7 @@ int main(int argc, char** argv) {
     printf("device %s, %d SMs; %d Llama-3-8B layers, K = %d, M = 1, bf16; attention: %d-position cache, step at %lld, "
            "%d x %d CTAs\n", prop.name, sms, layers, kBits, L, (long long)start_pos, chunks, groups);
 
-    float* codebook;
-    CHECK(cudaMalloc(&codebook, 16 * sizeof(float)));
-    std::vector<float> cbh(16);
-    for (int i = 0; i < 16; ++i) cbh[i] = -1.f + 2.f * i / 15.f;
-    CHECK(cudaMemcpy(codebook, cbh.data(), sizeof(float) * 16, cudaMemcpyHostToDevice));
+    float* codebook = linear_codebook();
     float* scale;
     CHECK(cudaMalloc(&scale, sizeof(float)));
     const float one = 1.f;
