@@ -202,6 +202,41 @@ def test_fused_layer_keeps_hooked_modules(gen, monkeypatch):
     assert torch.equal(_decode(model, ids, steps, False), want) and not calls
 
 
+class _Wrapped(torch.nn.Module):
+    """A projection that is a module of its own kind, with none of nn.Linear's attributes (a torch int4 or a user's
+    wrapper): the fused step must leave its layer alone, not ask it for ``out_features``."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("name", ["mlp.gate_proj", "mlp.down_proj", "self_attn.o_proj", "self_attn.q_proj"])
+def test_fused_layer_keeps_layers_with_foreign_projections(name, gen, monkeypatch):
+    """One projection of every layer wrapped in a module without in/out_features: the layers that cannot run fused
+    keep their own forward, bit for bit, and nothing raises; a wrapped q_proj leaves only the q|k|v fusion out."""
+    model = _tiny_kbit_llama(4, fuse=False)
+    for layer in model.model.layers:
+        parent, child = name.rsplit(".", 1)
+        mod = layer.get_submodule(parent)
+        setattr(mod, child, _Wrapped(getattr(mod, child)))
+    ids = torch.randint(0, 320, (1, 5), generator=gen)
+    steps = torch.randint(0, 320, (2, 1, 1), generator=gen)
+    want = _decode(model, ids, steps, False)
+    monkeypatch.setattr(hf_layers, "CPU_REFERENCE", True)
+    hf_layers.use_fused_decode_layers(model)
+    calls, real = [], ops.kbit_gemv_epilogue
+    monkeypatch.setattr(ops, "kbit_gemv_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    got = _decode(model, ids, steps, False)
+    if name == "self_attn.q_proj":  # o, gate, up, down still fused; the q|k|v input norm stays a module
+        assert calls and (got - want).abs().max() <= 0.02 * (want.amax() - want.amin())
+    else:
+        assert not calls and torch.equal(got, want)
+
+
 def test_listed_classes_are_llamas():
     """Every decoder layer and MLP class the fused layer takes (that this transformers has) runs Llama's forward:
     the same body, so the fused step computes what it replaces."""
