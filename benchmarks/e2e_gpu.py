@@ -26,7 +26,8 @@ a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 incl
 ``@moe-sum`` (``lowbit.nn.experts.COMBINE_TERMS = False``: a compiled MoE block sums each token's k expert rows as a
 reduction, not as k terms that inductor fuses into the next kernel), ``@no-routed-swiglu``
 (``lowbit.nn.experts.ROUTED_SWIGLU = False``: the routed MoE block's SiLU-mul as its own step, not computed by the
-down GEMV from gate|up's output).
+down GEMV from gate|up's output), ``@stage-x-always`` (``lowbit.kernels.tiled.STAGE_X_MIN_UNITS = 0``: the kbit K <= 3
+GEMVs stage x in shared memory however few units a warp has).
 """
 
 import argparse
@@ -176,7 +177,8 @@ def main():
                 "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
                 "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False),
                 "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False),
-                "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True), "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False)}
+                "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True), "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
+                "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

@@ -22,7 +22,7 @@ import torch
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
 from lowbit.kernels.tiled import (FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, counters, dense_path,
-                                  gemv_warps, local_ctas, split_max_ctas)
+                                  gemv_warps, local_ctas, split_max_ctas, x_flag)
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -109,12 +109,16 @@ def main() -> None:
 
                 t = graph_time([lambda c=c: local_call(c) for c in copies], replays=10)
                 pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-                tag = " <- auto" if ctas == one_wave and picked == "local" else ""
+                # the dispatcher's call: x staged (K <= 3) unless x_flag says global (then the "x global" line is it)
+                global_x = bits <= 3 and x_flag(units, STREAM_CTA_WARPS * ctas) != 0
+                auto = ctas == one_wave and picked == "local"
+                tag = " <- auto" if auto and not global_x else ""
                 print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d}        {t.median_us:8.2f} us {pct:5.1f}%{tag}")
                 if args.global_x:  # the same, x read from global memory (no shared copy)
                     t = graph_time([lambda c=c: local_call(c, ctas, FLAG_GLOBAL_X) for c in copies], replays=10)
                     pct = 100 * nbytes / (t.median_us * 1e-6) / bw
-                    print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us {pct:5.1f}%")
+                    tag = " <- auto" if auto and global_x else ""
+                    print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             if args.peers and bits == 4 and k_in % 128 == 0:
                 from lowbit.bench.methods import INT4_GROUP, _int4_prepare
 

@@ -257,3 +257,15 @@ def test_nvfp4_plain_gemv_only_where_it_measured_faster():
     assert not wins(2, 14336, 4096)  # M > 1: the tiled GEMV
     assert not wins(1, 4096, 14336) and not wins(1, 2048, 10240)  # long K: a partial last round of K steps
     assert not wins(1, 8960, 512) and not wins(1, 4096, 2048) and not wins(1, 1024, 4096)  # short K, or small
+
+
+def test_x_staging_rule(monkeypatch):
+    """The stream-K GEMV stages x (kbit K <= 3) only where every warp has >= STAGE_X_MIN_UNITS units, and never with
+    STAGE_X off: 2048x5120 on a 132-CTA grid (2,560 units on 2,112 warps) reads it from global memory, 4096x6144
+    (6,144) stages it."""
+    warps = 132 * tiled.STREAM_CTA_WARPS
+    assert tiled.x_flag(320 * 8, warps) == tiled.FLAG_GLOBAL_X
+    assert tiled.x_flag(384 * 16, warps) == 0
+    assert tiled.x_flag(2 * warps, warps) == 0 and tiled.x_flag(2 * warps - 1, warps) == tiled.FLAG_GLOBAL_X
+    monkeypatch.setattr(tiled, "STAGE_X", False)
+    assert tiled.x_flag(384 * 16, warps) == tiled.FLAG_GLOBAL_X
