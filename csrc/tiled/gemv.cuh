@@ -381,18 +381,8 @@ __device__ __forceinline__ void rms_factors(float* factor, const float (*part)[k
     __syncwarp();
 }
 
-// y[idx] = v (+ residual[idx]), rounded once; and yw[idx] = round(y[idx] * norm_w[row]). Out of line: the stores
-// are inlined into every pipeline stage's tile flush.
-template <typename T>
-__device__ __noinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
-    if (epi.residual != nullptr) v += to_float(epi.residual[idx]);
-    const T out = from_float<T>(v);
-    y[idx] = out;
-    if (epi.yw != nullptr) epi.yw[idx] = from_float<T>(to_float(out) * to_float(epi.norm_w[row]));
-}
-
-// write_out with the residual value and the norm weight already at hand (the split kernel stages them in shared
-// memory: epi_stage); the same operations, so the same bits.
+// y[idx] = v (+ res), rounded once; and yw[idx] = round(y[idx] * nw): the epilogue's one output, with the residual
+// value and the norm weight at hand (the split kernel stages them in shared memory: epi_stage).
 template <typename T>
 __device__ __forceinline__ void write_out_staged(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, float v,
                                                  const T& res, const T& nw) {
@@ -400,6 +390,15 @@ __device__ __forceinline__ void write_out_staged(T* __restrict__ y, const Epilog
     const T out = from_float<T>(v);
     y[idx] = out;
     if (epi.yw != nullptr) epi.yw[idx] = from_float<T>(to_float(out) * to_float(nw));
+}
+
+// The same, reading residual[idx] and norm_w[row] from global memory. Out of line: the stores are inlined into
+// every pipeline stage's tile flush.
+template <typename T>
+__device__ __noinline__ void write_out(T* __restrict__ y, const Epilogue<T>& epi, int64_t idx, int row, float v) {
+    const T none = from_float<T>(0.f);
+    write_out_staged(y, epi, idx, v, epi.residual != nullptr ? epi.residual[idx] : none,
+                     epi.yw != nullptr ? epi.norm_w[row] : none);
 }
 
 // The split kernel's EPI tail: the slice-0 warp of a tile sums the partials, then writes each output with its
