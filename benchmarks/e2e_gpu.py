@@ -177,7 +177,8 @@ def main():
                 "swiglu": (hf_layers, "SWIGLU", True), "no-swiglu": (hf_layers, "SWIGLU", False),
                 "dense-head": (hf_head, "DENSE", True), "cublas-head": (hf_head, "DENSE", False),
                 "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False),
-                "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True), "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
+                "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True),
+                "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")

@@ -118,7 +118,8 @@ def main() -> None:
                     t = graph_time([lambda c=c: local_call(c, ctas, FLAG_GLOBAL_X) for c in copies], replays=10)
                     pct = 100 * nbytes / (t.median_us * 1e-6) / bw
                     tag = " <- auto" if auto and global_x else ""
-                    print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us {pct:5.1f}%{tag}")
+                    print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us "
+                          f"{pct:5.1f}%{tag}")
             if args.peers and bits == 4 and k_in % 128 == 0:
                 from lowbit.bench.methods import INT4_GROUP, _int4_prepare
 

@@ -90,11 +90,12 @@ FLAG_GLOBAL_X = 8
 #: Whether the stream-K GEMV may stage x in shared memory where it pays (kbit K <= 3, csrc kStageX);
 #: False passes FLAG_GLOBAL_X (comparisons: ``benchmarks/e2e_gpu.py --no-stage-x``).
 STAGE_X = True
-#: ... and stages it only where a warp has at least this many units (16 x 256 weights) to run: with fewer, the copy's
-#: L2 round trip and barrier come before the warp's only unit, which would have read its x itself as soon. H100, M = 1
-#: and 4, cold, us staged / from global memory (benchmarks/journal/2026-11-27_x_staging_rule_and_torch_int4.md):
-#: 2048x5120 (1.2 units per warp) K = 3 M = 1 6.07 / 5.80, K = 2 M = 4 6.94 / 5.74; 2048x10240 (2.4) K = 3 M = 1
-#: 7.36 / 7.86; 4096x6144 (2.9) K = 2 M = 1 8.26 / 8.84; 4096x28672 (13.6) K = 2 M = 2 19.07 / 21.63.
+#: Where it may, the stream-K GEMV stages x only if every warp has at least this many units (16 x 256 weights) to run:
+#: with fewer, the copy's L2 round trip and barrier come before the warp's only unit, which would have read its x
+#: itself as soon. H100, cold, us staged / from global memory
+#: (benchmarks/journal/2026-11-27_x_staging_rule_and_torch_int4.md): 2048x5120 (1.2 units per warp) K = 3 M = 1
+#: 6.07 / 5.80, K = 2 M = 4 6.94 / 5.74; 2048x10240 (2.4) K = 3 M = 1 7.36 / 7.86; 4096x6144 (2.9) K = 2 M = 1
+#: 8.26 / 8.84; 4096x28672 (13.6) K = 2 M = 2 19.07 / 21.63.
 STAGE_X_MIN_UNITS = 2
 
 
@@ -102,6 +103,8 @@ def x_flag(units: int, warps: int) -> int:
     """FLAG_GLOBAL_X where a stream-K GEMV of ``units`` units on ``warps`` warps reads x from global memory rather
     than from a shared copy (:data:`STAGE_X`, :data:`STAGE_X_MIN_UNITS`); 0 where it may stage it (kbit K <= 3)."""
     return 0 if STAGE_X and units >= STAGE_X_MIN_UNITS * warps else FLAG_GLOBAL_X
+
+
 _FLAG_ARGS = tuple(ctypes.c_int(i) for i in range(64))  # bits 1-5: a kernel family's own flags
 
 
