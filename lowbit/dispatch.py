@@ -449,6 +449,16 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
                *extra)
 
 
+#: the module formats whose GEMV has the epilogue (:func:`gemv_epilogue_op`)
+EPILOGUE_FORMATS = ("kbit", "nvfp4")
+
+
+def has_epilogue_gemv(module) -> bool:
+    """Whether ``module`` is a linear of a format with the epilogue GEMV (asked before its shape is: another
+    library's module, or a user's wrapper, may have no ``in_features``)."""
+    return getattr(module, "format_name", None) in EPILOGUE_FORMATS
+
+
 def epilogue_ok(module, rows: int, k: int, dtype: torch.dtype, device: torch.device, reference: bool = False) -> bool:
     """Whether :func:`gemv_epilogue_op` takes ``module(x2)`` for x2 ``[rows, k]`` of ``dtype`` on ``device``: an
     unrotated kbit or NVFP4 linear module (fused ones too; NVFP4 with K a multiple of 32, its tiled GEMV) and a call

@@ -125,11 +125,6 @@ def _gated(group, mlp, x, rms_x, eps) -> torch.Tensor:
     return (act(gate) * up).contiguous()
 
 
-def _gemv_module(mod) -> bool:
-    """A lowbit linear module of a format the epilogue GEMV has (its shape can be asked); others' modules are not."""
-    return getattr(mod, "format_name", None) in ("kbit", "nvfp4")
-
-
 def _takes(mod, rows: int, like: torch.Tensor, k: int) -> bool:
     return dispatch.epilogue_ok(mod, rows, k, like.dtype, like.device, reference=CPU_REFERENCE)
 
@@ -189,7 +184,8 @@ def _plan(self, hidden_states):
         return None
     gu = _group([getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)])
     o, down = getattr(attn, "o_proj", None), getattr(mlp, "down_proj", None)
-    if gu is None or o is None or down is None or not all(map(_gemv_module, (o, down, *_launches(gu)))):
+    if gu is None or o is None or down is None or not all(
+            map(dispatch.has_epilogue_gemv, (o, down, *_launches(gu)))):
         return None  # a projection the epilogue GEMV cannot run (another library's, a user's wrapper)
     inter = _widths(gu)
     tp = _tp_plan([mlp.gate_proj, mlp.up_proj], [o, down])
