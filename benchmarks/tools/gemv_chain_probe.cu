@@ -8,7 +8,11 @@
 //               CTA has stored its outputs). It issues its first weight loads of the next GEMV *before* that wait
 //               ("early") or after it ("late", to see what the early loads buy). Variants:
 //               - the early loads plus an L2 prefetch of the warp's next 2 / 4 / 8 units;
-//               - no wait at all: timing only (x is read while it is written), the chain without its dependency.
+//               - no wait at all: timing only (x is read while it is written), the chain without its dependency;
+//               - per-group flags instead of the grid-wide wait: each CTA, once its tiles of a GEMV are stored,
+//                 adds their count to a counter per 256-row group of that output (release); a warp of the next
+//                 GEMV waits (acquire) only for the group of x its next unit reads. A dependency finer than the
+//                 grid: a warp starts on x's groups that are already stored.
 //
 // The persistent kernel reuses the library's pieces (tiled/gemv.cuh): table, unit loop, decode. Its outputs are
 // checked against the library's kernel on the same inputs, job by job: the same tile and unit partition, so
@@ -21,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -76,9 +81,39 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-template <int MAXM, bool EARLY, int PF = 0, bool NOWAIT = false>
+// run_units (tiled/gemv.cuh) with wait(grp) before each unit reads x's group grp.
+template <int BITS, bool QUAD, typename T, int S, typename Flush, typename Wait>
+__device__ __forceinline__ void run_units_waiting(GroupData<BITS> (&buf)[S], const uint4* qw_lane, const uint4* qa_lane,
+                                                  const LaneCtx<T>& ctx, int64_t u_begin, int64_t u_end, int tile,
+                                                  int grp, int n_groups, Flush&& flush, Wait&& wait) {
+    int g0 = grp;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t u = u_begin; u < u_end;) {
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+            if (u < u_end) {
+                if (u + S - 1 < u_end) load_group<BITS, kScaleStride<false>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
+                wait(grp);
+                compute_group<BITS, QUAD, T, kXCoherent, false, false, 0u>(acc, buf[i], ctx, grp);
+                ++u;
+                if (++grp == n_groups || u == u_end) {
+                    flush(acc, tile, g0, grp);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[r] = 0.f;
+                    ++tile;
+                    grp = g0 = 0;
+                }
+            }
+        }
+    }
+}
+
+constexpr int kFlagStride = 128;  // counters per job: one per 256-row group of its output (n <= 32768)
+
+template <int MAXM, bool EARLY, int PF = 0, bool NOWAIT = false, bool FLAGS = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1)
-    chain_kernel(const Job* __restrict__ jobs, int n_jobs, const float* __restrict__ codebook, unsigned* bar, int m) {
+    chain_kernel(const Job* __restrict__ jobs, int n_jobs, const float* __restrict__ codebook, unsigned* bar, int m,
+                 unsigned* flags = nullptr) {
     constexpr bool QUAD = kStreamQuad<kBits>();
     constexpr int S = kStreamStages(kBits, MAXM);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -93,11 +128,17 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     __syncthreads();
     pdl_wait();
     float* red = reinterpret_cast<float*>(g_table + stream_table_bytes<kBits>());
+    __shared__ unsigned long long s_ready;  // FLAGS: groups of the previous job's output known stored
+    __shared__ int s_token;                 // FLAGS: a warp is polling the counters
     for (int j = 0; j < n_jobs; ++j) {
         if (j > 0) {  // job j - 1 stored by every CTA
-            if (threadIdx.x == 0 && !NOWAIT)
+            if (threadIdx.x == 0 && !NOWAIT && !FLAGS)
                 while (ld_acquire(bar + j - 1) < gridDim.x) {
                 }
+            if (FLAGS && threadIdx.x == 0) {  // nothing of job j - 1 seen yet
+                s_ready = 0;
+                s_token = 0;
+            }
             __syncthreads();
             if (!EARLY) prologue<kBits, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), R.u_begin, R.u_end);
         }
@@ -121,9 +162,51 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
 #pragma unroll
             for (int i = 0; i < 4; ++i) p[32 * i] = acc[i];
         };
-        run_units<kBits, QUAD, T, S, kXCoherent, false, false, 0u>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx,
-                                                                R.u_begin, R.u_end, R.first_tile,
-                                                                R.u_begin - R.first_tile * n_groups, n_groups, flush);
+        if constexpr (FLAGS) {
+            // `seen`: x's groups (n_groups <= 64) this warp knows complete, i.e. holding all of the previous job's
+            // 16-row tiles in that group. A poll reads every counter at once: lane l those of groups l and l + 32
+            // (one L2 round trip per poll, not one per unit), then a ballot says which are complete. (Measured
+            // before this form: lane 0 spinning on one group's counter per new group, 65 us per layer; every warp
+            // polling, 58.5; see benchmarks/journal/2026-11-27_chain_flags_and_tp_recheck.md.)
+            const unsigned* cnt = flags + (j - 1) * kFlagStride;
+            const int prev_tiles = j == 0 ? 0 : jobs[j - 1].n_tiles;
+            auto poll = [&]() {
+                uint64_t ready = 0;
+#pragma unroll
+                for (int base = 0; base < 64; base += 32) {
+                    const int grp = base + lane;
+                    const bool ok = grp >= n_groups || ld_acquire(cnt + grp) >= unsigned(min(16, prev_tiles - grp * 16));
+                    ready |= uint64_t(__ballot_sync(kFullMask, ok)) << base;
+                }
+                return ready;
+            };
+            // One warp of the CTA polls at a time (a shared token); the others read what it found in shared
+            // memory, so that 132 pollers load the counters, not 2112.
+            uint64_t seen = j == 0 ? ~0ull : 0ull;
+            auto wait = [&](int grp) {
+                while (!((seen >> grp) & 1)) {
+                    seen |= *reinterpret_cast<volatile unsigned long long*>(&s_ready);
+                    if ((seen >> grp) & 1) break;
+                    int mine = 0;
+                    if (lane == 0) mine = atomicCAS(&s_token, 0, 1) == 0;
+                    if (__shfl_sync(kFullMask, mine, 0)) {
+                        seen |= poll();
+                        if (lane == 0) {
+                            atomicOr(&s_ready, static_cast<unsigned long long>(seen));
+                            atomicExch(&s_token, 0);
+                        }
+                    } else {
+                        __nanosleep(64);
+                    }
+                }
+            };
+            run_units_waiting<kBits, QUAD, T, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx, R.u_begin, R.u_end,
+                                                 R.first_tile, R.u_begin - R.first_tile * n_groups, n_groups, flush, wait);
+        } else {
+            run_units<kBits, QUAD, T, S, kXCoherent, false, false, 0u>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx,
+                                                                    R.u_begin, R.u_end, R.first_tile,
+                                                                    R.u_begin - R.first_tile * n_groups, n_groups, flush);
+        }
         const Job Jc = J;
         const Range Rc = R;
         if (j + 1 < n_jobs) {  // the next job's first loads, before this one's tail and the grid-wide wait
@@ -158,6 +241,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
         if (threadIdx.x == 0) {
             __threadfence();
             atomicAdd(bar + j, 1u);
+            if constexpr (FLAGS) {  // this CTA's tiles [t0, t1) of job j, counted into their 256-row groups
+                const int t0 = Rc.unit_base / n_groups, t1 = t0 + Rc.cta_tiles;
+                for (int grp = t0 / 16; grp * 16 < t1; ++grp)
+                    atomicAdd(flags + j * kFlagStride + grp, unsigned(min(t1, grp * 16 + 16) - max(t0, grp * 16)));
+            }
         }
     }
 }
@@ -224,6 +312,9 @@ int main(int argc, char** argv) {
     CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaFuncSetAttribute(chain_kernel<1, true, 0, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    unsigned* flags;
+    CHECK(cudaMalloc(&flags, sizeof(unsigned) * kFlagStride * n_jobs));
     const int split_ctas = occupancy(kbit_split_gemv_kernel<kBits, T, true>, split_smem<kBits>(1), kWarps) * sms;
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -247,7 +338,10 @@ int main(int argc, char** argv) {
     };
     auto persistent = [&](bool early, int pf = 0) {
         CHECK(cudaMemsetAsync(bar, 0, sizeof(unsigned) * n_jobs, st));
-        if (pf < 0)
+        if (pf == -2) {  // per-group flags
+            CHECK(cudaMemsetAsync(flags, 0, sizeof(unsigned) * kFlagStride * n_jobs, st));
+            chain_kernel<1, true, 0, false, true><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1, flags);
+        } else if (pf < 0)
             chain_kernel<1, true, 0, true><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
         else if (pf == 2)
             chain_kernel<1, true, 2><<<sms, kStreamWarps * 32, smem, st>>>(d_jobs, n_jobs, codebook, bar, 1);
@@ -262,13 +356,34 @@ int main(int argc, char** argv) {
         CHECK(cudaGetLastError());
     };
 
-    // correctness: the persistent kernel's y of every job against the library kernel on the same x
-    persistent(true);
-    CHECK(cudaStreamSynchronize(st));
+    // correctness: the persistent kernel's y of every job against the library kernel on the same x (the flags
+    // kernel's first, five runs: a missed dependency would show as a difference; then the grid-wide wait's)
     std::vector<std::vector<T>> chain_out(n_jobs);
-    for (int j = 0; j < n_jobs; ++j) {
-        chain_out[j].resize(jobs[j].n);
-        CHECK(cudaMemcpy(chain_out[j].data(), jobs[j].y, jobs[j].n * sizeof(T), cudaMemcpyDeviceToHost));
+    auto read_chain = [&] {
+        CHECK(cudaStreamSynchronize(st));
+        for (int j = 0; j < n_jobs; ++j) {
+            chain_out[j].resize(jobs[j].n);
+            CHECK(cudaMemcpy(chain_out[j].data(), jobs[j].y, jobs[j].n * sizeof(T), cudaMemcpyDeviceToHost));
+        }
+    };
+    std::vector<std::vector<T>> flag_out[5];
+    for (int r = 0; r < 5; ++r) {
+        for (int j = 0; j < n_jobs; ++j) CHECK(cudaMemsetAsync(jobs[j].y, 0xff, jobs[j].n * sizeof(T), st));
+        persistent(true, -2);
+        read_chain();
+        flag_out[r] = chain_out;
+    }
+    persistent(true);
+    read_chain();
+    {
+        int diff = 0;
+        for (int r = 0; r < 5; ++r)
+            for (int j = 0; j < n_jobs; ++j)
+                for (int i = 0; i < jobs[j].n; ++i)
+                    diff += memcmp(&flag_out[r][j][i], &chain_out[j][i], sizeof(T)) != 0;
+        printf("check: the per-group flags kernel, 5 runs against the grid-wide wait's outputs: %d differ%s\n", diff,
+               diff ? "  FAILED" : "");
+        if (diff) return 1;
     }
     T* ref;
     CHECK(cudaMalloc(&ref, 28672 * sizeof(T)));
@@ -300,6 +415,7 @@ int main(int argc, char** argv) {
     cudaGraphExec_t g_pf[3] = {graph_of(st, [&] { persistent(true, 2); }), graph_of(st, [&] { persistent(true, 4); }),
                                graph_of(st, [&] { persistent(true, 8); })};
     cudaGraphExec_t g_nowait = graph_of(st, [&] { persistent(true, -1); });
+    cudaGraphExec_t g_flags = graph_of(st, [&] { persistent(true, -2); });
     auto time_graph = [&](cudaGraphExec_t ge) { return median_replay_us(ge, st, replays); };
     printf("weights %.1f MB per layer, %.2f us per layer at 3.0 TB/s\n", bytes / layers / 1e6, bytes / layers / 3.0e6);
     if (quick) {
@@ -319,6 +435,9 @@ int main(int argc, char** argv) {
         const double f = time_graph(g_nowait);
         printf("  persistent, no wait between GEMVs (timing only: x read while written): %.2f (%.1f%%)\n", f / layers,
                bytes / f / 3.0e4);
+        const double fl = time_graph(g_flags);
+        printf("  persistent, per-group flags (a warp waits for the 256-row group of x its unit reads): %.2f (%.1f%%)\n",
+               fl / layers, bytes / fl / 3.0e4);
         for (int i = 0; i < 3; ++i) {
             const double e = time_graph(g_pf[i]);
             printf("  persistent early + L2 prefetch of the next %d units per warp: %.2f (%.1f%%)\n", 2 << i, e / layers,
