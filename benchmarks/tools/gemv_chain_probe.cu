@@ -81,33 +81,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// run_units (tiled/gemv.cuh) with wait(grp) before each unit reads x's group grp.
-template <int BITS, bool QUAD, typename T, int S, typename Flush, typename Wait>
-__device__ __forceinline__ void run_units_waiting(GroupData<BITS> (&buf)[S], const uint4* qw_lane, const uint4* qa_lane,
-                                                  const LaneCtx<T>& ctx, int64_t u_begin, int64_t u_end, int tile,
-                                                  int grp, int n_groups, Flush&& flush, Wait&& wait) {
-    int g0 = grp;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int64_t u = u_begin; u < u_end;) {
-#pragma unroll
-        for (int i = 0; i < S; ++i) {
-            if (u < u_end) {
-                if (u + S - 1 < u_end) load_group<BITS, kScaleStride<false>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
-                wait(grp);
-                compute_group<BITS, QUAD, T, kXCoherent, false, false, 0u>(acc, buf[i], ctx, grp);
-                ++u;
-                if (++grp == n_groups || u == u_end) {
-                    flush(acc, tile, g0, grp);
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[r] = 0.f;
-                    ++tile;
-                    grp = g0 = 0;
-                }
-            }
-        }
-    }
-}
-
 constexpr int kFlagStride = 128;  // counters per job: one per 256-row group of its output (n <= 32768)
 
 template <int MAXM, bool EARLY, int PF = 0, bool NOWAIT = false, bool FLAGS = false>
@@ -200,8 +173,10 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
                     }
                 }
             };
-            run_units_waiting<kBits, QUAD, T, S>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx, R.u_begin, R.u_end,
-                                                 R.first_tile, R.u_begin - R.first_tile * n_groups, n_groups, flush, wait);
+            run_units<kBits, QUAD, T, S, kXCoherent, false, false, 0u>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx,
+                                                                    R.u_begin, R.u_end, R.first_tile,
+                                                                    R.u_begin - R.first_tile * n_groups, n_groups, flush,
+                                                                    false, wait);
         } else {
             run_units<kBits, QUAD, T, S, kXCoherent, false, false, 0u>(buf, J.qw + lane, scale_lane<false>(J.qa, g, t), ctx,
                                                                     R.u_begin, R.u_end, R.first_tile,

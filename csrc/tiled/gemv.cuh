@@ -460,12 +460,18 @@ __device__ __forceinline__ bool preload_all(GroupData<BITS> (&buf)[S], const uin
 // flush(acc, tile, first_group, end_group) and restart from zero. Tile boundaries don't drain
 // the pipeline: loads run ahead across them. The caller gives u_begin's tile and group (it knows
 // them; dividing here put a 64-bit division on every warp's critical path). FULL: the caller loaded
-// the whole range (u_end - u_begin <= S: preload_all), so the loop issues no loads.
-template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, unsigned K2REG, typename Flush>
+// the whole range (u_end - u_begin <= S: preload_all), so the loop issues no loads. wait(grp) runs
+// before a unit reads x's group grp (the library passes none; benchmarks/tools/gemv_chain_probe.cu's
+// per-group flags do).
+struct NoWait {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+template <int BITS, bool QUAD, typename T, int S, int XSRC, bool FP4, bool ROT, unsigned K2REG, typename Flush,
+          typename Wait = NoWait>
 __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4* qw_lane,
                                           const uint4* qa_lane, const LaneCtx<T>& ctx, int64_t u_begin,
                                           int64_t u_end, int tile, int grp, int n_groups, Flush&& flush,
-                                          bool full = false) {
+                                          bool full = false, Wait&& wait = {}) {
     int g0 = grp;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int64_t u = u_begin; u < u_end;) {
@@ -474,6 +480,7 @@ __device__ __forceinline__ void run_units(GroupData<BITS> (&buf)[S], const uint4
             if (u < u_end) {
                 if (u + S - 1 < u_end && !full)
                     load_group<BITS, kScaleStride<FP4>>(buf[(i + S - 1) % S], qw_lane, qa_lane, u + S - 1);
+                wait(grp);
                 compute_group<BITS, QUAD, T, XSRC, FP4, ROT, K2REG>(acc, buf[i], ctx, grp);
                 LOWBIT_TRACE(3 + (u - u_begin < 16 ? int(u - u_begin) : 15));  // unit decoded
                 ++u;
