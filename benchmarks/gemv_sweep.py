@@ -1,8 +1,10 @@
 """Tuning aid: cold-L2 time of the kbit GEMV kernels: the split-K-in-CTA kernel, the stream-K
-kernel at several warp counts, and the stream-K kernel's CTA-local mode (one CTA per SM).
+kernel at several warp counts, the stream-K kernel's CTA-local mode (one CTA per SM) and, with ``--bulk``, the
+bulk-copy kernel (one token; csrc/tiled/bulk_gemv.cuh).
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
                                     [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers] [--global-x] [--rotate]
+                                    [--bulk]
 
 ``--global-x``: also time CTA-local with x read from global memory (the kernel stages a shared copy
 of x at K <= 3); ``--rotate``: the rotation = 32 instances (x H computed in registers); ``--split-ctas``: also time the split kernel with these grid caps (fewer, fatter CTAs build the
@@ -21,8 +23,8 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import (FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, counters, dense_path,
-                                  gemv_warps, local_ctas, split_max_ctas, x_flag)
+from lowbit.kernels.tiled import (FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, bulk_ctas, counters,
+                                  dense_path, gemv_warps, local_ctas, split_max_ctas, x_flag)
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -41,6 +43,7 @@ def main() -> None:
     ap.add_argument("--no-streamk", action="store_true", help="skip the global stream-K lines")
     ap.add_argument("--global-x", action="store_true", help="also time CTA-local with x read from global memory")
     ap.add_argument("--rotate", action="store_true", help="the kernels' rotation = 32 instances (x H in registers)")
+    ap.add_argument("--bulk", action="store_true", help="also time the bulk-copy kernel (M = 1, unrotated)")
     ap.add_argument("--peers", action="store_true",
                     help="also time torch int4 (tinygemm, bf16) per shape and, once, a 1-element fill kernel "
                          "(the graph's per-launch floor)")
@@ -75,7 +78,8 @@ def main() -> None:
             max_ctas = split_max_ctas(lib, dev, bits, torch.float16, 1)
 
             pdl = int(args.pdl) | (FLAG_ROT32 if args.rotate else 0)
-            picked = dense_path(lib, dev, bits, torch.float16, n, k_in)
+            bulk = bulk_ctas(lib, dev, bits, torch.float16, args.m, n, k_in, FLAG_ROT32 if args.rotate else 0)
+            picked = "bulk" if bulk else dense_path(lib, dev, bits, torch.float16, n, k_in)
 
             def split_call(c, ctas):
                 a = [ptr(x), ptr(None), args.m, ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n,
@@ -120,6 +124,17 @@ def main() -> None:
                     tag = " <- auto" if auto and global_x else ""
                     print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us "
                           f"{pct:5.1f}%{tag}")
+            ring_ctas = min(tiles, sms)
+            if args.bulk and args.m == 1 and not args.rotate and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas):
+                def bulk_call(c):
+                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n, k_in,
+                         ring_ctas, int(args.pdl), stream_of(dev)]
+                    lib.call("kbit_bulk_gemv", a, bits=bits, dtype=torch.float16)
+
+                t = graph_time([lambda c=c: bulk_call(c) for c in copies], replays=10)
+                pct = 100 * nbytes / (t.median_us * 1e-6) / bw
+                tag = " <- auto" if picked == "bulk" else ""
+                print(f"{k_in}x{n} K={bits} bulk copies ctas={ring_ctas:5d}               {t.median_us:8.2f} us {pct:5.1f}%{tag}")
             if args.peers and bits == 4 and k_in % 128 == 0:
                 from lowbit.bench.methods import INT4_GROUP, _int4_prepare
 

@@ -3,7 +3,7 @@
 
 #include "lowbit.h"
 
-#define LOWBIT_ABI_VERSION 14
+#define LOWBIT_ABI_VERSION 15
 
 extern "C" int lowbit_abi_version(void) { return LOWBIT_ABI_VERSION; }
 

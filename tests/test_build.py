@@ -47,7 +47,7 @@ def test_library_builds_and_exports_symbols(built_library):
     assert lib.lowbit_abi_version() == ABI_VERSION
     assert set(SIGNATURES) == {"kbit_dequant", "kbit_tiled_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
-                               "kbit_routed_gemv", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
+                               "kbit_routed_gemv", "kbit_bulk_gemv", "kbit_bulk_gemv_ring", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
@@ -84,7 +84,9 @@ def test_library_builds_and_exports_symbols(built_library):
     for bits in (2, 3, 4, 5):
         for dt in DTYPE_NAMES.values():
             assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")
+        assert hasattr(lib, f"lowbit_kbit_bulk_gemv_ring_b{bits}")
         for dt in ("fp16", "bf16"):
+            assert hasattr(lib, f"lowbit_kbit_bulk_gemv_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_split_gemv_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_tiled_dequant_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_split_gemv_occupancy_b{bits}_{dt}")

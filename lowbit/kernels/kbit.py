@@ -21,7 +21,7 @@ register_signatures({
     "kbit_dequant": [_P, _P, _P, _P, _P, _I64, _P],
     # qweight, qabsmax, codebook, scale, out [n, k_in], n, k_in, stream
     "kbit_tiled_dequant": [_P, _P, _P, _P, _P, _I, _I, _P],
-    **tiled_signatures("kbit", grouped_gemm=True, routed=True),
+    **tiled_signatures("kbit", grouped_gemm=True, routed=True, bulk=True),
 })
 
 

@@ -17,7 +17,7 @@ import torch
 
 from . import build as _build
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 #: op -> ctypes argument types (every entry returns a cudaError_t as int): the library-wide entries here,

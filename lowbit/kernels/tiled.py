@@ -24,7 +24,7 @@ from .library import ptr, stream_of
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
 
-def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False) -> dict[str, list]:
+def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False, bulk: bool = False) -> dict[str, list]:
     """The C signatures of a format's instances of the tiled kernels (``csrc/tiled/``), for
     :func:`~lowbit.kernels.library.register_signatures`."""
     out = {
@@ -40,6 +40,10 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         f"{name}_gemm": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P],
         f"{name}_gemm_occupancy": [],
     }
+    if bulk:
+        # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), stream
+        out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P]
+        out[f"{name}_bulk_gemv_ring"] = [_I, _I]  # n, ctas -> the ring's stages (0: the shape does not fit)
     if routed:
         # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
         # k_in, max_ctas, pdl (0/1), stream
@@ -243,7 +247,9 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
     return aligned if aligned >= ALIGNED_MIN_FILL * resident else resident
 
 
-#: Dense GEMV kernel choice: "auto" (dense_path), "streamk", "local" or "split" (tuning / benchmarks).
+#: Dense GEMV kernel choice: "auto" (bulk_ctas, then dense_path), "streamk", "local", "split" or "bulk" (the
+#: bulk-copy kernel wherever it can run: one token of unrotated kbit, no epilogue; "local" elsewhere) (tuning /
+#: benchmarks / tests).
 DENSE_PATH = "auto"
 
 
@@ -318,6 +324,57 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
     return "split" if split else "streamk"
 
 
+#: Whether "auto" may pick the bulk-copy GEMV (csrc/tiled/bulk_gemv.cuh) where bulk_rule says so.
+USE_BULK = True
+
+
+def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
+    """Where the bulk-copy GEMV (one token; weights by bulk copies into shared memory, x kept in registers) beat the
+    kernel "auto" picks otherwise (H100, M = 1, cold, fp16, two rounds of benchmarks/gemv_sweep.py --bulk;
+    benchmarks/journal/2026-11-27_bulk_copy_gemv.md). With u = units (16 x 256 weights) per CTA:
+      K = 2: K_in > 16384 (x past what the stream-K kernel stages: 28672x8192 38.2 -> 33.6 us, 20480x4096 17.7 ->
+             17.1) or 20 <= u <= 64 (4096x4096 6.45 -> 5.96, 4096x6144 8.3 -> 7.3, 2048x10240 7.8 -> 6.9, 5120x2048
+             5.75 -> 5.53); it loses on 8192x29568 (30.4 -> 32.2) and the other shapes in between;
+      K = 4: two or more slices of 16 groups and >= 24 stages of one tile's slice per CTA (8192x29568 49.8 -> 47.6,
+             8192x28672 48.7 -> 47.3, 28672x8192 48.2 -> 47.6) or 19 <= u <= 32 (4096x4096 7.8 -> 7.1, 5120x2048
+             6.4 -> 5.9, 2048x5120 6.1 -> 5.9); it loses with one slice (4096x28672 25.95 -> 26.4) or few stages;
+      K = 3 and K = 5: never (slower or tied everywhere measured)."""
+    tiles, groups = -(-n // 16), -(-k_in // 256)
+    ctas = max(1, min(tiles, sms))
+    u = tiles * groups / ctas
+    if bits == 2:
+        return k_in > 16384 or 20 <= u <= 64
+    if bits == 4:
+        slices = -(-groups // 16)
+        return (slices >= 2 and slices * -(-tiles // ctas) >= 24) or 19 <= u <= 32
+    return False
+
+
+_bulk_rings: dict = {}
+
+
+def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, epilogue: bool = False) -> int:
+    """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile), or 0 where the call takes another
+    kernel: more than one token, an epilogue, rotated weights, not kbit, DENSE_PATH / USE_BULK / bulk_rule, or a
+    shape whose ring does not fit in shared memory."""
+    fmt = tiled_format(fmt)
+    if m != 1 or epilogue or flags or fmt.name != "kbit":
+        return 0
+    bits = dict(fmt.params)["bits"]
+    if DENSE_PATH == "auto":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if not (USE_BULK and bulk_rule(bits, n, k_in, sms)):
+            return 0
+    elif DENSE_PATH != "bulk":
+        return 0
+    ctas = min(-(-n // 16), torch.cuda.get_device_properties(device).multi_processor_count)
+    key = (device.index, bits, n, ctas)
+    if key not in _bulk_rings:
+        op, sym = fmt.symbol("bulk_gemv_ring")
+        _bulk_rings[key] = lib.symbol(op, **sym)(n, ctas)
+    return ctas if _bulk_rings[key] > 0 else 0
+
+
 def prefer_stream_k(tiles: int, groups: int, warps: int) -> bool:
     """Whether stream-K on ``warps`` (from stream_k_warps) beats the split kernel for a shape the
     split kernel could also take: tile-aligned ranges of STREAM_K_MIN_UNITS units or more."""
@@ -377,10 +434,17 @@ class GemvLauncher(_Launcher):
         return self.flags == 0 and 1 <= m <= GEMV_MAX_M and swiglu_ctas(self.lib, self.device, self.fmt, dtype, m,
                                                                          self.n) > 0
 
-    def _plan(self, dtype, m, swiglu: bool = False):
+    def _plan(self, dtype, m, swiglu: bool = False, epi: bool = False):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
+        bulk = 0 if swiglu else bulk_ctas(lib, self.device, fmt, dtype, m, n, k_in, self.flags, epi)
+        if bulk:  # one token, no epilogue (csrc/tiled/bulk_gemv.cuh)
+            op, sym = fmt.symbol("bulk_gemv")
+            fn = lib.raw_symbol(op, **sym, dtype=dtype)
+            plan = ("bulk", fn, (qw, qa, cb, sc), (c_int(m), c_int(n), c_int(k_in), c_int(bulk)))
+            self._plans[(dtype, m, swiglu, epi)] = plan
+            return plan
         if swiglu:  # CTA-local over tile pairs (csrc/tiled/gemv.cuh: SWI)
             op, sym = fmt.symbol("gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype, m=gemv_instance(m))
@@ -388,9 +452,11 @@ class GemvLauncher(_Launcher):
             flags = self.flags | FLAG_LOCAL | x_flag(self.tiles * self.groups, warps)
             fixed = (ctypes.c_void_p(None), c_int(m), c_int(n), c_int(k_in), c_int(warps))  # no counters: local
             plan = ("streamk", fn, (qw, qa, cb, sc), fixed, 0, flags)
-            self._plans[(dtype, m, True)] = plan
+            self._plans[(dtype, m, True, epi)] = plan
             return plan
         path = dense_path(lib, self.device, fmt, dtype, n, k_in)
+        if path == "bulk":  # DENSE_PATH = "bulk" on a call it cannot take
+            path = "local"
         if path == "split":
             op, sym = fmt.symbol("split_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
@@ -409,7 +475,7 @@ class GemvLauncher(_Launcher):
                 ws_warps, flags = warps, self.flags
             flags |= x_flag(self.tiles * self.groups, warps)
             plan = ("streamk", fn, (qw, qa, cb, sc), (cnt, c_int(m), c_int(n), c_int(k_in), c_int(warps)), ws_warps, flags)
-        self._plans[(dtype, m)] = plan
+        self._plans[(dtype, m, swiglu, epi)] = plan
         return plan
 
     def __call__(self, x: torch.Tensor, m: int, out_shape, bias: torch.Tensor | None = None,
@@ -417,8 +483,8 @@ class GemvLauncher(_Launcher):
         """``epilogue``: the fused glue (:func:`epilogue`; its tensors checked by the caller); ``y``: the output
         buffer when the caller made it (for an epilogue's ``yw`` beside it)."""
         dtype = x.dtype
-        swiglu = epilogue is not None and epilogue.swiglu
-        plan = self._plans.get((dtype, m, True) if swiglu else (dtype, m)) or self._plan(dtype, m, swiglu)
+        swiglu, epi = epilogue is not None and epilogue.swiglu, epilogue is not None
+        plan = self._plans.get((dtype, m, swiglu, epi)) or self._plan(dtype, m, swiglu, epi)
         if x.data_ptr() % 16:
             x = x.clone()  # the kernels read x with 16-byte loads
         if y is None:
@@ -427,7 +493,12 @@ class GemvLauncher(_Launcher):
         stream = vp(_current_stream(self.index))
         b = None if bias is None else vp(bias.data_ptr())
         epi = None if epilogue is None else ctypes.byref(epilogue)
-        if plan[0] == "split":
+        if plan[0] == "bulk":
+            qw, qa, cb, sc = plan[2]
+            m_, n, k, ctas = plan[3]
+            err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, m_, n, k, ctas, _pdl_arg(self.pdl_ok),
+                          stream)
+        elif plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,
                           _pdl_arg(self.pdl_ok, plan[3]), epi, stream)

@@ -249,6 +249,80 @@ def test_gemv_deterministic(dense_path, gen):
     assert all(torch.equal(ys[0], y) for y in ys[1:])
 
 
+def _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl=0, m=1):
+    qw, qa = q.tiled()
+    args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(bias), m, n, k_in, ctas, pdl,
+            stream_of(x.device)]
+    lib.call("kbit_bulk_gemv", args, bits=q.bits, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_bulk_gemv_poisoned_output_and_guard(bits, dtype, pdl, gen):
+    """The bulk-copy GEMV called directly on a NaN-filled buffer with a guard tail, with and without a bias: every
+    output within the bound, nothing past it. Shapes: fewer groups than warps (K_in = 1024), a partial last slice
+    (K_in = 5120: 20 groups), a padded last group (K_in = 2144), rows not a multiple of 16, more tiles than SMs,
+    several slices of long rows (K_in = 16416)."""
+    lib = get_library()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k_in in ((37, 1024), (1000, 5120), (300, 2144), (16 * sms * 3 + 5, 4096), (272, 16416)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        x = torch.randn(1, k_in, generator=gen).to(dtype).cuda()
+        ctas = min(sms, -(-n // 16))
+        assert tiled.bulk_ctas(lib, x.device, bits, dtype, 1, n, k_in) in (0, ctas)  # auto: where the rule says
+        for bias in (None, torch.randn(n, generator=gen).to(dtype).cuda()):
+            buf = torch.full((n + 64,), float("nan"), dtype=dtype, device="cuda")
+            _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl)
+            torch.cuda.synchronize()
+            want = _ref(x, q) + (0 if bias is None else bias.double().cpu())
+            err = _rel(buf[:n].view(1, n), want)
+            assert err <= BOUND[dtype], f"N={n} K_in={k_in} bias={bias is not None}: rel err {err:.2e}"
+            assert buf[n:].isnan().all()
+
+
+def test_bulk_gemv_refuses_what_it_cannot_take(gen):
+    """More than one token, rotation or any flag but PDL, a bad grid, or a shape whose partial sums leave no room for
+    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there."""
+    lib = get_library()
+    q = lowbit.quantize_kbit(torch.randn(64, 512, generator=gen), bits=4).to("cuda")
+    x = torch.randn(2, 512, generator=gen).half().cuda()
+    buf = torch.full((2 * 64,), float("nan"), dtype=torch.float16, device="cuda")
+    for m, ctas, flags in ((2, 4, 0), (1, 4, tiled.FLAG_ROT32), (1, 5, 0), (1, 0, 0)):
+        with pytest.raises(RuntimeError):
+            _bulk_call(lib, x, q, buf, None, 64, 512, ctas, flags, m=m)
+    torch.cuda.synchronize()
+    assert buf.isnan().all()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    huge = 16 * sms * 400  # 400 tiles per CTA: 400 KB of partial sums
+    dev = torch.device("cuda")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tiled, "DENSE_PATH", "bulk")
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, huge, 4096) == 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096) > 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 2, 4096, 4096) == 0  # one token only
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, epilogue=True) == 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, flags=tiled.FLAG_ROT32) == 0
+        assert tiled.bulk_ctas(lib, dev, tiled.NVFP4, torch.float16, 1, 4096, 4096) == 0
+
+
+def test_bulk_gemv_deterministic_and_in_a_graph(gen, monkeypatch):
+    """The bulk-copy GEMV gives the same bits on every call, eager or replayed in a CUDA graph."""
+    monkeypatch.setattr(tiled, "DENSE_PATH", "bulk")
+    q = lowbit.quantize_kbit(torch.randn(4096, 8192, generator=gen), bits=4).to("cuda")
+    x = torch.randn(1, 8192, generator=gen).bfloat16().cuda()
+    ys = [lowbit.kbit_linear(x, q) for _ in range(3)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    assert _rel(ys[0], _ref(x, q)) <= BOUND[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        y = lowbit.kbit_linear(x, q)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, ys[0])
+
+
 def test_gemv_in_cuda_graph(gen):
     q = lowbit.quantize_kbit(torch.randn(1024, 2048, generator=gen), bits=3).to("cuda")
     x = torch.randn(1, 2048, generator=gen).bfloat16().cuda()

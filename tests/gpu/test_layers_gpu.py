@@ -195,7 +195,7 @@ def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
     y, _ = ops.kbit_gemv_epilogue(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, 2 * half, 64, bias, rms_x, 1e-5,
                                   swiglu=True)
     assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
-    launch._plans[(dtype, m, True)] = launch._plan(dtype, m)  # force the kernel: refused, not run
+    launch._plans[(dtype, m, True, True)] = launch._plan(dtype, m, epi=True)  # force the kernel: refused, not run
     with pytest.raises(RuntimeError):
         launch(x, m, (m, half), bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True),
                y=torch.empty(m, half, dtype=dtype, device="cuda"))

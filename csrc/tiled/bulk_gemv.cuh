@@ -1,0 +1,253 @@
+#pragma once
+// kbit decode GEMV for one token on large shapes, its weights streamed by bulk copies (the TMA engine) in the
+// "x-stationary" order: y[1, N] = x[1, K_in] @ W^T.
+//
+// Why: the stream-K kernel (tiled/gemv.cuh) streams each warp's unit range through registers. With the decode
+// replaced by an XOR that access pattern reads ~71% of HBM bandwidth at K = 2 and ~88% at K = 4; one bulk copy
+// stream per CTA reads 89% and 92% (benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md). Bytes
+// that land in shared memory must be read back through the shared-memory pipe, which the decode's table lookups
+// already load, so this kernel takes x off that pipe: warp w always decodes group 16 h + w of a tile (slice h), so
+// its x (8 blocks, 32 registers) is loaded once per slice and stays in registers. Measured against the stream-K
+// kernel (H100, cold): K = 4 8192x29568 51.7 -> 48.7 us, 28672x8192 -3.3%, 4096x28672 -1.6%; K = 2 28672x8192
+// -18.5% (its x, 56 KB, is past what the stream-K kernel stages); K = 3 and K = 2 with x staged lose or tie
+// (lowbit/kernels/tiled.py: bulk_rule picks where it runs).
+//
+// Layout of the work: the CTA-local cut of tiles (CTA c owns tiles [t0, t1), tiles.begin). Stage s of a CTA holds
+// UPW tiles' chunks of one slice (the slice's <= 16 groups of a tile are contiguous units: one bulk copy of codes,
+// one of absmax per tile). Lane 0 of warp 0 is the producer: a ring of `ring` stages, each with a `full` mbarrier
+// (the copies' bytes) and an `empty` one (16 warp arrivals). Each warp adds its unit's token-0 partial sums into a
+// shared [tile][warp][16 rows] fp32 array (its own slot: no race); at the end one thread per output sums the warps
+// in warp order (deterministic) and writes y. M = 1 only; unrotated kbit only (no epilogue).
+// PDL: the table, the barriers and the first `ring` stages' copies come before griddepcontrol.wait; x and y after.
+#include "tiled/gemv.cuh"
+
+namespace lowbit {
+namespace gemv {
+
+constexpr int kBulkMaxRing = 8;           // stages of the ring at most (its mbarriers are static)
+constexpr int kBulkSlice = kStreamWarps;  // groups per slice: one per warp
+
+// K = 2: two tiles per stage (half the stage handshakes per byte) and the producer one stage behind; K >= 3: one
+// tile per stage and a producer that refills every free slot as it passes (measured best per K in the probe).
+template <int BITS> constexpr int kBulkTiles = BITS == 2 ? 2 : 1;
+template <int BITS> constexpr bool kBulkPoll = BITS != 2;
+// K = 2: with x out of the shared-memory pipe the table has room again: one block of a group decoded in registers.
+constexpr unsigned kBulkK2Reg = 0x01u;
+
+template <int BITS> __host__ __device__ constexpr size_t bulk_code_bytes() { return size_t(BITS) * 512; }
+// one tile's slice: 16 units' codes, then their absmax
+template <int BITS> __host__ __device__ constexpr size_t bulk_chunk_bytes() {
+    return kBulkSlice * (bulk_code_bytes<BITS>() + 128);
+}
+template <int BITS> __host__ __device__ constexpr size_t bulk_stage_bytes() { return kBulkTiles<BITS> * bulk_chunk_bytes<BITS>(); }
+// dynamic shared memory: the table, the partial sums of at most `cta_tiles` tiles, then the ring (128-byte aligned)
+template <int BITS> __host__ __device__ constexpr size_t bulk_ring_offset(int cta_tiles) {
+    return (stream_table_bytes<BITS>() + size_t(cta_tiles) * kStreamWarps * 16 * sizeof(float) + 127) & ~size_t(127);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+// Wait until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity) : "memory");
+}
+// The same without waiting: has it completed?
+__device__ __forceinline__ bool mbar_done(uint64_t* b, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok) : "r"(smem_u32(b)), "r"(parity) : "memory");
+    return ok != 0;
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on `bar`'s transaction count.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ uint4 lds_u128(const char* p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
+    return v;
+}
+
+template <int BITS, typename T>
+__global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
+    const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
+    const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, const T* __restrict__ bias,
+    int n, int k_in, int n_groups, StreamK tiles, int ring) {
+    constexpr bool QUAD = kStreamQuad<BITS>();
+    constexpr unsigned K2REG = QUAD ? kBulkK2Reg : 0u;
+    constexpr int UPW = kBulkTiles<BITS>;
+    constexpr size_t kCode = bulk_code_bytes<BITS>(), kChunk = bulk_chunk_bytes<BITS>(), kStage = bulk_stage_bytes<BITS>();
+    __shared__ __align__(8) uint64_t full[kBulkMaxRing], empty[kBulkMaxRing];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int t0 = tiles.begin(blockIdx.x), cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+    const int per_slice = (cta_tiles + UPW - 1) / UPW;  // stages per slice
+    const int stages = (n_groups + kBulkSlice - 1) / kBulkSlice * per_slice;
+    float* part = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // [cta_tiles][16 warps][16 rows]
+    char* ring_base = g_table + bulk_ring_offset<BITS>(tiles.q + (tiles.r > 0));
+    const char* qw_b = reinterpret_cast<const char*>(qweight);
+    const char* qa_b = reinterpret_cast<const char*>(qabsmax);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ring; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], kStreamWarps);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    const float cb = Lut<BITS, QUAD>::fetch(codebook);
+    __syncthreads();  // the barriers exist
+    const bool producer = threadIdx.x == 0;
+    auto issue = [&](int s) {  // stage s into slot s % ring: its tiles' chunks of slice h
+        const int slot = s % ring, h = s / per_slice, k0 = (s - h * per_slice) * UPW;
+        const int cnt = min(UPW, cta_tiles - k0), gs = min(kBulkSlice, n_groups - h * kBulkSlice);
+        char* st = ring_base + size_t(slot) * kStage;
+        mbar_expect_tx(&full[slot], uint32_t(cnt * gs * (kCode + 128)));
+        for (int i = 0; i < cnt; ++i) {
+            const int64_t u = int64_t(t0 + k0 + i) * n_groups + h * kBulkSlice;  // first unit of the chunk
+            bulk_copy(st + i * kChunk, qw_b + u * kCode, uint32_t(gs * kCode), &full[slot]);
+            bulk_copy(st + i * kChunk + kBulkSlice * kCode, qa_b + u * 128, uint32_t(gs * 128), &full[slot]);
+        }
+    };
+    int next = 0;  // the producer's next stage to issue
+    if (producer)
+        for (; next < ring && next < stages; ++next) issue(next);
+    Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
+    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};
+    const float scale = *scale_ptr;
+    __syncthreads();  // the table
+    pdl_wait();  // x and y belong to the stream order
+    pdl_launch_dependents();
+    LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, 1, k_in);
+    if constexpr (K2REG != 0) ctx.cb2 = cb2;
+    uint4 xv[kGroupBlocks];
+    int h = 0, k0 = 0, slot = 0;
+    uint32_t phase = 0;
+    for (int s = 0; s < stages; ++s) {
+        const int cnt = min(UPW, cta_tiles - k0), gs = min(kBulkSlice, n_groups - h * kBulkSlice);
+        const bool active = warp < gs;  // the last slice may have fewer groups than warps
+        if (k0 == 0 && active) {        // a new slice: this warp's group's x, in the register decode's order
+            load_x<kXCoherent>(xv, ctx, h * kBulkSlice + warp);
+#pragma unroll
+            for (int j = 0; j < kGroupBlocks; ++j)
+                if ((K2REG >> j) & 1) xv[j] = cb2_x(xv[j]);
+        }
+        if (producer) {
+            if constexpr (kBulkPoll<BITS>) {  // every stage whose slot is free now; wait only for stage s itself
+                while (next < stages && (next == s || mbar_done(&empty[next % ring], ((next / ring) - 1) & 1))) {
+                    if (next == s) mbar_wait(&empty[next % ring], ((next / ring) - 1) & 1);
+                    issue(next++);
+                }
+            } else if (s >= 1 && s - 1 + ring < stages) {  // stage s - 1's slot, once every warp has read it
+                mbar_wait(&empty[(s - 1) % ring], ((s - 1) / ring) & 1);
+                issue(s - 1 + ring);
+            }
+        }
+        mbar_wait(&full[slot], phase);
+        const char* st = ring_base + size_t(slot) * kStage;
+        GroupData<BITS> d[UPW];
+        if (active) {
+#pragma unroll
+            for (int i = 0; i < UPW; ++i) {
+                if (i < cnt) {
+                    const char* c = st + i * kChunk;
+#pragma unroll
+                    for (int b = 0; b < BITS; ++b) d[i].w[b] = lds_u128(c + ((warp * BITS + b) * 32 + lane) * 16);
+                    d[i].a = lds_u128(c + kBulkSlice * kCode + (warp * 8 + g) * 16);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);  // the words are in registers: the slot may be refilled
+        if (active) {
+#pragma unroll
+            for (int i = 0; i < UPW; ++i) {
+                if (i < cnt) {
+                    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                    decode_group<BITS, QUAD, T, false, false, K2REG, K2REG != 0>(acc, d[i], xv, ctx);
+                    if (t == 0) {  // token 0: rows g (acc[0]) and g + 8 (acc[2])
+                        float* p = part + ((k0 + i) * kStreamWarps + warp) * 16;
+                        p[g] = h == 0 ? acc[0] : p[g] + acc[0];
+                        p[g + 8] = h == 0 ? acc[2] : p[g + 8] + acc[2];
+                    }
+                }
+            }
+        }
+        k0 += UPW;
+        if (k0 >= cta_tiles) {
+            k0 = 0;
+            ++h;
+        }
+        if (++slot == ring) {
+            slot = 0;
+            phase ^= 1u;
+        }
+    }
+    __syncthreads();  // every partial sum stored
+    const int warps_used = n_groups < kStreamWarps ? n_groups : kStreamWarps;  // slice 0 had a group for each
+    for (int o = threadIdx.x; o < cta_tiles * 16; o += kStreamWarps * 32) {
+        const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r;
+        float sum = 0.f;
+        for (int w = 0; w < warps_used; ++w) sum += part[(k * kStreamWarps + w) * 16 + r];
+        if (row < n) y[row] = from_float<T>(sum * kGemvOutFix<false> * scale + bias_of(bias, row));
+    }
+}
+
+// The dynamic shared memory a CTA may have on the current device (the opt-in maximum, less 1 KB for the kernel's
+// static barriers).
+inline int bulk_smem_limit() {
+    int device = 0, v = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return v > 1024 ? v - 1024 : 0;
+}
+
+// Stages of the ring for an N x K_in weight on `ctas` CTAs (one per SM, at most one per tile); 0: it does not fit
+// (fewer than two stages beside the table and the partial sums).
+template <int BITS>
+int bulk_gemv_ring(int n, int ctas) {
+    const int n_tiles = (n + 15) / 16;
+    if (ctas < 1 || ctas > n_tiles) return 0;
+    const int max_tiles = n_tiles / ctas + (n_tiles % ctas > 0);
+    const int64_t room = int64_t(bulk_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles));
+    const int64_t r = room > 0 ? room / int64_t(bulk_stage_bytes<BITS>()) : 0;
+    return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
+}
+
+// One token (m must be 1); flags: kFlagPdl only (the rotated weights and the epilogues have no instance here).
+template <int BITS, typename T>
+int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
+                     void* y, const void* bias, int m, int n, int k_in, int ctas, int flags, void* stream) {
+    if (m != 1 || k_in < 32 || k_in % 32 || n < 1 || (flags & ~kFlagPdl)) return static_cast<int>(cudaErrorInvalidValue);
+    const int ring = bulk_gemv_ring<BITS>(n, ctas);
+    if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
+    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
+    const StreamK tiles{n_tiles / ctas, n_tiles % ctas};
+    const size_t smem = bulk_ring_offset<BITS>(tiles.q + (tiles.r > 0)) + size_t(ring) * bulk_stage_bytes<BITS>();
+    auto kernel = kbit_bulk_gemv_kernel<BITS, T>;
+    if (int err = configure(kernel, size_t(bulk_smem_limit()))) return err;  // one attribute: the most any call takes
+    Launch l(ctas, kStreamWarps, smem, stream, flags & kFlagPdl);
+    const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
+                                               static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),
+                                               static_cast<const T*>(bias), n, k_in, n_groups, tiles, ring);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace gemv
+}  // namespace lowbit
