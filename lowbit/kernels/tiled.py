@@ -331,7 +331,7 @@ USE_BULK = True
 def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
     """Where the bulk-copy GEMV (one token; weights by bulk copies into shared memory, x kept in registers) beat the
     kernel "auto" picks otherwise (H100, M = 1, cold, fp16, two rounds of benchmarks/gemv_sweep.py --bulk;
-    benchmarks/journal/2026-11-27_bulk_copy_gemv.md). With u = units (16 x 256 weights) per CTA:
+    benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md). With u = units (16 x 256 weights) per CTA:
       K = 2: K_in > 16384 (x past what the stream-K kernel stages: 28672x8192 38.2 -> 33.6 us, 20480x4096 17.7 ->
              17.1) or 20 <= u <= 64 (4096x4096 6.45 -> 5.96, 4096x6144 8.3 -> 7.3, 2048x10240 7.8 -> 6.9, 5120x2048
              5.75 -> 5.53); it loses on 8192x29568 (30.4 -> 32.2) and the other shapes in between;
