@@ -27,7 +27,9 @@ a bf16 lm_head through cuBLAS, not lowbit's dense GEMV; every variant, bf16 incl
 reduction, not as k terms that inductor fuses into the next kernel), ``@no-routed-swiglu``
 (``lowbit.nn.experts.ROUTED_SWIGLU = False``: the routed MoE block's SiLU-mul as its own step, not computed by the
 down GEMV from gate|up's output), ``@stage-x-always`` (``lowbit.kernels.tiled.STAGE_X_MIN_UNITS = 0``: the kbit K <= 3
-GEMVs stage x in shared memory however few units a warp has).
+GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@bulk-all``
+(``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
+one-token call it can take, not only where ``bulk_rule`` picks it).
 """
 
 import argparse
@@ -179,7 +181,9 @@ def main():
                 "moe-terms": (nn_experts, "COMBINE_TERMS", True), "moe-sum": (nn_experts, "COMBINE_TERMS", False),
                 "routed-swiglu": (nn_experts, "ROUTED_SWIGLU", True),
                 "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
-                "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0)}
+                "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
+                "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
+                "bulk-all": (tiled, "DENSE_PATH", "bulk")}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

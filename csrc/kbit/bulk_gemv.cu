@@ -7,9 +7,9 @@
     extern "C" int lowbit_kbit_bulk_gemv_b##BITS##_##NAME(const void* x, const void* qweight, const void* qabsmax, \
                                                           const float* codebook, const float* scale, void* y,      \
                                                           const void* bias, int m, int n, int k_in, int ctas,      \
-                                                          int flags, void* stream) {                               \
+                                                          int flags, const lowbit_epilogue* epi, void* stream) {   \
         return lowbit::gemv::launch_bulk_gemv<BITS, TYPE>(x, qweight, qabsmax, codebook, scale, y, bias, m, n,     \
-                                                          k_in, ctas, flags, stream);                              \
+                                                          k_in, ctas, flags, epi, stream);                         \
     }
 #define LOWBIT_DEFINE_BULK_BITS(BITS)                                                 \
     LOWBIT_DEFINE_BULK(BITS, fp16, __half)                                            \

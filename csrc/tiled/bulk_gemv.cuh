@@ -17,8 +17,12 @@
 // one of absmax per tile). Lane 0 of warp 0 is the producer: a ring of `ring` stages, each with a `full` mbarrier
 // (the copies' bytes) and an `empty` one (16 warp arrivals). Each warp adds its unit's token-0 partial sums into a
 // shared [tile][warp][16 rows] fp32 array (its own slot: no race); at the end one thread per output sums the warps
-// in warp order (deterministic) and writes y. M = 1 only; unrotated kbit only (no epilogue).
-// PDL: the table, the barriers and the first `ring` stages' copies come before griddepcontrol.wait; x and y after.
+// in warp order (deterministic) and writes y. M = 1 only; unrotated kbit only.
+// EPI: the decode step's glue (gemv.cuh's Epilogue, without SwiGLU): the input norm's factor from rms_x, summed by
+// the CTA after the PDL wait; the residual and the next norm's weight, loaded into the writing threads' registers
+// right after the wait (they are the threads' own output rows), added and applied where y is written.
+// PDL: the table, the barriers and the first `ring` stages' copies come before griddepcontrol.wait; x, the
+// epilogue's tensors and y after.
 #include "tiled/gemv.cuh"
 
 namespace lowbit {
@@ -81,16 +85,17 @@ __device__ __forceinline__ uint4 lds_u128(const char* p) {
     return v;
 }
 
-template <int BITS, typename T>
+template <int BITS, typename T, bool EPI>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, const T* __restrict__ bias,
-    int n, int k_in, int n_groups, StreamK tiles, int ring) {
+    int n, int k_in, int n_groups, StreamK tiles, int ring, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     constexpr unsigned K2REG = QUAD ? kBulkK2Reg : 0u;
     constexpr int UPW = kBulkTiles<BITS>;
     constexpr size_t kCode = bulk_code_bytes<BITS>(), kChunk = bulk_chunk_bytes<BITS>(), kStage = bulk_stage_bytes<BITS>();
     __shared__ __align__(8) uint64_t full[kBulkMaxRing], empty[kBulkMaxRing];
+    __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the input norm's per-warp sums of squares
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int t0 = tiles.begin(blockIdx.x), cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
     const int per_slice = (cta_tiles + UPW - 1) / UPW;  // stages per slice
@@ -127,8 +132,18 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};
     const float scale = *scale_ptr;
     __syncthreads();  // the table
-    pdl_wait();  // x and y belong to the stream order
+    pdl_wait();  // x, the epilogue's tensors and y belong to the stream order
     pdl_launch_dependents();
+    // EPI: this thread's output row's residual and norm weight, in registers long before the store (one pass of
+    // the final loop covers every output when the CTA has <= 32 tiles; beyond, write_out loads them there)
+    const bool pre = EPI && cta_tiles * 16 <= kStreamWarps * 32;
+    const int my_row = t0 * 16 + int(threadIdx.x);
+    T res = from_float<T>(0.f), nw = res;
+    if (pre && int(threadIdx.x) < cta_tiles * 16 && my_row < n) {
+        if (epi.residual != nullptr) res = epi.residual[my_row];
+        if (epi.yw != nullptr) nw = epi.norm_w[my_row];
+    }
+    if (EPI && epi.rms_x != nullptr) rms_partials<kStreamWarps>(rms_part, epi.rms_x, 1, k_in);  // published below
     LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, 1, k_in);
     if constexpr (K2REG != 0) ctx.cb2 = cb2;
     uint4 xv[kGroupBlocks];
@@ -194,13 +209,28 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
             phase ^= 1u;
         }
     }
-    __syncthreads();  // every partial sum stored
+    __syncthreads();  // every partial sum stored (and EPI's sums of squares)
+    float f = scale;  // EPI with rms_x: times the norm's factor, summed in warp order
+    if (EPI && epi.rms_x != nullptr) {
+        float ss = 0.f;
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) ss += rms_part[w][0];
+        f = rsqrtf(ss / float(k_in) + epi.eps) * scale;
+    }
     const int warps_used = n_groups < kStreamWarps ? n_groups : kStreamWarps;  // slice 0 had a group for each
     for (int o = threadIdx.x; o < cta_tiles * 16; o += kStreamWarps * 32) {
         const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r;
         float sum = 0.f;
         for (int w = 0; w < warps_used; ++w) sum += part[(k * kStreamWarps + w) * 16 + r];
-        if (row < n) y[row] = from_float<T>(sum * kGemvOutFix<false> * scale + bias_of(bias, row));
+        if (row >= n) continue;
+        // one fused multiply-add, written out, in every instance: a zero residual gives the plain GEMV's bits
+        const float v = fmaf(sum * kGemvOutFix<false>, f, bias_of(bias, row));
+        if constexpr (EPI) {
+            if (pre) write_out_staged(y, epi, row, v, res, nw);
+            else write_out(y, epi, row, row, v);
+        } else {
+            y[row] = from_float<T>(v);
+        }
     }
 }
 
@@ -228,23 +258,27 @@ int bulk_gemv_ring(int n, int ctas) {
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
 
-// One token (m must be 1); flags: kFlagPdl only (the rotated weights and the epilogues have no instance here).
+// One token (m must be 1); flags: kFlagPdl only (rotated weights have no instance here); epi: the glue (null: none;
+// SwiGLU refused).
 template <int BITS, typename T>
 int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
-                     void* y, const void* bias, int m, int n, int k_in, int ctas, int flags, void* stream) {
+                     void* y, const void* bias, int m, int n, int k_in, int ctas, int flags, const lowbit_epilogue* epi,
+                     void* stream) {
     if (m != 1 || k_in < 32 || k_in % 32 || n < 1 || (flags & ~kFlagPdl)) return static_cast<int>(cudaErrorInvalidValue);
+    if (epi != nullptr && epi->swiglu) return static_cast<int>(cudaErrorInvalidValue);
     const int ring = bulk_gemv_ring<BITS>(n, ctas);
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK tiles{n_tiles / ctas, n_tiles % ctas};
     const size_t smem = bulk_ring_offset<BITS>(tiles.q + (tiles.r > 0)) + size_t(ring) * bulk_stage_bytes<BITS>();
-    auto kernel = kbit_bulk_gemv_kernel<BITS, T>;
+    auto kernel = epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
     if (int err = configure(kernel, size_t(bulk_smem_limit()))) return err;  // one attribute: the most any call takes
     Launch l(ctas, kStreamWarps, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
                                                static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),
-                                               static_cast<const T*>(bias), n, k_in, n_groups, tiles, ring);
+                                               static_cast<const T*>(bias), n, k_in, n_groups, tiles, ring,
+                                               epilogue_of<T>(epi));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
 }

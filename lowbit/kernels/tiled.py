@@ -41,8 +41,9 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         f"{name}_gemm_occupancy": [],
     }
     if bulk:
-        # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), stream
-        out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P]
+        # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), epilogue
+        # (lowbit_epilogue*, null: none; no SwiGLU), stream
+        out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P]
         out[f"{name}_bulk_gemv_ring"] = [_I, _I]  # n, ctas -> the ring's stages (0: the shape does not fit)
     if routed:
         # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
@@ -248,7 +249,7 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
 
 
 #: Dense GEMV kernel choice: "auto" (bulk_ctas, then dense_path), "streamk", "local", "split" or "bulk" (the
-#: bulk-copy kernel wherever it can run: one token of unrotated kbit, no epilogue; "local" elsewhere) (tuning /
+#: bulk-copy kernel wherever it can run: one token of unrotated kbit, no SwiGLU; "local" elsewhere) (tuning /
 #: benchmarks / tests).
 DENSE_PATH = "auto"
 
@@ -353,17 +354,28 @@ def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
 _bulk_rings: dict = {}
 
 
-def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, epilogue: bool = False) -> int:
+#: K of the calls with an epilogue (the decode layers' GEMVs, chained under PDL) that take the bulk-copy GEMV on every
+#: shape it fits: Llama-3-8B decode b1, compiled, against USE_BULK = False in the same process (two or three rows
+#: each; benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md): kbit2 510-512 -> 539-543 tok/s,
+#: kbit3 461.4 -> 471.3, kbit4 432-435 -> 435.5-436.9. There its weights are in flight before the PDL wait, and the
+#: standalone sweep's losses (q|k|v, down_proj) do not show.
+BULK_EPILOGUE_BITS = (2, 3, 4)
+
+
+def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,
+              epilogue: bool = False) -> int:
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile), or 0 where the call takes another
-    kernel: more than one token, an epilogue, rotated weights, not kbit, DENSE_PATH / USE_BULK / bulk_rule, or a
-    shape whose ring does not fit in shared memory."""
+    kernel: more than one token, the SwiGLU epilogue, rotated weights, not kbit, DENSE_PATH / USE_BULK, bulk_rule
+    (plain calls) or BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the residual, the next norm's
+    weight), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
-    if m != 1 or epilogue or flags or fmt.name != "kbit":
+    if m != 1 or swiglu or flags or fmt.name != "kbit":
         return 0
     bits = dict(fmt.params)["bits"]
     if DENSE_PATH == "auto":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        if not (USE_BULK and bulk_rule(bits, n, k_in, sms)):
+        picked = bits in BULK_EPILOGUE_BITS if epilogue else bulk_rule(bits, n, k_in, sms)
+        if not (USE_BULK and picked):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
@@ -438,8 +450,8 @@ class GemvLauncher(_Launcher):
         lib, n, k_in, fmt = self.lib, self.n, self.k_in, self.fmt
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
-        bulk = 0 if swiglu else bulk_ctas(lib, self.device, fmt, dtype, m, n, k_in, self.flags, epi)
-        if bulk:  # one token, no epilogue (csrc/tiled/bulk_gemv.cuh)
+        bulk = bulk_ctas(lib, self.device, fmt, dtype, m, n, k_in, self.flags, swiglu, epi)
+        if bulk:  # one token, no SwiGLU (csrc/tiled/bulk_gemv.cuh)
             op, sym = fmt.symbol("bulk_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
             plan = ("bulk", fn, (qw, qa, cb, sc), (c_int(m), c_int(n), c_int(k_in), c_int(bulk)))
@@ -497,7 +509,7 @@ class GemvLauncher(_Launcher):
             qw, qa, cb, sc = plan[2]
             m_, n, k, ctas = plan[3]
             err = plan[1](vp(x.data_ptr()), qw, qa, cb, sc, vp(y.data_ptr()), b, m_, n, k, ctas, _pdl_arg(self.pdl_ok),
-                          stream)
+                          epi, stream)
         elif plan[0] == "split":
             m_, qw, qa, cb, sc, one, n, k, ctas = plan[2]
             err = plan[1](vp(x.data_ptr()), None, m_, qw, qa, cb, sc, vp(y.data_ptr()), b, one, n, k, ctas,

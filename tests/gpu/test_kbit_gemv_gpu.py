@@ -252,7 +252,7 @@ def test_gemv_deterministic(dense_path, gen):
 def _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl=0, m=1):
     qw, qa = q.tiled()
     args = [ptr(x), ptr(qw), ptr(qa), ptr(q.codebook), ptr(q.scale), ptr(buf), ptr(bias), m, n, k_in, ctas, pdl,
-            stream_of(x.device)]
+            ptr(None), stream_of(x.device)]
     lib.call("kbit_bulk_gemv", args, bits=q.bits, dtype=x.dtype)
 
 
@@ -283,7 +283,8 @@ def test_bulk_gemv_poisoned_output_and_guard(bits, dtype, pdl, gen):
 
 def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     """More than one token, rotation or any flag but PDL, a bad grid, or a shape whose partial sums leave no room for
-    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there."""
+    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there (nor for the
+    SwiGLU epilogue, or NVFP4)."""
     lib = get_library()
     q = lowbit.quantize_kbit(torch.randn(64, 512, generator=gen), bits=4).to("cuda")
     x = torch.randn(2, 512, generator=gen).half().cuda()
@@ -301,9 +302,14 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, huge, 4096) == 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096) > 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 2, 4096, 4096) == 0  # one token only
-        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, epilogue=True) == 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, swiglu=True) == 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, flags=tiled.FLAG_ROT32) == 0
         assert tiled.bulk_ctas(lib, dev, tiled.NVFP4, torch.float16, 1, 4096, 4096) == 0
+    # auto: the decode layers' calls (an epilogue) for K in BULK_EPILOGUE_BITS, plain calls where bulk_rule says
+    assert tiled.DENSE_PATH == "auto" and tiled.USE_BULK
+    assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096, epilogue=True) > 0
+    assert tiled.bulk_ctas(lib, dev, 5, torch.bfloat16, 1, 6144, 4096, epilogue=True) == 0
+    assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096) == 0
 
 
 def test_bulk_gemv_deterministic_and_in_a_graph(gen, monkeypatch):
