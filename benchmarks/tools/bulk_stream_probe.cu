@@ -24,7 +24,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "tiled/gemv.cuh"
+#include "tiled/bulk_gemv.cuh"
 
 using T = __nv_bfloat16;
 
@@ -36,38 +36,7 @@ using namespace lowbit::gemv;
 constexpr int kUnitsPerStage = kStreamWarps;  // one unit per warp per stage
 constexpr int kThreads = kStreamWarps * 32;      // 16 warps: 128 registers each (a 17th warp would cap them at 96)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ bool mbar_test(uint64_t* b, uint32_t parity) {  // non-blocking: has that phase completed?
-    uint32_t ok;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok) : "r"(smem_u32(b)), "r"(parity) : "memory");
-    return ok != 0;
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ uint4 lds128(const char* p) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
-    return v;
-}
+// mbarrier and bulk-copy helpers: the library's (tiled/bulk_gemv.cuh)
 
 template <int BITS> __host__ __device__ constexpr size_t code_bytes() { return size_t(BITS) * 512; }
 template <int BITS> __host__ __device__ constexpr size_t stage_bytes() { return kUnitsPerStage * (code_bytes<BITS>() + 128); }
@@ -109,8 +78,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t cbytes = uint32_t(cnt * code_bytes<BITS>()), abytes = uint32_t(cnt * 128);
         char* st = ring + size_t(slot) * stage_bytes<BITS>();
         mbar_expect_tx(&full[slot], cbytes + abytes);
-        bulk_g2s(st, qw_b + size_t(s) * kUnitsPerStage * code_bytes<BITS>(), cbytes, &full[slot]);
-        bulk_g2s(st + kUnitsPerStage * code_bytes<BITS>(), qa_b + size_t(s) * kUnitsPerStage * 128, abytes, &full[slot]);
+        bulk_copy(st, qw_b + size_t(s) * kUnitsPerStage * code_bytes<BITS>(), cbytes, &full[slot]);
+        bulk_copy(st + kUnitsPerStage * code_bytes<BITS>(), qa_b + size_t(s) * kUnitsPerStage * 128, abytes, &full[slot]);
     };
     if (producer)
         for (int s = 0; s < R && s < stages; ++s) issue(s);
@@ -149,8 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (has) {
             const char* st = ring + size_t(slot) * stage_bytes<BITS>();
 #pragma unroll
-            for (int c = 0; c < BITS; ++c) d.w[c] = lds128(st + ((warp * BITS + c) * 32 + lane) * 16);
-            d.a = lds128(st + kUnitsPerStage * code_bytes<BITS>() + (warp * 8 + g) * 16);
+            for (int c = 0; c < BITS; ++c) d.w[c] = lds_u128(st + ((warp * BITS + c) * 32 + lane) * 16);
+            d.a = lds_u128(st + kUnitsPerStage * code_bytes<BITS>() + (warp * 8 + g) * 16);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);  // the words are in registers: the slot may be refilled
@@ -173,6 +142,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     else if (fold == 0x12345678u) sink[0] = fold;  // keeps the loads
 }
 
+
+// The weights of one shape in `copies` rotating copies (~200 MB in all: cold), its codebook and scale, and x.
+template <int BITS>
+struct Inputs {
+    int n_tiles, n_groups, copies;
+    size_t units;
+    double bytes;
+    std::vector<uint4*> qw, qa;
+    float *codebook, *scale;
+    T* x;
+    Inputs(int k_in, int n) : n_tiles((n + 15) / 16), n_groups((k_in + 255) / 256) {
+        units = size_t(n_tiles) * n_groups;
+        bytes = double(units) * (code_bytes<BITS>() + 128);
+        copies = std::max(2, int(std::ceil(200e6 / bytes)));
+        qw.resize(copies);
+        qa.resize(copies);
+        for (int c = 0; c < copies; ++c) {
+            CHECK(cudaMalloc(&qw[c], units * code_bytes<BITS>()));
+            CHECK(cudaMalloc(&qa[c], units * 128));
+            fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qw[c]), units * code_bytes<BITS>() / 4, 17u, ~0u, 0u);
+            fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qa[c]), units * 128 / 4, 91u, 0x1f1f1f1fu, 0xa0a0a0a0u);
+        }
+        codebook = linear_codebook(1 << BITS);
+        const float one = 1.f;
+        CHECK(cudaMalloc(&scale, sizeof(float)));
+        CHECK(cudaMemcpy(scale, &one, sizeof(float), cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&x, k_in * sizeof(T)));
+        std::vector<T> xh(k_in);
+        for (int i = 0; i < k_in; ++i) xh[i] = __float2bfloat16(float((i * 7919) % 2001) / 1000.f - 1.f);
+        CHECK(cudaMemcpy(x, xh.data(), k_in * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~Inputs() {
+        for (int c = 0; c < copies; ++c) {
+            CHECK(cudaFree(qw[c]));
+            CHECK(cudaFree(qa[c]));
+        }
+        CHECK(cudaFree(x));
+    }
+};
 
 // x-stationary order (M = 1): the CTA's stages go slice by slice -- slice h is groups [16 h, 16 h + 16) of every tile
 // of the CTA; a stage holds UPW tiles' 16-unit chunks (one contiguous copy each) -- so warp w always decodes group
@@ -214,9 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < cnt; ++i) {
             const int64_t u = int64_t(t0 + k0 + i) * n_groups + h * kUnitsPerStage;
             char* c = st + i * chunk_bytes<BITS>();
-            bulk_g2s(c, reinterpret_cast<const char*>(qw) + u * code_bytes<BITS>(), kUnitsPerStage * code_bytes<BITS>(),
+            bulk_copy(c, reinterpret_cast<const char*>(qw) + u * code_bytes<BITS>(), kUnitsPerStage * code_bytes<BITS>(),
                      &full[slot]);
-            bulk_g2s(c + kUnitsPerStage * code_bytes<BITS>(), reinterpret_cast<const char*>(qa) + u * 128,
+            bulk_copy(c + kUnitsPerStage * code_bytes<BITS>(), reinterpret_cast<const char*>(qa) + u * 128,
                      kUnitsPerStage * 128, &full[slot]);
         }
     };
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (producer) {
             if constexpr (POLL) {  // every stage whose slot is free now; block only when stage s itself is not issued
-                while (next < stages && (next == s || mbar_test(&empty[next % R], ((next / R) - 1) & 1))) {
+                while (next < stages && (next == s || mbar_done(&empty[next % R], ((next / R) - 1) & 1))) {
                     if (next == s) mbar_wait(&empty[next % R], ((next / R) - 1) & 1);
                     issue(next++);
                 }
@@ -256,8 +264,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (i < cnt) {
                 const char* c = st + i * chunk_bytes<BITS>();
 #pragma unroll
-                for (int b = 0; b < BITS; ++b) d[i].w[b] = lds128(c + ((warp * BITS + b) * 32 + lane) * 16);
-                d[i].a = lds128(c + kUnitsPerStage * code_bytes<BITS>() + (warp * 8 + g) * 16);
+                for (int b = 0; b < BITS; ++b) d[i].w[b] = lds_u128(c + ((warp * BITS + b) * 32 + lane) * 16);
+                d[i].a = lds_u128(c + kUnitsPerStage * code_bytes<BITS>() + (warp * 8 + g) * 16);
             }
         }
         __syncwarp();
@@ -288,32 +296,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // One shape and K: the library kernel against the x-stationary kernel's variants (R stages of UPW tiles; POLL).
 template <int BITS, int R, int UPW, bool POLL, unsigned K2MASK = kK2RegBlocks(1, false)>
 void time_xstat(int k_in, int n, int replays, int sms, const char* tag) {
-    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    if (n_groups % kUnitsPerStage) return;
-    const size_t units = size_t(n_tiles) * n_groups;
-    const double bytes = double(units) * (code_bytes<BITS>() + 128);
-    const int copies = std::max(2, int(std::ceil(200e6 / bytes)));
-    std::vector<uint4*> qw(copies), qa(copies);
-    for (int c = 0; c < copies; ++c) {
-        CHECK(cudaMalloc(&qw[c], units * code_bytes<BITS>()));
-        CHECK(cudaMalloc(&qa[c], units * 128));
-        fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qw[c]), units * code_bytes<BITS>() / 4, 17u, ~0u, 0u);
-        fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qa[c]), units * 128 / 4, 91u, 0x1f1f1f1fu, 0xa0a0a0a0u);
-    }
-    float* codebook = linear_codebook(1 << BITS);
-    float* scale;
-    const float one = 1.f;
-    CHECK(cudaMalloc(&scale, sizeof(float)));
-    CHECK(cudaMemcpy(scale, &one, sizeof(float), cudaMemcpyHostToDevice));
-    T *x, *y, *y2;
-    CHECK(cudaMalloc(&x, k_in * sizeof(T)));
+    if ((k_in + 255) / 256 % kUnitsPerStage) return;
+    Inputs<BITS> in(k_in, n);
+    const int n_tiles = in.n_tiles, n_groups = in.n_groups, copies = in.copies;
+    const double bytes = in.bytes;
+    const std::vector<uint4*>&qw = in.qw, &qa = in.qa;
+    float *codebook = in.codebook, *scale = in.scale;
+    T* x = in.x;
+    T *y, *y2;
     CHECK(cudaMalloc(&y, n * sizeof(T)));
     CHECK(cudaMalloc(&y2, n * sizeof(T)));
-    {
-        std::vector<T> xh(k_in);
-        for (int i = 0; i < k_in; ++i) xh[i] = __float2bfloat16(float((i * 7919) % 2001) / 1000.f - 1.f);
-        CHECK(cudaMemcpy(x, xh.data(), k_in * sizeof(T), cudaMemcpyHostToDevice));
-    }
     const int ctas = std::min(sms, n_tiles);
     const int max_cta_tiles = (n_tiles + ctas - 1) / ctas;
     const size_t smem = align128(stream_table_bytes<BITS>() + size_t(max_cta_tiles) * kStreamWarps * 16 * sizeof(float)) +
@@ -366,11 +358,6 @@ void time_xstat(int k_in, int n, int replays, int sms, const char* tag) {
            "%d NaN%s; us: library %.2f / %.2f (%.1f%%), x-stationary %.2f / %.2f (%.1f%%)\n",
            BITS, k_in, n, tag, R, UPW, smem, BITS == 2 ? K2MASK : 0u, rel, nan, rel > 1e-2 || nan ? "  FAILED" : "", tl[0], tl[1],
            bytes / tl[1] / 3.0e4, tx[0], tx[1], bytes / tx[1] / 3.0e4);
-    for (int c = 0; c < copies; ++c) {
-        CHECK(cudaFree(qw[c]));
-        CHECK(cudaFree(qa[c]));
-    }
-    CHECK(cudaFree(x));
     CHECK(cudaFree(y));
     CHECK(cudaFree(y2));
 }
@@ -378,31 +365,15 @@ void time_xstat(int k_in, int n, int replays, int sms, const char* tag) {
 template <int BITS, int R, unsigned K2MASK = kK2RegBlocks(1, false)>
 struct Case {
     static void run(int k_in, int n, int replays, int sms) {
-        const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-        const size_t units = size_t(n_tiles) * n_groups;
-        const double bytes = double(units) * (code_bytes<BITS>() + 128);
-        const int copies = std::max(2, int(std::ceil(200e6 / bytes)));
-        std::vector<uint4*> qw(copies), qa(copies);
-        for (int c = 0; c < copies; ++c) {
-            CHECK(cudaMalloc(&qw[c], units * code_bytes<BITS>()));
-            CHECK(cudaMalloc(&qa[c], units * 128));
-            fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qw[c]), units * code_bytes<BITS>() / 4, 17u, ~0u, 0u);
-            fill_bytes<<<1024, 256>>>(reinterpret_cast<uint32_t*>(qa[c]), units * 128 / 4, 91u, 0x1f1f1f1fu, 0xa0a0a0a0u);
-        }
-        float* codebook = linear_codebook(1 << BITS);
-        float *scale, *yf;
-        const float one = 1.f;
-        CHECK(cudaMalloc(&scale, sizeof(float)));
-        CHECK(cudaMemcpy(scale, &one, sizeof(float), cudaMemcpyHostToDevice));
+        Inputs<BITS> in(k_in, n);
+        const int n_tiles = in.n_tiles, n_groups = in.n_groups, copies = in.copies;
+        const double bytes = in.bytes;
+        const std::vector<uint4*>&qw = in.qw, &qa = in.qa;
+        float *codebook = in.codebook, *scale = in.scale, *yf;
+        T* x = in.x;
+        T* y;
         CHECK(cudaMalloc(&yf, n * sizeof(float)));
-        T *x, *y;
-        CHECK(cudaMalloc(&x, k_in * sizeof(T)));
         CHECK(cudaMalloc(&y, n * sizeof(T)));
-        {
-            std::vector<T> xh(k_in);
-            for (int i = 0; i < k_in; ++i) xh[i] = __float2bfloat16(float((i * 7919) % 2001) / 1000.f - 1.f);
-            CHECK(cudaMemcpy(x, xh.data(), k_in * sizeof(T), cudaMemcpyHostToDevice));
-        }
         unsigned* sink;
         CHECK(cudaMalloc(&sink, sizeof(unsigned)));
         const int ctas = std::min(sms, n_tiles);
@@ -472,12 +443,7 @@ struct Case {
             printf("  round %d, us (%% of 3.0 TB/s): library %.2f (%.1f%%), bulk xor %.2f (%.1f%%), bulk decode %.2f (%.1f%%)\n",
                    round, a, bytes / a / 3.0e4, b, bytes / b / 3.0e4, d, bytes / d / 3.0e4);
         }
-        for (int c = 0; c < copies; ++c) {
-            CHECK(cudaFree(qw[c]));
-            CHECK(cudaFree(qa[c]));
-        }
         CHECK(cudaFree(yf));
-        CHECK(cudaFree(x));
         CHECK(cudaFree(y));
     }
 };
