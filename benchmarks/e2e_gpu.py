@@ -29,7 +29,8 @@ reduction, not as k terms that inductor fuses into the next kernel), ``@no-route
 down GEMV from gate|up's output), ``@stage-x-always`` (``lowbit.kernels.tiled.STAGE_X_MIN_UNITS = 0``: the kbit K <= 3
 GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@bulk-all``
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
-one-token call it can take, not only where ``bulk_rule`` picks it).
+one-token call it can take, not only where ``bulk_rule`` picks it), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
+gate|up's SwiGLU GEMV stays the stream-K kernel's).
 """
 
 import argparse
@@ -183,7 +184,7 @@ def main():
                 "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
-                "bulk-all": (tiled, "DENSE_PATH", "bulk")}
+                "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ())}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

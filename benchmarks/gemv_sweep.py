@@ -125,7 +125,7 @@ def main() -> None:
                     print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us "
                           f"{pct:5.1f}%{tag}")
             ring_ctas = min(tiles, sms)
-            if args.bulk and args.m == 1 and not args.rotate and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas):
+            if args.bulk and args.m == 1 and not args.rotate and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas, 0):
                 def bulk_call(c):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n, k_in,
                          ring_ctas, int(args.pdl), stream_of(dev)]

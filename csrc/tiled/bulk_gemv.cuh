@@ -21,6 +21,9 @@
 // EPI: the decode step's glue (gemv.cuh's Epilogue, without SwiGLU): the input norm's factor from rms_x, summed by
 // the CTA after the PDL wait; the residual and the next norm's weight, loaded into the writing threads' registers
 // right after the wait (they are the threads' own output rows), added and applied where y is written.
+// SWI (with EPI): y = silu(round(gate)) * round(up), the weight's rows [gate; up] (n / 2 each, n % 32 == 0), as the
+// stream-K kernel's SwiGLU epilogue: the CTAs cut the tile pairs (gate tile j, up tile j + n_tiles / 2), a CTA's
+// local tiles are its gate tiles then its up tiles, and each output sums both halves' partials.
 // PDL: the table, the barriers and the first `ring` stages' copies come before griddepcontrol.wait; x, the
 // epilogue's tensors and y after.
 #include "tiled/gemv.cuh"
@@ -85,7 +88,7 @@ __device__ __forceinline__ uint4 lds_u128(const char* p) {
     return v;
 }
 
-template <int BITS, typename T, bool EPI>
+template <int BITS, typename T, bool EPI, bool SWI = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, const T* __restrict__ bias,
@@ -97,11 +100,15 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     __shared__ __align__(8) uint64_t full[kBulkMaxRing], empty[kBulkMaxRing];
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the input norm's per-warp sums of squares
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int t0 = tiles.begin(blockIdx.x), cta_tiles = tiles.begin(blockIdx.x + 1) - t0;
+    static_assert(!SWI || EPI, "SwiGLU is an epilogue");
+    // tiles (SWI: tile pairs) [t0, t0 + owned); local tile k is global tile gtile(k) (SWI: the gates, then the ups)
+    const int t0 = tiles.begin(blockIdx.x), owned = tiles.begin(blockIdx.x + 1) - t0;
+    const int cta_tiles = SWI ? 2 * owned : owned, pairs = (n + 31) / 32;
+    auto gtile = [&](int k) { return SWI && k >= owned ? pairs + t0 + (k - owned) : t0 + k; };
     const int per_slice = (cta_tiles + UPW - 1) / UPW;  // stages per slice
     const int stages = (n_groups + kBulkSlice - 1) / kBulkSlice * per_slice;
     float* part = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // [cta_tiles][16 warps][16 rows]
-    char* ring_base = g_table + bulk_ring_offset<BITS>(tiles.q + (tiles.r > 0));
+    char* ring_base = g_table + bulk_ring_offset<BITS>((SWI ? 2 : 1) * (tiles.q + (tiles.r > 0)));
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
     if (threadIdx.x == 0) {
@@ -120,7 +127,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         char* st = ring_base + size_t(slot) * kStage;
         mbar_expect_tx(&full[slot], uint32_t(cnt * gs * (kCode + 128)));
         for (int i = 0; i < cnt; ++i) {
-            const int64_t u = int64_t(t0 + k0 + i) * n_groups + h * kBulkSlice;  // first unit of the chunk
+            const int64_t u = int64_t(gtile(k0 + i)) * n_groups + h * kBulkSlice;  // first unit of the chunk
             bulk_copy(st + i * kChunk, qw_b + u * kCode, uint32_t(gs * kCode), &full[slot]);
             bulk_copy(st + i * kChunk + kBulkSlice * kCode, qa_b + u * 128, uint32_t(gs * 128), &full[slot]);
         }
@@ -136,7 +143,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     pdl_launch_dependents();
     // EPI: this thread's output row's residual and norm weight, in registers long before the store (one pass of
     // the final loop covers every output when the CTA has <= 32 tiles; beyond, write_out loads them there)
-    const bool pre = EPI && cta_tiles * 16 <= kStreamWarps * 32;
+    const bool pre = EPI && !SWI && cta_tiles * 16 <= kStreamWarps * 32;
     const int my_row = t0 * 16 + int(threadIdx.x);
     T res = from_float<T>(0.f), nw = res;
     if (pre && int(threadIdx.x) < cta_tiles * 16 && my_row < n) {
@@ -218,13 +225,25 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         f = rsqrtf(ss / float(k_in) + epi.eps) * scale;
     }
     const int warps_used = n_groups < kStreamWarps ? n_groups : kStreamWarps;  // slice 0 had a group for each
-    for (int o = threadIdx.x; o < cta_tiles * 16; o += kStreamWarps * 32) {
-        const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r;
+    auto tile_sum = [&](int k, int r) {  // local tile k's row r, summed in warp order
         float sum = 0.f;
         for (int w = 0; w < warps_used; ++w) sum += part[(k * kStreamWarps + w) * 16 + r];
+        return sum;
+    };
+    if constexpr (SWI) {  // every row exists (n % 32 == 0); y is [1, n / 2]
+        for (int o = threadIdx.x; o < owned * 16; o += kStreamWarps * 32) {
+            const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r, up_row = (pairs + t0 + k) * 16 + r;
+            const float gv = to_float(from_float<T>(fmaf(tile_sum(k, r) * kGemvOutFix<false>, f, bias_of(bias, row))));
+            const float uv = to_float(from_float<T>(fmaf(tile_sum(owned + k, r) * kGemvOutFix<false>, f, bias_of(bias, up_row))));
+            y[row] = from_float<T>(silu_mul(gv, uv));
+        }
+        return;
+    }
+    for (int o = threadIdx.x; o < cta_tiles * 16; o += kStreamWarps * 32) {
+        const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r;
         if (row >= n) continue;
         // one fused multiply-add, written out, in every instance: a zero residual gives the plain GEMV's bits
-        const float v = fmaf(sum * kGemvOutFix<false>, f, bias_of(bias, row));
+        const float v = fmaf(tile_sum(k, r) * kGemvOutFix<false>, f, bias_of(bias, row));
         if constexpr (EPI) {
             if (pre) write_out_staged(y, epi, row, v, res, nw);
             else write_out(y, epi, row, row, v);
@@ -246,33 +265,38 @@ inline int bulk_smem_limit() {
     return v > 1024 ? v - 1024 : 0;
 }
 
-// Stages of the ring for an N x K_in weight on `ctas` CTAs (one per SM, at most one per tile); 0: it does not fit
-// (fewer than two stages beside the table and the partial sums).
+// Stages of the ring for an N x K_in weight on `ctas` CTAs (one per SM, at most one per tile; swi: per tile pair);
+// 0: it does not fit (fewer than two stages beside the table and the partial sums).
 template <int BITS>
-int bulk_gemv_ring(int n, int ctas) {
-    const int n_tiles = (n + 15) / 16;
-    if (ctas < 1 || ctas > n_tiles) return 0;
-    const int max_tiles = n_tiles / ctas + (n_tiles % ctas > 0);
+int bulk_gemv_ring(int n, int ctas, int swi) {
+    if (swi && n % 32) return 0;
+    const int owned = swi ? n / 32 : (n + 15) / 16;  // what the CTAs cut: tiles, or tile pairs
+    if (ctas < 1 || ctas > owned) return 0;
+    const int max_tiles = (swi ? 2 : 1) * (owned / ctas + (owned % ctas > 0));
     const int64_t room = int64_t(bulk_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles));
     const int64_t r = room > 0 ? room / int64_t(bulk_stage_bytes<BITS>()) : 0;
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
 
 // One token (m must be 1); flags: kFlagPdl only (rotated weights have no instance here); epi: the glue (null: none;
-// SwiGLU refused).
+// SwiGLU with nothing else, on n % 32 == 0 rows; y then [1, n / 2]).
 template <int BITS, typename T>
 int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                      void* y, const void* bias, int m, int n, int k_in, int ctas, int flags, const lowbit_epilogue* epi,
                      void* stream) {
     if (m != 1 || k_in < 32 || k_in % 32 || n < 1 || (flags & ~kFlagPdl)) return static_cast<int>(cudaErrorInvalidValue);
-    if (epi != nullptr && epi->swiglu) return static_cast<int>(cudaErrorInvalidValue);
-    const int ring = bulk_gemv_ring<BITS>(n, ctas);
+    const bool swi = epi != nullptr && epi->swiglu;
+    if (swi && (epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const int ring = bulk_gemv_ring<BITS>(n, ctas, swi);
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
-    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
+    const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256, owned = swi ? n_tiles / 2 : n_tiles;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
-    const StreamK tiles{n_tiles / ctas, n_tiles % ctas};
-    const size_t smem = bulk_ring_offset<BITS>(tiles.q + (tiles.r > 0)) + size_t(ring) * bulk_stage_bytes<BITS>();
-    auto kernel = epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
+    const StreamK tiles{owned / ctas, owned % ctas};
+    const size_t smem =
+        bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0))) + size_t(ring) * bulk_stage_bytes<BITS>();
+    auto kernel = swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
+                      : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
     if (int err = configure(kernel, size_t(bulk_smem_limit()))) return err;  // one attribute: the most any call takes
     Launch l(ctas, kStreamWarps, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),

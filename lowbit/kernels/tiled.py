@@ -44,7 +44,7 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), epilogue
         # (lowbit_epilogue*, null: none; no SwiGLU), stream
         out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P]
-        out[f"{name}_bulk_gemv_ring"] = [_I, _I]  # n, ctas -> the ring's stages (0: the shape does not fit)
+        out[f"{name}_bulk_gemv_ring"] = [_I, _I, _I]  # n, ctas, swiglu -> the ring's stages (0: it does not fit)
     if routed:
         # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
         # k_in, max_ctas, pdl (0/1), stream
@@ -360,30 +360,38 @@ _bulk_rings: dict = {}
 #: kbit3 461.4 -> 471.3, kbit4 432-435 -> 435.5-436.9. There its weights are in flight before the PDL wait, and the
 #: standalone sweep's losses (q|k|v, down_proj) do not show.
 BULK_EPILOGUE_BITS = (2, 3, 4)
+#: Of those, the K whose SwiGLU epilogue (gate|up) takes it too: kbit4 in the step above 436.1 / 435.6 -> 446.5 /
+#: 444.9 tok/s; kbit3 469.1 -> 447.6 (slower: its gate|up stays the stream-K kernel's); kbit2 not measured.
+BULK_SWIGLU_BITS = (4,)
 
 
 def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,
               epilogue: bool = False) -> int:
-    """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile), or 0 where the call takes another
-    kernel: more than one token, the SwiGLU epilogue, rotated weights, not kbit, DENSE_PATH / USE_BULK, bulk_rule
-    (plain calls) or BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the residual, the next norm's
-    weight), or a shape whose ring does not fit in shared memory."""
+    """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
+    or 0 where the call takes another kernel: more than one token, rotated weights, not kbit, DENSE_PATH / USE_BULK,
+    bulk_rule (plain calls), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the residual, the next
+    norm's weight) or BULK_SWIGLU_BITS (``swiglu``), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
-    if m != 1 or swiglu or flags or fmt.name != "kbit":
+    if m != 1 or flags or fmt.name != "kbit" or (swiglu and n % 32):
         return 0
     bits = dict(fmt.params)["bits"]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     if DENSE_PATH == "auto":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        picked = bits in BULK_EPILOGUE_BITS if epilogue else bulk_rule(bits, n, k_in, sms)
+        if swiglu:
+            picked = bits in BULK_SWIGLU_BITS
+        elif epilogue:
+            picked = bits in BULK_EPILOGUE_BITS
+        else:
+            picked = bulk_rule(bits, n, k_in, sms)
         if not (USE_BULK and picked):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
-    ctas = min(-(-n // 16), torch.cuda.get_device_properties(device).multi_processor_count)
-    key = (device.index, bits, n, ctas)
+    ctas = min(n // 32 if swiglu else -(-n // 16), sms)
+    key = (device.index, bits, n, ctas, swiglu)
     if key not in _bulk_rings:
         op, sym = fmt.symbol("bulk_gemv_ring")
-        _bulk_rings[key] = lib.symbol(op, **sym)(n, ctas)
+        _bulk_rings[key] = lib.symbol(op, **sym)(n, ctas, int(swiglu))
     return ctas if _bulk_rings[key] > 0 else 0
 
 

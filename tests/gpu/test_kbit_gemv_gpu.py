@@ -283,8 +283,8 @@ def test_bulk_gemv_poisoned_output_and_guard(bits, dtype, pdl, gen):
 
 def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     """More than one token, rotation or any flag but PDL, a bad grid, or a shape whose partial sums leave no room for
-    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there (nor for the
-    SwiGLU epilogue, or NVFP4)."""
+    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there (nor for
+    NVFP4, or the SwiGLU epilogue on N % 32 != 0)."""
     lib = get_library()
     q = lowbit.quantize_kbit(torch.randn(64, 512, generator=gen), bits=4).to("cuda")
     x = torch.randn(2, 512, generator=gen).half().cuda()
@@ -302,7 +302,8 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, huge, 4096) == 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096) > 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 2, 4096, 4096) == 0  # one token only
-        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, swiglu=True) == 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, swiglu=True) > 0  # tile pairs
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4112, 4096, swiglu=True) == 0  # N % 32 != 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, flags=tiled.FLAG_ROT32) == 0
         assert tiled.bulk_ctas(lib, dev, tiled.NVFP4, torch.float16, 1, 4096, 4096) == 0
     # auto: the decode layers' calls (an epilogue) for K in BULK_EPILOGUE_BITS, plain calls where bulk_rule says
