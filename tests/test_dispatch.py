@@ -269,3 +269,23 @@ def test_x_staging_rule(monkeypatch):
     assert tiled.x_flag(2 * warps, warps) == 0 and tiled.x_flag(2 * warps - 1, warps) == tiled.FLAG_GLOBAL_X
     monkeypatch.setattr(tiled, "STAGE_X", False)
     assert tiled.x_flag(384 * 16, warps) == tiled.FLAG_GLOBAL_X
+
+
+def test_bulk_rule_picks_the_shapes_it_was_measured_faster_on():
+    """The bulk-copy GEMV's plain-call rule (lowbit.kernels.tiled.bulk_rule) on 132 SMs: the shapes two H100 sweeps
+    had it faster on, and not the ones it lost (benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md;
+    shapes as K_in x N)."""
+    from lowbit.kernels.tiled import bulk_rule
+
+    faster = {2: [(28672, 8192), (20480, 4096), (4096, 4096), (4096, 6144), (2048, 10240), (5120, 2048)],
+              4: [(8192, 29568), (8192, 28672), (28672, 8192), (4096, 4096), (5120, 2048), (2048, 5120)]}
+    slower = {2: [(8192, 29568), (8192, 28672), (4096, 28672), (4096, 14336), (14336, 4096), (8192, 10240),
+                  (4096, 128256), (2048, 4096)],
+              4: [(4096, 28672), (4096, 14336), (14336, 4096), (4096, 6144), (8192, 10240), (20480, 4096),
+                  (4096, 128256), (2048, 4096)],
+              3: [(8192, 29568), (28672, 8192), (4096, 4096)],
+              5: [(8192, 29568), (2048, 10240)]}
+    for bits, shapes in faster.items():
+        assert all(bulk_rule(bits, n, k, 132) for k, n in shapes), bits
+    for bits, shapes in slower.items():
+        assert not any(bulk_rule(bits, n, k, 132) for k, n in shapes), bits
