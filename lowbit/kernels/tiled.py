@@ -42,7 +42,7 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
     }
     if bulk:
         # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), epilogue
-        # (lowbit_epilogue*, null: none; no SwiGLU), stream
+        # (lowbit_epilogue*, null: none; SwiGLU only alone, on N % 32 == 0 rows), stream
         out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P]
         out[f"{name}_bulk_gemv_ring"] = [_I, _I, _I]  # n, ctas, swiglu -> the ring's stages (0: it does not fit)
     if routed:
@@ -249,8 +249,8 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
 
 
 #: Dense GEMV kernel choice: "auto" (bulk_ctas, then dense_path), "streamk", "local", "split" or "bulk" (the
-#: bulk-copy kernel wherever it can run: one token of unrotated kbit, no SwiGLU; "local" elsewhere) (tuning /
-#: benchmarks / tests).
+#: bulk-copy kernel wherever it can run: one token of unrotated kbit; "local" elsewhere) (tuning / benchmarks /
+#: tests).
 DENSE_PATH = "auto"
 
 
@@ -325,7 +325,7 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
     return "split" if split else "streamk"
 
 
-#: Whether "auto" may pick the bulk-copy GEMV (csrc/tiled/bulk_gemv.cuh) where bulk_rule says so.
+#: Whether "auto" may pick the bulk-copy GEMV (csrc/tiled/bulk_gemv.cuh) where bulk_ctas's rules say so.
 USE_BULK = True
 
 
@@ -459,7 +459,7 @@ class GemvLauncher(_Launcher):
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
         bulk = bulk_ctas(lib, self.device, fmt, dtype, m, n, k_in, self.flags, swiglu, epi)
-        if bulk:  # one token, no SwiGLU (csrc/tiled/bulk_gemv.cuh)
+        if bulk:  # one token (csrc/tiled/bulk_gemv.cuh; SwiGLU over tile pairs)
             op, sym = fmt.symbol("bulk_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
             plan = ("bulk", fn, (qw, qa, cb, sc), (c_int(m), c_int(n), c_int(k_in), c_int(bulk)))
