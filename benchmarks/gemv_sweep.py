@@ -128,7 +128,7 @@ def main() -> None:
             if args.bulk and args.m == 1 and not args.rotate and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas, 0):
                 def bulk_call(c):
                     a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n, k_in,
-                         ring_ctas, int(args.pdl), stream_of(dev)]
+                         ring_ctas, int(args.pdl), ptr(None), stream_of(dev)]
                     lib.call("kbit_bulk_gemv", a, bits=bits, dtype=torch.float16)
 
                 t = graph_time([lambda c=c: bulk_call(c) for c in copies], replays=10)
