@@ -361,7 +361,9 @@ _bulk_rings: dict = {}
 #: standalone sweep's losses (q|k|v, down_proj) do not show.
 BULK_EPILOGUE_BITS = (2, 3, 4)
 #: Of those, the K whose SwiGLU epilogue (gate|up) takes it too: kbit4 in the step above 436.1 / 435.6 -> 446.5 /
-#: 444.9 tok/s; kbit3 469.1 -> 447.6 (slower: its gate|up stays the stream-K kernel's); kbit2 not measured.
+#: 444.9 tok/s. Slower, so their gate|up stays the stream-K kernel's: kbit3 469.1 -> 447.6, again 471.0 -> 448.8
+#: (462.7 with two tiles per ring stage); kbit2 537.5 -> 533.6
+#: (benchmarks/journal/2026-11-27_final_recheck_step_profile_read_floor.md).
 BULK_SWIGLU_BITS = (4,)
 
 
