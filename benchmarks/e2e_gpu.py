@@ -30,7 +30,8 @@ down GEMV from gate|up's output), ``@stage-x-always`` (``lowbit.kernels.tiled.ST
 GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@bulk-all``
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
 one-token call it can take, not only where ``bulk_rule`` picks it), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
-gate|up's SwiGLU GEMV stays the stream-K kernel's).
+gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
+on large shapes too, where its decode bounds it).
 """
 
 import argparse
@@ -184,7 +185,8 @@ def main():
                 "no-routed-swiglu": (nn_experts, "ROUTED_SWIGLU", False),
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
-                "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ())}
+                "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
+                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf"))}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built

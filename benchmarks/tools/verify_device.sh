@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
 # One device call that re-checks a library built here and carried:
-#   LIB=.lowbit_cache/liblowbit-<key>.so [SUITE=1] [ROWS="tag:e2e_gpu.py args;..."] bash benchmarks/tools/verify_device.sh
-# SUITE: the whole GPU suite (6 workers); ROWS: e2e_gpu.py calls, each logged as $OUT/<tag>.{log,json}.
+#   LIB=.lowbit_cache/liblowbit-<key>.so[.xz] [SUITE=1 | TESTS="pytest args"] [SWEEP="gemv_sweep.py args"]
+#   [ROWS="tag:e2e_gpu.py args;..."] bash benchmarks/tools/verify_device.sh
+# SUITE: the whole GPU suite (6 workers); TESTS: some of it; SWEEP: benchmarks/gemv_sweep.py ($OUT/sweep.txt);
+# ROWS: e2e_gpu.py calls, each logged as $OUT/<tag>.{log,json}.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=$PWD/.lowbit_cache PYTHONPATH=$PWD
 export LOWBIT_LIBRARY=$PWD/${LIB:?the library to load, as carried}
+if [[ $LOWBIT_LIBRARY == *.xz ]]; then  # carried compressed (tracked files + a library can pass the 64 MiB carry)
+  xz -dc "$LOWBIT_LIBRARY" > /tmp/liblowbit.so && export LOWBIT_LIBRARY=/tmp/liblowbit.so
+fi
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/device.txt"
 if [ -n "${SUITE:-}" ]; then
   timeout 260 python3 -m pytest -m gpu tests -n 6 -q -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
   echo "suite exit $?"; tail -n 2 "$OUT/gpu_suite.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_suite.log" | head
+fi
+if [ -n "${TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout 260 python3 -m pytest -m gpu -n 6 -q -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
+  echo "tests exit $?"; tail -n 2 "$OUT/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head
+fi
+if [ -n "${SWEEP:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "${SWEEP_TIMEOUT:-200}" python3 benchmarks/gemv_sweep.py $SWEEP > "$OUT/sweep.txt" 2>&1
+  echo "sweep exit $?"; grep -E "bulk|bandwidth|Error" "$OUT/sweep.txt"
 fi
 IFS=';' read -ra rows <<< "${ROWS:-}"
 for row in "${rows[@]}"; do

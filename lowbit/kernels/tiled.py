@@ -365,6 +365,36 @@ BULK_EPILOGUE_BITS = (2, 3, 4)
 #: (462.7 with two tiles per ring stage); kbit2 537.5 -> 533.6
 #: (benchmarks/journal/2026-11-27_final_recheck_step_profile_read_floor.md).
 BULK_SWIGLU_BITS = (4,)
+#: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
+#: decode tops out at ~2.95 TB/s at K = 4 and ~2.15 TB/s at K = 3 (132 SMs at 1.98 GHz; 8192x29568, cold, the same
+#: on an H100 and an H200). Where HBM outruns that, the stream-K kernel wins on large shapes, and the bulk kernel
+#: keeps only shapes of <= BULK_DECODE_MAX_UNITS units (16 x 256 weights) per CTA, where its early start still
+#: pays: K = 3 on every device, K >= 4 on devices of more than BULK_FAST_HBM nominal HBM bandwidth (B/s): an H200
+#: (4.8 TB/s), not an H100 (3.35). Measured, b1 decode, compiled, tok/s with -> without the limit
+#: (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
+#:   H200: Llama-3-70B-shaped (20 layers) kbit4 252.8 -> 271.0; Llama-3-8B kbit4 488.2 -> 494.9, kbit3 505.7 -> 510.9;
+#:   H100: Llama-3-70B-shaped kbit3 246.3 (bulk) against 252.0 (no bulk kernel at all); kbit4 and kbit2 there
+#:   keep it (238.7 against 221.4, 311.1 against 297.9).
+BULK_DECODE_MAX_UNITS = 64
+BULK_FAST_HBM = 4.0e12
+
+
+def hbm_bandwidth(device) -> float | None:
+    """The device's nominal HBM bandwidth in B/s (memory clock x bus width x 2), or None where torch does not say."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
+
+
+def _bulk_decode_bound(device, bits: int, units_per_cta: float) -> bool:
+    """Whether the bulk-copy GEMV's decode rate, not HBM, would bound this call (BULK_DECODE_MAX_UNITS): more than
+    that many units per CTA, at K = 3, or at K >= 4 on a device above BULK_FAST_HBM."""
+    if bits < 3 or units_per_cta <= BULK_DECODE_MAX_UNITS:
+        return False
+    if bits == 3:
+        return True
+    bw = hbm_bandwidth(device)
+    return bw is not None and bw > BULK_FAST_HBM
 
 
 def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,
@@ -372,12 +402,14 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
     or 0 where the call takes another kernel: more than one token, rotated weights, not kbit, DENSE_PATH / USE_BULK,
     bulk_rule (plain calls), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the residual, the next
-    norm's weight) or BULK_SWIGLU_BITS (``swiglu``), or a shape whose ring does not fit in shared memory."""
+    norm's weight) or BULK_SWIGLU_BITS (``swiglu``), BULK_DECODE_MAX_UNITS (a shape where its decode would bound
+    it), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
     if m != 1 or flags or fmt.name != "kbit" or (swiglu and n % 32):
         return 0
     bits = dict(fmt.params)["bits"]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    ctas = min(n // 32 if swiglu else -(-n // 16), sms)
     if DENSE_PATH == "auto":
         if swiglu:
             picked = bits in BULK_SWIGLU_BITS
@@ -385,11 +417,10 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
             picked = bits in BULK_EPILOGUE_BITS
         else:
             picked = bulk_rule(bits, n, k_in, sms)
-        if not (USE_BULK and picked):
+        if not (USE_BULK and picked) or _bulk_decode_bound(device, bits, -(-n // 16) * -(-k_in // 256) / ctas):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
-    ctas = min(n // 32 if swiglu else -(-n // 16), sms)
     key = (device.index, bits, n, ctas, swiglu)
     if key not in _bulk_rings:
         op, sym = fmt.symbol("bulk_gemv_ring")

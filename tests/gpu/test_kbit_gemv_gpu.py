@@ -311,6 +311,8 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096, epilogue=True) > 0
     assert tiled.bulk_ctas(lib, dev, 5, torch.bfloat16, 1, 6144, 4096, epilogue=True) == 0
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096) == 0
+    bw = tiled.hbm_bandwidth(dev)  # the BULK_FAST_HBM rule's input: a plausible HBM, or torch does not say
+    assert bw is None or 1e12 < bw < 2e13
 
 
 def test_bulk_gemv_deterministic_and_in_a_graph(gen, monkeypatch):
