@@ -366,17 +366,20 @@ BULK_EPILOGUE_BITS = (2, 3, 4)
 #: (benchmarks/journal/2026-11-27_final_recheck_step_profile_read_floor.md).
 BULK_SWIGLU_BITS = (4,)
 #: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
-#: decode tops out at ~2.95 TB/s at K = 4 and ~2.15 TB/s at K = 3 (132 SMs at 1.98 GHz; 8192x29568, cold, the same
-#: on an H100 and an H200). Where HBM outruns that, the stream-K kernel wins on large shapes, and the bulk kernel
-#: keeps only shapes of <= BULK_DECODE_MAX_UNITS units (16 x 256 weights) per CTA, where its early start still
-#: pays: K = 3 on every device, K >= 4 on devices of more than BULK_FAST_HBM nominal HBM bandwidth (B/s): an H200
-#: (4.8 TB/s), not an H100 (3.35). Measured, b1 decode, compiled, tok/s with -> without the limit
-#: (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
+#: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
+#: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz.
+BULK_DECODE_RATE = {3: 8.2, 4: 11.3}
+#: The share of the nominal HBM bandwidth the stream-K kernel streams on large shapes (8192x29568 K = 4: 0.79 on
+#: an H100, 3352 GB/s nominal; 0.71 on an H200, 4817).
+STREAM_K_HBM_SHARE = 0.75
+#: Where the stream-K kernel would stream faster than the bulk kernel decodes, the bulk kernel keeps only shapes of
+#: <= BULK_DECODE_MAX_UNITS units (16 x 256 weights) per CTA, where its early start still pays. That is K = 3 on
+#: an H100 and an H200, and K = 4 on an H200; an H100's K = 4 and every K = 2 keep it. Measured, b1 decode,
+#: compiled, tok/s without -> with the limit (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
 #:   H200: Llama-3-70B-shaped (20 layers) kbit4 252.8 -> 271.0; Llama-3-8B kbit4 488.2 -> 494.9, kbit3 505.7 -> 510.9;
-#:   H100: Llama-3-70B-shaped kbit3 246.3 (bulk) against 252.0 (no bulk kernel at all); kbit4 and kbit2 there
-#:   keep it (238.7 against 221.4, 311.1 against 297.9).
+#:   H100: Llama-3-70B-shaped kbit3 244.5 -> 254.1, Llama-3-8B kbit3 469.5 -> 478.6; kbit4 and kbit2 keep it there
+#:   (70B shapes: 238.7 against 221.4 without any bulk kernel, 311.1 against 297.9).
 BULK_DECODE_MAX_UNITS = 64
-BULK_FAST_HBM = 4.0e12
 
 
 def hbm_bandwidth(device) -> float | None:
@@ -386,15 +389,22 @@ def hbm_bandwidth(device) -> float | None:
     return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
 
 
+def sm_cycles(device) -> float | None:
+    """The device's SM clock cycles per second, all SMs together (SMs x peak clock), or None where torch does not
+    say."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "clock_rate", 0)
+    return props.multi_processor_count * clock_khz * 1e3 if clock_khz else None
+
+
 def _bulk_decode_bound(device, bits: int, units_per_cta: float) -> bool:
-    """Whether the bulk-copy GEMV's decode rate, not HBM, would bound this call (BULK_DECODE_MAX_UNITS): more than
-    that many units per CTA, at K = 3, or at K >= 4 on a device above BULK_FAST_HBM."""
-    if bits < 3 or units_per_cta <= BULK_DECODE_MAX_UNITS:
+    """Whether the stream-K kernel would stream this call faster than the bulk-copy GEMV decodes it: more than
+    BULK_DECODE_MAX_UNITS units per CTA, and STREAM_K_HBM_SHARE of the HBM bandwidth above BULK_DECODE_RATE's
+    bytes for this K. False where torch does not give the device's figures (the choice made before the rule)."""
+    if bits not in BULK_DECODE_RATE or units_per_cta <= BULK_DECODE_MAX_UNITS:
         return False
-    if bits == 3:
-        return True
-    bw = hbm_bandwidth(device)
-    return bw is not None and bw > BULK_FAST_HBM
+    bw, cycles = hbm_bandwidth(device), sm_cycles(device)
+    return bw is not None and cycles is not None and STREAM_K_HBM_SHARE * bw > BULK_DECODE_RATE[bits] * cycles
 
 
 def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,

@@ -311,8 +311,9 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096, epilogue=True) > 0
     assert tiled.bulk_ctas(lib, dev, 5, torch.bfloat16, 1, 6144, 4096, epilogue=True) == 0
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096) == 0
-    bw = tiled.hbm_bandwidth(dev)  # the BULK_FAST_HBM rule's input: a plausible HBM, or torch does not say
+    bw, cycles = tiled.hbm_bandwidth(dev), tiled.sm_cycles(dev)  # BULK_DECODE_RATE's inputs: plausible, or none
     assert bw is None or 1e12 < bw < 2e13
+    assert cycles is None or 1e10 < cycles < 1e12
 
 
 def test_bulk_gemv_deterministic_and_in_a_graph(gen, monkeypatch):
