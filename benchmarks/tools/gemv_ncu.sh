@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute over the kbit GEMVs of a few decode shapes (issue 14: what costs the fixed time).
 # One device call; reports and a CSV summary under $OUT. Carry .lowbit_cache.
-#   SHAPES="4096x1024,4096x4096,4096x14336,14336x4096,576x576" BITS=4 bash benchmarks/tools/gemv_ncu.sh
+#   SHAPES="4096x1024,4096x4096,4096x14336,14336x4096,576x576" BITS=4 [PATHS=split,streamk] bash benchmarks/tools/gemv_ncu.sh
+# PATHS: the kernels per shape (gemv_once.py --paths; e.g. PATHS=bulk,local for the bulk-copy GEMV beside the CTA-local
+# stream-K kernel; the pipe and stall sections say which of the two decodes cheaper per weight and why).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-$PWD/.lowbit_cache} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
@@ -11,8 +13,10 @@ BITS=${BITS:-4}
 # every shape through both dense schedules (split-in-CTA, stream-K), one launch each after a warm-up
 ncu --target-processes all --kernel-name regex:kbit_ --launch-skip 0 --clock-control none \
     --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
-    --section WarpStateStats --section SchedulerStats --csv --page details \
-    python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" > "$OUT/ncu_details.csv" 2> "$OUT/ncu.log"
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --csv --page details \
+    python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" --paths "${PATHS:-split,streamk}" \
+    > "$OUT/ncu_details.csv" 2> "$OUT/ncu.log"
 tail -3 "$OUT/ncu.log"
 python3 - "$OUT/ncu_details.csv" <<'PY'
 import csv, sys

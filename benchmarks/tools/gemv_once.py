@@ -30,7 +30,8 @@ def main():
             lin = torch.nn.Linear(k_in, n, bias=False, device=dev, dtype=torch.bfloat16)
             mod = lowbit.nn.KbitLinear.from_linear(lin, bits)
             x = torch.randn(args.m, k_in, device=dev, dtype=torch.bfloat16)
-            picked = "split" if tiled.use_split(lib, dev, bits, torch.bfloat16, n, k_in) else "streamk"
+            picked = ("bulk" if tiled.bulk_ctas(lib, dev, bits, torch.bfloat16, args.m, n, k_in)
+                      else tiled.dense_path(lib, dev, bits, torch.bfloat16, n, k_in))
             for path in args.paths.split(","):
                 tiled.DENSE_PATH = path
                 mod._launcher = None  # rebuilt with this schedule
