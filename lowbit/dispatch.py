@@ -133,12 +133,19 @@ _grouped: dict[int, float] = {}
 _grouped_table: dict | None = None
 
 
+def _constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo`` (~2 s) when lowbit loads: the
+    mark that decorator sets (tests/test_dispatch.py checks that it still is the only thing it does)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 def grouped_gemm_min_rows(device: torch.device) -> float:
     """Mean rows per expert from which the grouped GEMM beats the grouped GEMV on this device."""
     return _gpu_grouped(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@torch.compiler.assume_constant_result
+@_constant_result
 def _gpu_grouped(idx: int) -> float:
     global _grouped_table
     if idx not in _grouped:
@@ -155,7 +162,7 @@ def gemm_max_m(device: torch.device, weights: int | None = None) -> int:
     return class_max_m(_gpu_classes(idx), weights)
 
 
-@torch.compiler.assume_constant_result  # a file lookup: traced as a constant, not a graph break
+@_constant_result  # a file lookup: traced as a constant, not a graph break
 def _gpu_classes(idx: int) -> list:
     global _crossovers
     if idx not in _classes:

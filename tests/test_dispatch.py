@@ -309,3 +309,24 @@ def test_bulk_decode_bound(monkeypatch):
         for bits in (2, 3, 4, 5):
             assert not any(tiled._bulk_decode_bound(None, bits, u) for u in small)
             assert all(tiled._bulk_decode_bound(None, bits, u) == (bits in bound_bits) for u in large), (bw, bits)
+
+
+def test_constant_result_is_torchs_mark_without_its_import():
+    """dispatch marks its file lookups for torch.compile as ``torch.compiler.assume_constant_result`` does, without
+    importing ``torch._dynamo`` when lowbit loads (~2 s of every CLI call): the decorator must still set exactly
+    that mark, and ``import lowbit`` (the CLI included) must not load dynamo."""
+    import subprocess
+    import sys
+
+    def f():
+        return 1
+
+    def g():
+        return 1
+
+    assert torch.compiler.assume_constant_result(f) is f and dispatch._constant_result(g) is g
+    assert vars(f) == vars(g) == {"_dynamo_marked_constant": True}
+    code = "import sys, lowbit, lowbit.cli; print('torch._dynamo' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
