@@ -15,8 +15,14 @@
 //
 // Layout of the work: the CTA-local cut of tiles (CTA c owns tiles [t0, t1), tiles.begin). Stage s of a CTA holds
 // UPW tiles' chunks of one slice (the slice's <= 16 groups of a tile are contiguous units: one bulk copy of codes,
-// one of absmax per tile). Lane 0 of warp 0 is the producer: a ring of `ring` stages, each with a `full` mbarrier
-// (the copies' bytes) and an `empty` one (16 warp arrivals). Each warp adds its unit's token-0 partial sums into a
+// one of absmax per tile). A ring of `ring` stages, each with a `full` mbarrier (the copies' bytes) and an `empty`
+// one (16 warp arrivals): thread 0 issues the first `ring` stages; after that, stage s + ring is issued into stage s's
+// slot by the warp that reads stage s last (a shared counter per slot elects it), so no warp waits for a producer that
+// is itself behind. (Refilled by warp 0's thread 0 as it passed, the ring ran dry behind that warp, the slowest: ncu
+// put 17% of the warps' stall samples on the full-barrier wait at 58% of HBM bandwidth. H100, cold, us, warp 0 ->
+// last reader: 8192x29568 K = 3 49.06 -> 41.40, 4096x28672 K = 3 26.81 -> 23.82, K = 4 26.31 -> 25.80, 14336x4096
+// K = 4 16.93 -> 16.21; Llama-3-8B b1 kbit4 446.7 -> 466.3 tok/s; benchmarks/journal/2026-11-27_bulk_ring_relay.md.)
+// Each warp adds its unit's token-0 partial sums into a
 // shared [tile][warp][16 rows] fp32 array (its own slot: no race); at the end one thread per output sums the warps
 // in warp order (deterministic) and writes y. M = 1 only; unrotated kbit only.
 // EPI: the decode step's glue (gemv.cuh's Epilogue, without SwiGLU): the input norm's factor from rms_x, summed by
@@ -35,10 +41,8 @@ namespace gemv {
 constexpr int kBulkMaxRing = 8;           // stages of the ring at most (its mbarriers are static)
 constexpr int kBulkSlice = kStreamWarps;  // groups per slice: one per warp
 
-// K = 2: two tiles per stage (half the stage handshakes per byte) and the producer one stage behind; K >= 3: one
-// tile per stage and a producer that refills every free slot as it passes (measured best per K in the probe).
+// K = 2: two tiles per stage (half the stage handshakes per byte); K >= 3: one (measured best per K in the probe).
 template <int BITS> constexpr int kBulkTiles = BITS == 2 ? 2 : 1;
-template <int BITS> constexpr bool kBulkPoll = BITS != 2;
 // K = 2: with x out of the shared-memory pipe the table has room again: one block of a group decoded in registers.
 constexpr unsigned kBulkK2Reg = 0x01u;
 
@@ -99,6 +103,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     constexpr int UPW = kBulkTiles<BITS>;
     constexpr size_t kCode = bulk_code_bytes<BITS>(), kChunk = bulk_chunk_bytes<BITS>(), kStage = bulk_stage_bytes<BITS>();
     __shared__ __align__(8) uint64_t full[kBulkMaxRing], empty[kBulkMaxRing];
+    __shared__ unsigned readers[kBulkMaxRing];  // warps done reading each slot, counted up for good
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the input norm's per-warp sums of squares
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     static_assert(!SWI || EPI, "SwiGLU is an epilogue");
@@ -116,12 +121,12 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         for (int s = 0; s < ring; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], kStreamWarps);
+            readers[s] = 0;
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     __syncthreads();  // the barriers exist
-    const bool producer = threadIdx.x == 0;
     auto issue = [&](int s) {  // stage s into slot s % ring: its tiles' chunks of slice h
         const int slot = s % ring, h = s / per_slice, k0 = (s - h * per_slice) * UPW;
         const int cnt = min(UPW, cta_tiles - k0), gs = min(kBulkSlice, n_groups - h * kBulkSlice);
@@ -133,9 +138,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
             bulk_copy(st + i * kChunk + kBulkSlice * kCode, qa_b + u * 128, uint32_t(gs * 128), &full[slot]);
         }
     };
-    int next = 0;  // the producer's next stage to issue
-    if (producer)
-        for (; next < ring && next < stages; ++next) issue(next);
+    if (threadIdx.x == 0)
+        for (int s = 0; s < ring && s < stages; ++s) issue(s);
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
     const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};
     const float scale = *scale_ptr;
@@ -166,17 +170,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
             for (int j = 0; j < kGroupBlocks; ++j)
                 if ((K2REG >> j) & 1) xv[j] = cb2_x(xv[j]);
         }
-        if (producer) {
-            if constexpr (kBulkPoll<BITS>) {  // every stage whose slot is free now; wait only for stage s itself
-                while (next < stages && (next == s || mbar_done(&empty[next % ring], ((next / ring) - 1) & 1))) {
-                    if (next == s) mbar_wait(&empty[next % ring], ((next / ring) - 1) & 1);
-                    issue(next++);
-                }
-            } else if (s >= 1 && s - 1 + ring < stages) {  // stage s - 1's slot, once every warp has read it
-                mbar_wait(&empty[(s - 1) % ring], ((s - 1) / ring) & 1);
-                issue(s - 1 + ring);
-            }
-        }
         mbar_wait(&full[slot], phase);
         const char* st = ring_base + size_t(slot) * kStage;
         GroupData<BITS> d[UPW];
@@ -192,7 +185,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
             }
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);  // the words are in registers: the slot may be refilled
+        if (lane == 0) {  // the words are in registers: the slot may be refilled, by the warp that reads it last
+            mbar_arrive(&empty[slot]);
+            if (atomicAdd(&readers[slot], 1u) % kStreamWarps == kStreamWarps - 1 && s + ring < stages) {
+                mbar_wait(&empty[slot], phase);  // every warp's arrival (each arrived before it counted)
+                issue(s + ring);
+            }
+        }
         if (active) {
 #pragma unroll
             for (int i = 0; i < UPW; ++i) {

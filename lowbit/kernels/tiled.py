@@ -367,8 +367,11 @@ BULK_EPILOGUE_BITS = (2, 3, 4)
 BULK_SWIGLU_BITS = (4,)
 #: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
 #: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
-#: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz.
-BULK_DECODE_RATE = {3: 8.2, 4: 11.3}
+#: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz. With its
+#: ring refilled by each stage's last reader (not by warp 0) K = 3 took 41.4 us on an H100, ~2.38 TB/s: 9.1
+#: (benchmarks/journal/2026-11-27_bulk_ring_relay.md). K = 4 is not re-measured where its decode bounds it (an
+#: H200); on an H100 HBM bounds it.
+BULK_DECODE_RATE = {3: 9.1, 4: 11.3}
 #: The share of the nominal HBM bandwidth the stream-K kernel streams on large shapes (8192x29568 K = 4: 0.79 on
 #: an H100, 3352 GB/s nominal; 0.71 on an H200, 4817).
 STREAM_K_HBM_SHARE = 0.75
