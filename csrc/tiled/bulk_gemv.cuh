@@ -22,9 +22,9 @@
 // put 17% of the warps' stall samples on the full-barrier wait at 58% of HBM bandwidth. H100, cold, us, warp 0 ->
 // last reader: 8192x29568 K = 3 49.06 -> 41.40, 4096x28672 K = 3 26.81 -> 23.82, K = 4 26.31 -> 25.80, 14336x4096
 // K = 4 16.93 -> 16.21; Llama-3-8B b1 kbit4 446.7 -> 466.3 tok/s; benchmarks/journal/2026-11-27_bulk_ring_relay.md.)
-// Each warp adds its unit's token-0 partial sums into a
-// shared [tile][warp][16 rows] fp32 array (its own slot: no race); at the end one thread per output sums the warps
-// in warp order (deterministic) and writes y. M = 1 only; unrotated kbit only.
+// Each warp adds its unit's token-0 partial sums into a shared [tile][warp][16 rows] fp32 array (its own slot: no
+// race); at the end one thread per output sums the warps in warp order (deterministic) and writes y. M = 1 only;
+// unrotated kbit only.
 // EPI: the decode step's glue (gemv.cuh's Epilogue, without SwiGLU): the input norm's factor from rms_x, summed by
 // the CTA after the PDL wait; the residual and the next norm's weight, loaded into the writing threads' registers
 // right after the wait (they are the threads' own output rows), added and applied where y is written.
