@@ -35,18 +35,27 @@ def test_repack_stacked_experts(gen):
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
-@pytest.mark.parametrize("lane,j,p", [(6, 0, 1), (31, 7, 7), (0, 0, 5), (13, 3, 2), (22, 5, 6)])
+@pytest.mark.parametrize("lane,j,p", [(6, 0, 1), (31, 7, 7), (0, 0, 5), (13, 3, 2), (22, 5, 6), (9, 3, 6), (17, 1, 4)])
 def test_lane_mapping_matches_docstring(bits, lane, j, p, gen):
     """Lane (g, t), block j, pair p = 4m + 2q + h: row 8h + g, columns 32j + 8t + 4m + 2q + (0, 1).
 
-    (0, 0, 5) is field 5: bits 30..35 for K=3, straddling words 0 and 1.
+    (0, 0, 5) is field 5: bits 50..59 for K=5, straddling words 1 and 2. K=3's fields lie in bytes; fields
+    (3, 6) and (7, 7) are spare ones, their bits in the top two bits of three words' bytes.
     """
     q = lowbit.quantize_kbit(torch.randn(16, 256, generator=gen), bits=bits)
     codes = kbit.unpack_planes(q.planes, bits)
     qw, qa = kbit_tiled.repack(q.planes, q.absmax, bits)
     words = [int(v) & 0xFFFFFFFF for v in qw[0, 0].permute(1, 0, 2).reshape(32, -1)[lane]]
-    stream = sum(wd << (32 * i) for i, wd in enumerate(words))
-    field = (stream >> (2 * bits * (8 * j + p))) & ((1 << 2 * bits) - 1)
+    f = 8 * j + p
+    if bits == 3:  # the module docstring's byte layout, written out again
+        r, i = divmod(f, 16)
+        if i < 12:
+            field = (words[3 * r + i // 4] >> (8 * (i % 4))) & 63
+        else:
+            field = sum(((words[3 * r + c] >> (8 * (i - 12) + 6)) & 3) << (2 * c) for c in range(3))
+    else:
+        stream = sum(wd << (32 * i) for i, wd in enumerate(words))
+        field = (stream >> (2 * bits * f)) & ((1 << 2 * bits) - 1)
     c0, c1 = field & ((1 << bits) - 1), field >> bits
     g, t_ = lane // 4, lane % 4
     m_, q_, h = p // 4, (p // 2) % 2, p % 2

@@ -7,7 +7,7 @@
 // rows g and g+8 and, per block j, the 8 consecutive columns 32j + 8t .. +7: one 16-byte store per (j, row).
 // Arithmetic order = lowbit.formats.kbit_tiled.dequantize: (codebook[code] * (e4m4(absmax) * scale)) in fp32,
 // rounded once to T.
-#include "common.cuh"
+#include "tiled/decode.cuh"  // pair_field: the layout's fields
 
 namespace lowbit {
 
@@ -19,7 +19,6 @@ __global__ void __launch_bounds__(kTiledDequantWarps * 32)
                               const float* __restrict__ codebook, const float* __restrict__ scale_ptr,
                               T* __restrict__ out, int n, int k_in, int groups, int64_t units) {
     static_assert(BITS >= 2 && BITS <= 5, "kbit supports 2..5 bits");
-    constexpr uint32_t kFieldMask = (1u << (2 * BITS)) - 1u;
     constexpr uint32_t kCodeMask = (1u << BITS) - 1u;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float cb = lane < (1 << BITS) ? codebook[lane] : 0.0f;  // codebook[code] = shuffle from lane `code`
@@ -49,12 +48,7 @@ __global__ void __launch_bounds__(kTiledDequantWarps * 32)
                 } pack;
 #pragma unroll
                 for (int mq = 0; mq < 4; ++mq) {  // (m, q): pair p = 4m + 2q + h holds columns 4m + 2q + {0, 1}
-                    const int f = 8 * j + 2 * mq + h;  // 4m + 2q = 2 * mq
-                    constexpr int kBits = 2 * BITS;
-                    const int bit = kBits * f, lo = bit >> 5, sh = bit & 31;
-                    uint32_t field = w[lo] >> sh;
-                    if (sh + kBits > 32) field |= w[lo + 1] << (32 - sh);  // straddles two words (K = 3, 5)
-                    field &= kFieldMask;
+                    const uint32_t field = gemv::pair_field<BITS>(w, 8 * j + 2 * mq + h);  // 4m + 2q = 2 * mq
                     const float c0 = __shfl_sync(kFullMask, cb, field & kCodeMask);
                     const float c1 = __shfl_sync(kFullMask, cb, field >> BITS);
                     pack.v[2 * mq] = from_float<T>(c0 * block_scale);

@@ -68,6 +68,39 @@ __device__ __forceinline__ uint32_t mask_shift_add(uint32_t word, uint32_t base)
     return shift<S>(masked) + base;
 }
 
+// K = 3's spare fields (lowbit/formats/kbit/tiled.py): fields 12..15 of a word triple, 2 bits in each of bits 6..7 of
+// every byte of the three words, gathered into bits 0..5 of the bytes of one word (bits 6..7: whatever falls there,
+// so a reader masks them or a table ignores them). 3 shifts and 2 bitwise selects for four fields; the other twelve
+// sit in bytes already.
+__device__ __forceinline__ uint32_t k3_spare(uint32_t w0, uint32_t w1, uint32_t w2) {
+    const uint32_t lo = ((w0 >> 6) & 0x03030303u) | ((w1 >> 4) & ~0x03030303u);  // field bits 0..1, 2..3 (+ junk)
+    return (lo & 0x0F0F0F0Fu) | ((w2 >> 2) & ~0x0F0F0F0Fu);                       // 4..5 (+ junk in 6..7)
+}
+
+// The word that holds field F of a lane's K = 3 words in bits 0..5 of its byte F % 4.
+template <int F>
+__device__ __forceinline__ uint32_t k3_word(const uint32_t (&w)[12]) {
+    constexpr int r = F / 16, i = F % 16;
+    if constexpr (i < 12) return w[3 * r + i / 4];
+    else return k3_spare(w[3 * r], w[3 * r + 1], w[3 * r + 2]);
+}
+
+// The value (2K bits: code0 | code1 << K) of field f of a lane's words, for readers without a table (f a constant
+// once the caller's loops unroll).
+template <int BITS>
+__device__ __forceinline__ uint32_t pair_field(const uint32_t (&w)[4 * BITS], int f) {
+    if constexpr (BITS == 3) {
+        const int r = f / 16, i = f % 16;
+        const uint32_t word = i < 12 ? w[3 * r + i / 4] : k3_spare(w[3 * r], w[3 * r + 1], w[3 * r + 2]);
+        return (word >> (8 * (i % 4))) & 0x3Fu;
+    } else {
+        const int bit = 2 * BITS * f, lo = bit >> 5, sh = bit & 31;
+        uint32_t field = w[lo] >> sh;
+        if (sh + 2 * BITS > 32) field |= w[lo + 1] << (32 - sh);  // straddles two words (K = 5)
+        return field & ((1u << (2 * BITS)) - 1u);
+    }
+}
+
 // The lookup table: one entry per value of a lookup field of the lane's code stream, holding
 // the field's decoded fp16/bf16 values, replicated so that a warp's 32 lookups never conflict
 // whatever the indices (lane l reads replica l % R).
@@ -75,7 +108,13 @@ __device__ __forceinline__ uint32_t mask_shift_add(uint32_t word, uint32_t base)
 //   QUAD (K=2 only, the stream-K kernel): 8-bit fields = two consecutive pairs, 8-byte entries
 //     = two consecutive A-fragment registers: one 64-bit load decodes 4 codes. (A warp's 64-bit
 //     loads are served a half-warp at a time; 32 replicas fill both halves' banks.)
-// Byte-wide fields (K=4 pairs, K=2 quads) get 256-byte entry rows, so a lookup's offset is
+// K=3's 6-bit pairs lie in bytes (k3_word), with two other bits above them: the table has 256 entries, 4 copies of
+// each pair's, and is looked up as K=4's (COMPACT: 64 entries, the byte masked). Against the plain 6-bit stream
+// (mask + LEA per field, a funnel shift where one straddled), H100, cold, us: the bulk-copy GEMV 8192x29568 41.9 ->
+// 39.0, 4096x28672 23.8 -> 22.0; the stream-K kernel tied on large shapes and lost ~0.2 us on small ones to the
+// larger table (4096x6144 8.10 -> 8.28), and lost more with the byte layout and the 8 KB table (8.70; 8192x29568
+// 38.3 -> 41.9); Llama-3-8B b1 kbit3 475.7 -> 487.9 tok/s (benchmarks/journal/2026-11-27_k3_byte_layout.md).
+// Byte-wide fields (K=4 pairs, K=3 pairs in bytes, K=2 quads) get 256-byte entry rows, so a lookup's offset is
 // (field << 8) | (lane * entry bytes): one byte permute (PRMT) of the code word, plus the table
 // base as a uniform register in the load. Other fields: mask + shift-add (LEA), 2 instructions.
 // K=5 (1024 entries) keeps 16 replicas so its table is 64 KB, not 128 KB: lanes l and l+16 share
@@ -86,10 +125,11 @@ template <int BITS, bool QUAD, bool COMPACT = false>
 struct Lut {
     static_assert(!QUAD || BITS == 2, "quad lookups are for K=2");
     static constexpr int kFieldBits = QUAD ? 8 : 2 * BITS;
-    static constexpr int kEntries = 1 << kFieldBits;
+    static constexpr int kIndexBits = BITS == 3 && !COMPACT ? 8 : kFieldBits;  // bits of a lookup's index
+    static constexpr int kEntries = 1 << kIndexBits;
     static constexpr int kEntryBytes = QUAD ? 8 : 4;
     static constexpr int kReplicas = BITS == 5 ? 16 : 32;
-    static constexpr bool kBytePerm = kFieldBits == 8 && !COMPACT;
+    static constexpr bool kBytePerm = kIndexBits == 8 && !COMPACT;
     static constexpr int kRowShift = kBytePerm ? 8 : BITS == 5 ? 6 : 7;  // log2(bytes per entry row)
     static constexpr size_t kBytes = size_t(kEntries) << kRowShift;
     static_assert(kReplicas * kEntryBytes <= (1 << kRowShift), "entry row");
@@ -101,11 +141,15 @@ struct Lut {
     }
 
     // Shared address of the entry for field F of the lane's stream (bits [F * kFieldBits, ...)).
-    // Odd-K fields that straddle two words are joined by one funnel shift first.
+    // K=5 fields that straddle two words are joined by one funnel shift first.
     template <int F>
     static __device__ __forceinline__ uint32_t addr(const uint32_t (&w)[4 * BITS], uint32_t lane_op, uint32_t table) {
         constexpr int bit = kFieldBits * F, wi = bit / 32, s = bit % 32;
-        if constexpr (kBytePerm) {
+        if constexpr (BITS == 3) {
+            constexpr int b = F % 4;  // the field's byte in k3_word
+            if constexpr (kBytePerm) return table + __byte_perm(k3_word<F>(w), lane_op, 0x5504u | (b << 4));
+            else return mask_shift_add<0x3Fu << (8 * b), kRowShift - 8 * b>(k3_word<F>(w), lane_op);
+        } else if constexpr (kBytePerm) {
             // byte s/8 of the word to bits 8..15, the lane offset (byte 0 of lane_op) to bits 0..7,
             // zeros (byte 1 of lane_op) above
             return table + __byte_perm(w[wi], lane_op, 0x5504u | ((s / 8) << 4));
@@ -125,8 +169,11 @@ struct Lut {
     // each chunk's values by warp shuffles and writes the chunks. The GEMVs fetch before they request any
     // weights. One load per thread instead of two per chunk: the split kernel lost its spills, and
     // Llama-3-8B's GEMVs ran ~1% faster (H100, M = 1; benchmarks/journal/2026-11-26_gemv_startup.md).
+    // K=3 in bytes: the entries e, e + 64, e + 128, e + 192 are one value, computed once and stored kCopies times.
     static constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
-    static constexpr int kChunks = kEntries * kChunksPerEntry;
+    static constexpr int kValues = 1 << kFieldBits < kEntries ? 1 << kFieldBits : kEntries;
+    static constexpr int kCopies = kEntries / kValues;
+    static constexpr int kChunks = kValues * kChunksPerEntry;
     static_assert((1 << BITS) <= 32, "one codebook value per lane");
 
     static __device__ __forceinline__ float fetch(const float* __restrict__ codebook) {
@@ -146,12 +193,15 @@ struct Lut {
                 const uint32_t v0 = Pack2<T>::pack(value(e & 3), value((e >> 2) & 3));
                 const uint32_t v1 = Pack2<T>::pack(value((e >> 4) & 3), value((e >> 6) & 3));
                 chunk = make_uint4(v0, v1, v0, v1);
-            } else {  // e = code0 | code1 << K
+            } else {  // e = code0 | code1 << K (K = 3 in bytes: bits 6, 7 ignored)
                 const uint32_t v = Pack2<T>::pack(value(e & kMask), value((e >> BITS) & kMask));
                 chunk = make_uint4(v, v, v, v);
             }
-            if (kChunks % THREADS == 0 || c < kChunks)  // after the shuffles: every lane takes part in them
-                reinterpret_cast<uint4*>(g_table + (size_t(e) << kRowShift))[part] = chunk;
+            if (kChunks % THREADS == 0 || c < kChunks) {  // after the shuffles: every lane takes part in them
+#pragma unroll
+                for (int k = 0; k < kCopies; ++k)
+                    reinterpret_cast<uint4*>(g_table + (size_t(e + k * kValues) << kRowShift))[part] = chunk;
+            }
         }
     }
 

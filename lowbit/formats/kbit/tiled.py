@@ -20,8 +20,18 @@ Per lane and group, 4*K 32-bit words (K 16-byte chunks) hold a little-endian bit
 lane's 64 pair fields, 2K bits each, in order f = 8*j + p (block j, pair p):
 
     field(j, p) = code(e=0) | code(e=1) << K        at stream bits [2K*f, 2K*f + 2K)
-    K=2: nibbles, K=4: bytes (no field crosses a word); K=3 / K=5: 6 / 10-bit fields, a few of
-    which straddle two words (the kernel joins those with one funnel shift)
+    K=2: nibbles, K=4: bytes (no field crosses a word); K=5: 10-bit fields, a few of which
+    straddle two words (the kernel joins those with one funnel shift)
+
+K=3 is not a plain stream: its 6-bit fields sit in bytes, so that one byte permute addresses the
+kernels' table, as K=4's bytes do (a mask and a shift-add per field otherwise). Words 3r, 3r+1,
+3r+2 hold the 16 fields f = 16r + i of blocks 2r and 2r+1:
+
+    i < 12 : bits 0..5 of byte i % 4 of word 3r + i // 4
+    i >= 12: field bits 2c, 2c+1 at bits 6, 7 of byte i - 12 of word 3r + c (c = 0, 1, 2)
+
+The kernels gather the last four with three shifts and two bitwise selects into one word of four
+such bytes (csrc/tiled/decode.cuh, k3_spare).
 
     qweight : int32 [..., T, G, K, 32, 4]   word i of lane l at [..., c = i // 4, l, i % 4]
               (a warp's load of chunk c covers 512 contiguous bytes)
@@ -33,6 +43,8 @@ The kernels' lookup table has one entry per field value (2^2K entries) holding
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -48,11 +60,29 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def _stream_positions(bits: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the 64 fields of a lane: first word, bit offset in it, and whether it spills into the next."""
-    start = torch.arange(64, device=device) * (2 * bits)
-    word, shift = start // 32, start % 32
-    return word, shift, shift + 2 * bits > 32
+@functools.lru_cache(maxsize=None)
+def _field_pieces(bits: int) -> tuple[tuple[int, ...], ...]:
+    """Where the bits of a lane's 64 fields sit in its 4*bits words: one row per contiguous piece,
+    (field, word, bit offset in the word, width, bit offset in the field)."""
+    rows = []
+    for f in range(64):
+        if bits == 3:
+            r, i = divmod(f, 16)
+            if i < 12:
+                rows.append((f, 3 * r + i // 4, 8 * (i % 4), 6, 0))
+            else:
+                rows += [(f, 3 * r + c, 8 * (i - 12) + 6, 2, 2 * c) for c in range(3)]
+        else:
+            word, shift = divmod(2 * bits * f, 32)
+            width = min(2 * bits, 32 - shift)
+            rows.append((f, word, shift, width, 0))
+            if width < 2 * bits:  # the rest spills into the next word
+                rows.append((f, word + 1, 0, 2 * bits - width, width))
+    return tuple(zip(*rows))
+
+
+def _pieces(bits: int, device) -> list[torch.Tensor]:
+    return [torch.tensor(col, dtype=torch.int64, device=device) for col in _field_pieces(bits)]
 
 
 def tiled_shape(n: int, k_in: int) -> tuple[int, int]:
@@ -98,10 +128,10 @@ def pack_codes(codes: torch.Tensor, absmax: torch.Tensor, bits: int) -> tuple[to
     c = c.permute(perm).reshape(*lead, t_count, g_count, 8, 32, 8, 2)
     field = c[..., 0] | (c[..., 1] << bits)  # [..., T, G, j, lane, p]
     field = field.movedim(-3, -2).reshape(*lead, t_count, g_count, 32, 64)  # f = 8j + p
-    word, shift, spill = _stream_positions(bits, field.device)
+    f, word, shift, width, f_shift = _pieces(bits, field.device)
     lane_words = torch.zeros((*field.shape[:-1], 4 * bits), dtype=torch.int64, device=field.device)
-    lane_words.index_add_(-1, word, (field << shift) & 0xFFFFFFFF)  # fields never overlap: add = or
-    lane_words.index_add_(-1, word[spill] + 1, field[..., spill] >> (32 - shift[spill]))
+    pieces = ((field[..., f] >> f_shift) & ((1 << width) - 1)) << shift
+    lane_words.index_add_(-1, word, pieces)  # pieces never overlap: add = or
     q = lane_words.reshape(*lead, t_count, g_count, 32, bits, 4).transpose(-3, -2)
     qweight = _to_int32(q).contiguous()
     qabsmax = amax.reshape(*lead, t_count, 2, 8, g_count, 8).permute(
@@ -119,12 +149,11 @@ def unpack_codes(qweight: torch.Tensor, bits: int, n: int, k_in: int) -> torch.T
     nl = len(lead)
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     lane_words = w.transpose(-3, -2).reshape(*lead, t_count, g_count, 32, 4 * bits)
-    word, shift, spill = _stream_positions(bits, w.device)
-    field = lane_words[..., word] >> shift
-    # the high part of a field that spills into the next word; no boolean indexing (a host sync,
-    # which CUDA-graph capture forbids)
-    nxt = lane_words[..., (word + 1).clamp(max=4 * bits - 1)] << (32 - shift)
-    field = (field | nxt * spill) & ((1 << 2 * bits) - 1)  # [..., lane, f = 8j + p]
+    f, word, shift, width, f_shift = _pieces(bits, w.device)
+    pieces = ((lane_words[..., word] >> shift) & ((1 << width) - 1)) << f_shift
+    # index_add_, not boolean indexing: no host sync (CUDA-graph capture forbids one)
+    field = torch.zeros((*lane_words.shape[:-1], 64), dtype=torch.int64, device=w.device)
+    field.index_add_(-1, f, pieces)  # [..., lane, f = 8j + p]
     mask = (1 << bits) - 1
     codes = torch.stack([field & mask, field >> bits], dim=-1).to(torch.uint8)
     # [..., T, G, lane(g,t), j, p(m,q,h), e] -> [..., T, h, g, G, j, t, m, q, e]
