@@ -339,7 +339,8 @@ def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
       K = 4: two or more slices of 16 groups and >= 24 stages of one tile's slice per CTA (8192x29568 49.8 -> 47.6,
              8192x28672 48.7 -> 47.3, 28672x8192 48.2 -> 47.6) or 19 <= u <= 32 (4096x4096 7.8 -> 7.1, 5120x2048
              6.4 -> 5.9, 2048x5120 6.1 -> 5.9); it loses with one slice (4096x28672 25.95 -> 26.4) or few stages;
-      K = 3 and K = 5: never (slower or tied everywhere measured)."""
+      K = 3 and K = 5: never (slower or tied everywhere measured; K = 3 with its fields in bytes too, but for
+             4096x4096, 6.9 against the split kernel's 7.2)."""
     tiles, groups = -(-n // 16), -(-k_in // 256)
     ctas = max(1, min(tiles, sms))
     u = tiles * groups / ctas
@@ -369,8 +370,11 @@ BULK_SWIGLU_BITS = (4,)
 #: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
 #: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz. With its
 #: ring refilled by each stage's last reader (not by warp 0) K = 3 took 41.4 us on an H100, ~2.38 TB/s: 9.1
-#: (benchmarks/journal/2026-11-27_bulk_ring_relay.md). K = 4 is not re-measured where its decode bounds it (an
-#: H200); on an H100 HBM bounds it.
+#: (benchmarks/journal/2026-11-27_bulk_ring_relay.md). With K = 3's fields in bytes (one byte permute per lookup) it
+#: took 39.0 us (~9.6), a tie with the stream-K kernel's 38.3 there; 9.1 stays, keeping the rule's choices: at 9.6
+#: an H100's K = 3 down_proj (108 units per CTA) would go to the bulk kernel, and in the step that measured 485.4
+#: against 486.8 tok/s (benchmarks/journal/2026-11-27_k3_byte_layout.md). K = 4 is not re-measured where its decode
+#: bounds it (an H200); on an H100 HBM bounds it.
 BULK_DECODE_RATE = {3: 9.1, 4: 11.3}
 #: The share of the nominal HBM bandwidth the stream-K kernel streams on large shapes (8192x29568 K = 4: 0.79 on
 #: an H100, 3352 GB/s nominal; 0.71 on an H200, 4817).
