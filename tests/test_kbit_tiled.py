@@ -39,8 +39,8 @@ def test_repack_stacked_experts(gen):
 def test_lane_mapping_matches_docstring(bits, lane, j, p, gen):
     """Lane (g, t), block j, pair p = 4m + 2q + h: row 8h + g, columns 32j + 8t + 4m + 2q + (0, 1).
 
-    (0, 0, 5) is field 5: bits 50..59 for K=5, straddling words 1 and 2. K=3's fields lie in bytes; fields
-    (3, 6) and (7, 7) are spare ones, their bits in the top two bits of three words' bytes.
+    (17, 1, 4) is field 12: bits 120..129 for K=5, straddling words 3 and 4. K=3's fields lie in bytes; fields
+    (j, p) = (1, 4), (3, 6) and (7, 7) are spare ones, their bits in the top two bits of three words' bytes.
     """
     q = lowbit.quantize_kbit(torch.randn(16, 256, generator=gen), bits=bits)
     codes = kbit.unpack_planes(q.planes, bits)

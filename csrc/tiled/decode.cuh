@@ -140,7 +140,7 @@ struct Lut {
         else return table + uint32_t(lane % kReplicas) * kEntryBytes;
     }
 
-    // Shared address of the entry for field F of the lane's stream (bits [F * kFieldBits, ...)).
+    // Shared address of the entry for field F of the lane's stream (bits [F * kFieldBits, ...); K=3: k3_word).
     // K=5 fields that straddle two words are joined by one funnel shift first.
     template <int F>
     static __device__ __forceinline__ uint32_t addr(const uint32_t (&w)[4 * BITS], uint32_t lane_op, uint32_t table) {

@@ -38,7 +38,7 @@ such bytes (csrc/tiled/decode.cuh, k3_spare).
     qabsmax : uint8 [..., T, G, 128]        byte 16*g + 8*h + j = absmax of row 8*h+g, block j
               (lane (g, t) loads its 16 bytes in one load; the 4 lanes of a row group share it)
 
-The kernels' lookup table has one entry per field value (2^2K entries) holding
+The kernels' lookup table has one entry per field value (2^2K entries; K=3: 256, each value 4 times) holding
 (codebook[code0], codebook[code1]) as two fp16/bf16 values: one shared-memory load decodes a pair.
 """
 
