@@ -253,18 +253,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     }
 }
 
-// The dynamic shared memory a CTA may have on the current device (the opt-in maximum, less 1 KB for the kernel's
-// static barriers).
-inline int bulk_smem_limit() {
-    int device = 0, v = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return v > 1024 ? v - 1024 : 0;
-}
-
 // Stages of the ring for an N x K_in weight on `ctas` CTAs (one per SM, at most one per tile; swi: per tile pair);
 // 0: it does not fit (fewer than two stages beside the table and the partial sums).
 template <int BITS>
@@ -273,7 +261,7 @@ int bulk_gemv_ring(int n, int ctas, int swi) {
     const int owned = swi ? n / 32 : (n + 15) / 16;  // what the CTAs cut: tiles, or tile pairs
     if (ctas < 1 || ctas > owned) return 0;
     const int max_tiles = (swi ? 2 : 1) * (owned / ctas + (owned % ctas > 0));
-    const int64_t room = int64_t(bulk_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles));
+    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles));
     const int64_t r = room > 0 ? room / int64_t(bulk_stage_bytes<BITS>()) : 0;
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
@@ -297,7 +285,7 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
         bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0))) + size_t(ring) * bulk_stage_bytes<BITS>();
     auto kernel = swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
                       : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
-    if (int err = configure(kernel, size_t(bulk_smem_limit()))) return err;  // one attribute: the most any call takes
+    if (int err = configure(kernel, size_t(dynamic_smem_limit()))) return err;  // one attribute: the most any call takes
     Launch l(ctas, kStreamWarps, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
                                                static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),

@@ -523,6 +523,18 @@ __host__ __device__ constexpr size_t swi_smem(int pairs) { return size_t(pairs) 
 template <int BITS, bool FP4> constexpr bool kStageX = !FP4 && BITS <= 3;
 constexpr size_t kStageXMaxBytes = 32 * 1024;
 
+// The dynamic shared memory a CTA may have on the current device: the opt-in maximum, less 1 KB for the kernels'
+// static shared memory (the stream-K kernel's is <= 1 KB, the bulk-copy kernel's barriers less).
+inline int dynamic_smem_limit() {
+    int device = 0, v = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return v > 1024 ? v - 1024 : 0;
+}
+
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
 // into n_warps contiguous ranges, one per warp, on a grid that fits the GPU in one wave: warp w
 // gets q + (w < r) units (q, r = units / n_warps, units % n_warps). A warp's range covers whole
@@ -1093,7 +1105,11 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const int max_pairs = tiles.q + (tiles.r > 0);
     if (swi && max_pairs > kSwiMaxPairs) return static_cast<int>(cudaErrorInvalidValue);
     const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
-    const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes;
+    // the shared copy of x only where the instance's largest request fits the device; where K = 3's 64 KB table and
+    // the copy (and the SwiGLU outputs) pass its limit (99 KB on sm_86 / sm_89 parts), x is read from global memory
+    const size_t xs_request = stream_smem<BITS>() + kStageXMaxBytes + (swi ? swi_smem(kSwiMaxPairs) : 0);
+    const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes &&
+                    xs_request <= size_t(dynamic_smem_limit());
     const size_t smem = stream_smem<BITS>() + (swi ? swi_smem(max_pairs) : 0) + (xs ? x_bytes : 0);
     const int pdl = flags & kFlagPdl;
     auto kernel = pick_instance<FP4>(flags, [xs, with_epi, swi](auto rot_) {
