@@ -171,7 +171,7 @@ struct Lut {
     // Llama-3-8B's GEMVs ran ~1% faster (H100, M = 1; benchmarks/journal/2026-11-26_gemv_startup.md).
     // K=3 in bytes: the entries e, e + 64, e + 128, e + 192 are one value, computed once and stored kCopies times.
     static constexpr int kChunksPerEntry = kReplicas * kEntryBytes / 16;
-    static constexpr int kValues = 1 << kFieldBits < kEntries ? 1 << kFieldBits : kEntries;
+    static constexpr int kValues = 1 << kFieldBits;  // <= kEntries: kIndexBits >= kFieldBits
     static constexpr int kCopies = kEntries / kValues;
     static constexpr int kChunks = kValues * kChunksPerEntry;
     static_assert((1 << BITS) <= 32, "one codebook value per lane");
