@@ -46,6 +46,7 @@ def test_library_builds_and_exports_symbols(built_library):
     lib = ctypes.CDLL(built_library)  # static cudart: loads without a GPU driver
     assert lib.lowbit_abi_version() == ABI_VERSION
     assert set(SIGNATURES) == {"kbit_dequant", "kbit_tiled_dequant", "read_bw", "copy_bw", "kbit_gemv", "kbit_gemv_occupancy",
+                               "kbit_gemv_swiglu_pairs", "kbit_routed_act_fits", "nvfp4_gemv_swiglu_pairs",
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
                                "kbit_routed_gemv", "kbit_bulk_gemv", "kbit_bulk_gemv_ring", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
@@ -54,6 +55,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "sbvr_lookup_gemv", "decode_attention", "decode_attention_occupancy", "moe_router"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     assert hasattr(lib, "lowbit_check_expert_offsets") and hasattr(lib, "lowbit_clear_error")
+    assert hasattr(lib, "lowbit_nvfp4_gemv_swiglu_pairs")
     from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
@@ -85,6 +87,7 @@ def test_library_builds_and_exports_symbols(built_library):
         for dt in DTYPE_NAMES.values():
             assert hasattr(lib, f"lowbit_kbit_dequant_b{bits}_{dt}")
         assert hasattr(lib, f"lowbit_kbit_bulk_gemv_ring_b{bits}")
+        assert hasattr(lib, f"lowbit_kbit_gemv_swiglu_pairs_b{bits}") and hasattr(lib, f"lowbit_kbit_routed_act_fits_b{bits}")
         for dt in ("fp16", "bf16"):
             assert hasattr(lib, f"lowbit_kbit_bulk_gemv_b{bits}_{dt}")
             assert hasattr(lib, f"lowbit_kbit_split_gemv_b{bits}_{dt}")

@@ -1,5 +1,5 @@
 // kbit's instances of the tiled decode GEMV (tiled/gemv.cuh): lowbit_kbit_gemv_b<BITS>_<dtype>_m<M>,
-// lowbit_kbit_split_gemv_b<BITS>_<dtype> and their occupancy queries, for K = 2..5.
+// lowbit_kbit_split_gemv_b<BITS>_<dtype>, their occupancy queries and the shared-memory limits, for K = 2..5.
 #include "tiled/gemv.cuh"
 
 #define LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, M)                                                               \
@@ -46,6 +46,17 @@
 #define LOWBIT_DEFINE_GEMV_BITS(BITS)                  \
     LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)       \
     LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)
+// per K, whatever the dtype: the SwiGLU epilogue's tile pairs per CTA on this device, and whether the routed down
+// GEMV's own activation fits it (gemv.cuh: swi_max_pairs, routed_act_fits)
+#define LOWBIT_DEFINE_LIMITS(BITS)                                                                          \
+    extern "C" int lowbit_kbit_gemv_swiglu_pairs_b##BITS(void) { return lowbit::gemv::swi_max_pairs<BITS>(false); } \
+    extern "C" int lowbit_kbit_routed_act_fits_b##BITS(int n_experts, int routes, int k_in) {               \
+        return lowbit::gemv::routed_act_fits<BITS>(n_experts, routes, k_in);                                \
+    }
+LOWBIT_DEFINE_LIMITS(2)
+LOWBIT_DEFINE_LIMITS(3)
+LOWBIT_DEFINE_LIMITS(4)
+LOWBIT_DEFINE_LIMITS(5)
 LOWBIT_DEFINE_GEMV_BITS(2)
 LOWBIT_DEFINE_GEMV_BITS(3)
 LOWBIT_DEFINE_GEMV_BITS(4)

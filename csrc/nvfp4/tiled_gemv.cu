@@ -32,5 +32,7 @@
         return lowbit::gemv::occupancy(lowbit::gemv::kbit_split_gemv_kernel<4, TYPE, true, false, true>,     \
                                        lowbit::gemv::split_smem<4>(n_experts), lowbit::gemv::kWarps);        \
     }
+// the SwiGLU epilogue's tile pairs per CTA on this device (gemv.cuh: swi_max_pairs)
+extern "C" int lowbit_nvfp4_gemv_swiglu_pairs(void) { return lowbit::gemv::swi_max_pairs<4>(false); }
 LOWBIT_DEFINE_NVFP4_DTYPE(fp16, __half)
 LOWBIT_DEFINE_NVFP4_DTYPE(bf16, __nv_bfloat16)

@@ -26,6 +26,7 @@
 // memory when every CTA owns whole tiles) and split-in-CTA (grouped MoE and small dense shapes;
 // the warps of a tile reduce through shared memory in slice order). All are deterministic: the
 // summation order never depends on which warp arrives first.
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -525,14 +526,31 @@ constexpr size_t kStageXMaxBytes = 32 * 1024;
 
 // The dynamic shared memory a CTA may have on the current device: the opt-in maximum, less 1 KB for the kernels'
 // static shared memory (the stream-K kernel's is <= 1 KB, the bulk-copy kernel's barriers less).
+// LOWBIT_SMEM_LIMIT (bytes, read once) lowers the opt-in maximum: an H100 then sizes these kernels as a part with
+// less shared memory would (101376 = sm_86 / sm_89's 99 KB; tests/gpu/test_smem_limit_gpu.py).
 inline int dynamic_smem_limit() {
+    static const long cap = [] {
+        const char* s = std::getenv("LOWBIT_SMEM_LIMIT");
+        return s != nullptr && *s != '\0' ? std::strtol(s, nullptr, 10) : 0L;
+    }();
     int device = 0, v = 0;
     cudaGetDevice(&device);
     if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
+    if (cap > 0 && cap < v) v = static_cast<int>(cap);
     return v > 1024 ? v - 1024 : 0;
+}
+
+// Tile pairs a CTA of the SwiGLU epilogue may hold on this device (<= kSwiMaxPairs): the room left by the table, the
+// partial sums and (xs) x's copy, in swi_smem(1) steps. An H100 or H200 keeps 32 either way; a 99 KB part (sm_86 /
+// sm_89) has 18 without the copy and no room for it.
+template <int BITS>
+int swi_max_pairs(bool xs) {
+    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(stream_smem<BITS>() + (xs ? kStageXMaxBytes : 0));
+    const int64_t pairs = room > 0 ? room / int64_t(swi_smem(1)) : 0;
+    return int(pairs < kSwiMaxPairs ? pairs : kSwiMaxPairs);
 }
 
 // Dense GEMV, "stream-K": the n_tiles x n_groups units (16 rows x 256 columns each) are cut
@@ -798,7 +816,7 @@ struct Routes {
 constexpr int kMaxRoutes = kWarps * 32;  // one route per thread while the CTA orders them
 
 // The split kernel's dynamic shared memory: the table, the active experts, then for routes their raw and sorted ids
-// (ints); ACT: 8 staged rows of K_in after that, 16-byte aligned.
+// (ints); ACT: min(8, routes) staged rows of K_in after that (a chunk's routes), 16-byte aligned.
 template <int BITS> __host__ __device__ constexpr size_t split_lists_end(int n_experts, int routes) {
     return Lut<BITS, false>::kBytes + size_t(n_experts) * sizeof(ActiveExpert) + size_t(routes) * 2 * sizeof(int);
 }
@@ -806,7 +824,7 @@ template <int BITS> __host__ __device__ constexpr size_t split_act_offset(int n_
     return (split_lists_end<BITS>(n_experts, routes) + 15) & ~size_t(15);
 }
 template <int BITS> __host__ __device__ constexpr size_t split_smem(int n_experts, int routes = 0, int act_k_in = 0) {
-    return act_k_in ? split_act_offset<BITS>(n_experts, routes) + 8 * x_row_bytes(act_k_in)
+    return act_k_in ? split_act_offset<BITS>(n_experts, routes) + size_t(routes < 8 ? routes : 8) * x_row_bytes(act_k_in)
                     : split_lists_end<BITS>(n_experts, routes);
 }
 
@@ -1103,13 +1121,13 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     const int grid = (n_warps + kStreamWarps - 1) / kStreamWarps;
     const StreamK tiles{owned / grid, owned % grid};  // local: CTA c's tiles (pairs)
     const int max_pairs = tiles.q + (tiles.r > 0);
-    if (swi && max_pairs > kSwiMaxPairs) return static_cast<int>(cudaErrorInvalidValue);
+    if (swi && max_pairs > swi_max_pairs<BITS>(false)) return static_cast<int>(cudaErrorInvalidValue);
     const size_t x_bytes = size_t(m < MAXM ? m : MAXM) * x_row_bytes(k_in);
-    // the shared copy of x only where the instance's largest request fits the device; where K = 3's 64 KB table and
-    // the copy (and the SwiGLU outputs) pass its limit (99 KB on sm_86 / sm_89 parts), x is read from global memory
-    const size_t xs_request = stream_smem<BITS>() + kStageXMaxBytes + (swi ? swi_smem(kSwiMaxPairs) : 0);
-    const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes &&
-                    xs_request <= size_t(dynamic_smem_limit());
+    // the shared copy of x only where the instance's largest request fits the device; where the 64 KB table and the
+    // copy (and the SwiGLU outputs) pass its limit (99 KB on sm_86 / sm_89 parts), x is read from global memory
+    const bool xs_fits = swi ? max_pairs <= swi_max_pairs<BITS>(true)
+                             : stream_smem<BITS>() + kStageXMaxBytes <= size_t(dynamic_smem_limit());
+    const bool xs = kStageX<BITS, FP4> && !(flags & kFlagGlobalX) && x_bytes <= kStageXMaxBytes && xs_fits;
     const size_t smem = stream_smem<BITS>() + (swi ? swi_smem(max_pairs) : 0) + (xs ? x_bytes : 0);
     const int pdl = flags & kFlagPdl;
     auto kernel = pick_instance<FP4>(flags, [xs, with_epi, swi](auto rot_) {
@@ -1133,9 +1151,9 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
         }
         return kbit_gemv_kernel<BITS, T, MAXM, FP4, R, false>;
     });
-    // one attribute per instance, whatever the call: the most any call of it takes
+    // one attribute per instance, whatever the call: the most any call of it takes on this device
     if (int err = configure(kernel, xs || swi ? stream_smem<BITS>() + (xs ? kStageXMaxBytes : 0) +
-                                                    (swi ? swi_smem(kSwiMaxPairs) : 0)
+                                                    (swi ? swi_smem(swi_max_pairs<BITS>(xs)) : 0)
                                               : smem))
         return err;
     const int64_t units = int64_t(n_tiles) * n_groups;
@@ -1164,6 +1182,15 @@ int gemv_occupancy() {
 // to 16 warps per tile, for rows of more than 8 groups, measured slower: 4096x4096 7.63 -> 9.29 us.)
 // Mirrored by lowbit.kernels.tiled.split_items.
 inline int split_for(int n_groups) { return n_groups < kWarps ? n_groups : kWarps; }
+
+// Whether the routed down GEMV that computes silu(gate) * up itself (kFlagAct) fits this device's shared memory for
+// `routes` routes of n_experts experts and a K_in of k_in: its staged rows grow with K_in (Mixtral-sized
+// experts, K_in = 14336, need 28 KB a row), so where they do not fit, the activation runs as its own step.
+template <int BITS>
+int routed_act_fits(int n_experts, int routes, int k_in) {
+    if (n_experts < 1 || routes < 1 || k_in < 32) return 0;
+    return split_smem<BITS>(n_experts, routes, k_in) <= size_t(dynamic_smem_limit()) ? 1 : 0;
+}
 
 template <int BITS, typename T, bool FP4 = false>
 int launch_split(const void* x, const int64_t* offsets, int m_dense, const void* qweight, const void* qabsmax,

@@ -32,6 +32,7 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         # flags, epilogue (lowbit_epilogue*, null: none), stream
         f"{name}_gemv": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P],
         f"{name}_gemv_occupancy": [],
+        f"{name}_gemv_swiglu_pairs": [],  # tile pairs a SwiGLU epilogue CTA holds at most on the current device
         # x, expert_offsets (null: dense), m_dense, qweight, qscales, values, scales, y, bias ([n_experts, n]
         # or null), n_experts, n, k_in, max_ctas, flags, epilogue (dense only; null: none), stream
         f"{name}_split_gemv": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P],
@@ -49,6 +50,8 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
         # k_in, max_ctas, pdl (0/1), stream
         out[f"{name}_routed_gemv"] = [_P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P]
+        # n_experts, routes, k_in -> 1 where the routed GEMV's own SiLU-mul (flag bit 5) fits the current device
+        out[f"{name}_routed_act_fits"] = [_I, _I, _I]
     if grouped_gemm:
         # x, expert_offsets int64 [E + 1], qweight, qscales, values, scales [E], y, bias ([E, n] or null),
         # n_experts, n, k_in, ctas, stream
@@ -206,19 +209,49 @@ def local_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: in
 
 
 #: Tile pairs (a gate tile and its up tile) a CTA of the SwiGLU epilogue holds in shared memory at most
-#: (csrc/tiled/gemv.cuh: kSwiMaxPairs).
+#: (csrc/tiled/gemv.cuh: kSwiMaxPairs); fewer where the device has less shared memory (swiglu_max_pairs).
 SWIGLU_MAX_PAIRS = 32
+_swiglu_pairs: dict = {}
+
+
+def swiglu_max_pairs(lib, device: torch.device, fmt) -> int:
+    """Tile pairs a CTA of the SwiGLU epilogue can hold on ``device`` (<= SWIGLU_MAX_PAIRS): 32 on an H100 or H200,
+    18 on a 99 KB part (sm_86 / sm_89), the library's own answer (csrc/tiled/gemv.cuh: swi_max_pairs)."""
+    fmt = tiled_format(fmt)
+    key = (device.index, fmt)
+    if key not in _swiglu_pairs:
+        op, sym = fmt.symbol("gemv_swiglu_pairs")
+        with torch.cuda.device(device):
+            _swiglu_pairs[key] = lib.symbol(op, **sym)()
+    return _swiglu_pairs[key]
 
 
 def swiglu_ctas(lib, device: torch.device, fmt, dtype: torch.dtype, m: int, n: int) -> int:
     """CTAs of the SwiGLU epilogue's GEMV (CTA-local, one wave, at most one per pair of 16-row tiles) for a
     ``[gate; up]`` weight of ``n`` rows; 0 where it cannot run (``n`` not a multiple of 32, or more pairs per CTA
-    than fit). kbit and NVFP4 (the same kernel's FP4 instances; rotated kbit has none)."""
+    than the device's shared memory holds). kbit and NVFP4 (the same kernel's FP4 instances; rotated kbit has
+    none)."""
     if n % 32:
         return 0
     pairs = n // 32
     ctas = min(pairs, _stream_resident_warps(lib, device, fmt, dtype, m) // STREAM_CTA_WARPS)
-    return ctas if -(-pairs // ctas) <= SWIGLU_MAX_PAIRS else 0
+    return ctas if -(-pairs // ctas) <= swiglu_max_pairs(lib, device, fmt) else 0
+
+
+_routed_act: dict = {}
+
+
+def routed_act_fits(lib, device: torch.device, fmt, n_experts: int, routes: int, k_in: int) -> bool:
+    """Whether the routed down GEMV can compute ``silu(gate) * up`` itself (FLAG_ROUTED_SWIGLU) for ``routes``
+    routes over ``n_experts`` experts of K_in ``k_in`` on ``device``: it stages min(8, routes) activation rows
+    in shared memory, so long expert rows (Mixtral's 14336) do not fit at every batch size."""
+    fmt = tiled_format(fmt)
+    key = (device.index, fmt, n_experts, routes, k_in)
+    if key not in _routed_act:
+        op, sym = fmt.symbol("routed_act_fits")
+        with torch.cuda.device(device):
+            _routed_act[key] = bool(lib.symbol(op, **sym)(n_experts, routes, k_in))
+    return _routed_act[key]
 
 
 #: A tile-aligned warp count is used when it keeps at least this share of the resident warps busy.
@@ -661,9 +694,11 @@ class RoutedLauncher(_ExpertsLauncher):
 
     def __call__(self, x: torch.Tensor, route_ids: torch.Tensor, rows_per_x: int, swiglu: bool = False) -> torch.Tensor:
         fn, (qw, qa, cb, sc), (experts, n, k, ctas) = self._plans.get(x.dtype) or self._plan(x.dtype)
+        count = route_ids.shape[0]
+        if swiglu and count and not routed_act_fits(self.lib, self.device, self.fmt, self.experts, count, self.k_in):
+            x, swiglu = swiglu_reference(x), False  # its staged rows pass the device's shared memory: the product first
         if x.data_ptr() % 16:
             x = x.clone()
-        count = route_ids.shape[0]
         y = torch.empty((count, self.n), dtype=x.dtype, device=self.device)
         if count == 0:
             return y
