@@ -56,6 +56,11 @@ RANDOM_CONFIGS = {
                                                  linear_num_key_heads=16, linear_num_value_heads=32,
                                                  linear_key_head_dim=128, linear_value_head_dim=128,
                                                  max_position_embeddings=8192)),
+    # Mixtral-8x7B: 8 experts of 14336 x 4096 (top-2), 93 GB in bf16 -- use --layers
+    "mixtral-8x7b": ("MixtralConfig", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                           num_hidden_layers=32, num_local_experts=8, num_experts_per_tok=2,
+                                           num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                                           rope_theta=1e6)),
     # the shapes of issue-scale multi-GPU runs: 140 GB in bf16, so `lowbit generate` builds it layer by layer
     "llama-3-70b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
                                         num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
