@@ -2,6 +2,7 @@
 // the per-lane group loads of the tiled layout (lowbit/formats/kbit/tiled.py) and the per-block
 // decode into mma.m16n8k16 A fragments (weights as A, tokens as B: "swap AB").
 #pragma once
+#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -362,11 +363,32 @@ int configure(K kernel, size_t smem) {
     return static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
+// The dynamic shared memory a CTA may have on the current device: the opt-in maximum, less 1 KB for the kernels'
+// static shared memory (the stream-K kernel's is <= 1 KB, the bulk-copy kernel's barriers less).
+// LOWBIT_SMEM_LIMIT (bytes, read once) lowers the opt-in maximum: an H100 then sizes the tiled kernels as a part
+// with less shared memory would (101376 = sm_86 / sm_89's 99 KB; tests/gpu/test_smem_limit_gpu.py), and occupancy()
+// refuses an instance whose request passes it.
+inline int dynamic_smem_limit() {
+    static const long cap = [] {
+        const char* s = std::getenv("LOWBIT_SMEM_LIMIT");
+        return s != nullptr && *s != '\0' ? std::strtol(s, nullptr, 10) : 0L;
+    }();
+    int device = 0, v = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (cap > 0 && cap < v) v = static_cast<int>(cap);
+    return v > 1024 ? v - 1024 : 0;
+}
+
 // CTAs of this kernel (of `warps` warps) that fit on one SM (registers, shared memory): sizes
-// one-wave grids; 0 when it cannot be configured.
+// one-wave grids; 0 when it cannot be configured (its shared memory passes dynamic_smem_limit()).
 template <typename K>
 int occupancy(K kernel, size_t smem, int warps) {
     int blocks = 0;
+    if (smem > size_t(dynamic_smem_limit())) return 0;
     if (configure(kernel, smem) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) != cudaSuccess) {
         cudaGetLastError();  // the caller reports 0; the refusal must not stay behind as the runtime's last error

@@ -403,7 +403,7 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
                    const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n,
                    int k_in, int ctas, void* stream) {
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256;
-    if (n_experts < 1 || ctas < 1 || grouped_smem<BITS, NT>(n_experts) > 227 * 1024)
+    if (n_experts < 1 || ctas < 1 || grouped_smem<BITS, NT>(n_experts) > size_t(dynamic_smem_limit()))
         return static_cast<int>(cudaErrorInvalidValue);
     const size_t smem = grouped_smem<BITS, NT>(n_experts);
     auto kernel = kbit_grouped_gemm_kernel<BITS, T, NT>;

@@ -26,7 +26,6 @@
 // memory when every CTA owns whole tiles) and split-in-CTA (grouped MoE and small dense shapes;
 // the warps of a tile reduce through shared memory in slice order). All are deterministic: the
 // summation order never depends on which warp arrives first.
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -523,25 +522,6 @@ __host__ __device__ constexpr size_t swi_smem(int pairs) { return size_t(pairs) 
 // only adds its own round trip (8192x29568 49.7 -> 50.2, 14336x4096 14.9 -> 15.6; M = 4 18.6 vs 15.8).
 template <int BITS, bool FP4> constexpr bool kStageX = !FP4 && BITS <= 3;
 constexpr size_t kStageXMaxBytes = 32 * 1024;
-
-// The dynamic shared memory a CTA may have on the current device: the opt-in maximum, less 1 KB for the kernels'
-// static shared memory (the stream-K kernel's is <= 1 KB, the bulk-copy kernel's barriers less).
-// LOWBIT_SMEM_LIMIT (bytes, read once) lowers the opt-in maximum: an H100 then sizes these kernels as a part with
-// less shared memory would (101376 = sm_86 / sm_89's 99 KB; tests/gpu/test_smem_limit_gpu.py).
-inline int dynamic_smem_limit() {
-    static const long cap = [] {
-        const char* s = std::getenv("LOWBIT_SMEM_LIMIT");
-        return s != nullptr && *s != '\0' ? std::strtol(s, nullptr, 10) : 0L;
-    }();
-    int device = 0, v = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (cap > 0 && cap < v) v = static_cast<int>(cap);
-    return v > 1024 ? v - 1024 : 0;
-}
 
 // Tile pairs a CTA of the SwiGLU epilogue may hold on this device (<= kSwiMaxPairs): the room left by the table, the
 // partial sums and (xs) x's copy, in swi_smem(1) steps. An H100 or H200 keeps 32 either way; a 99 KB part (sm_86 /

@@ -763,15 +763,25 @@ def gemm_splits(row_blocks: int, chunks: int, groups: int, resident_ctas: int) -
     return best
 
 
-def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, **params) -> int:
-    """CTAs per SM of a GEMM instance (``sym``: the symbol's leading parameters, e.g. bits)."""
+def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, required: bool = True, **params) -> int:
+    """CTAs per SM of a GEMM instance (``sym``: the symbol's leading parameters, e.g. bits); 0 where it does not
+    fit an SM of this device (its shared memory: x stages for 8 * nt tokens beside the table) unless ``required``."""
     key = (op, index, tuple(sym.items()), dtype, args, tuple(params.items()))
     if key not in _occupancy:
-        occ = lib.symbol(op + "_occupancy", **sym, dtype=dtype, **params)(*args)
-        if occ < 1:
-            raise RuntimeError(f"lowbit: {op} ({sym}, {params}, {args}) does not fit an SM")
-        _occupancy[key] = occ
+        with torch.cuda.device(index):
+            _occupancy[key] = lib.symbol(op + "_occupancy", **sym, dtype=dtype, **params)(*args)
+    if required and _occupancy[key] < 1:
+        raise RuntimeError(f"lowbit: {op} ({sym}, {params}, {args}) does not fit an SM of this GPU")
     return _occupancy[key]
+
+
+def _fitting_token_tiles(nt: int, fits) -> int:
+    """The largest compiled token-tile count <= ``nt`` whose instance ``fits(nt)`` on the device: a GPU with less
+    shared memory per block than an H100 (99 KB on sm_86 / sm_89) takes 64 rows in two chunks of 32 (K <= 4) or
+    four of 16 (K = 5) instead of one chunk of 64; the smallest is returned even if it does not fit (its
+    occupancy query then says so)."""
+    smaller = [t for t in GEMM_TOKEN_TILES if t <= nt]
+    return next((t for t in reversed(smaller) if fits(t)), smaller[0])
 
 
 class GemmLauncher(_Launcher):
@@ -790,10 +800,15 @@ class GemmLauncher(_Launcher):
         if key in self._plans:
             return self._plans[key]
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        nt = gemm_token_tiles(m)
-        chunks = -(-m // (8 * nt))
-        r = gemm_tiles_per_warp(nt, self.tiles, self.groups, chunks, sms)
         sym = self.sym
+
+        def shape(nt):  # (chunks of 8 nt rows, tiles per warp)
+            chunks = -(-m // (8 * nt))
+            return chunks, gemm_tiles_per_warp(nt, self.tiles, self.groups, chunks, sms)
+
+        nt = _fitting_token_tiles(gemm_token_tiles(m), lambda t: _gemm_occupancy(
+            self.lib, self.index, self.op, sym, dtype, nt=t, r=shape(t)[1], required=False) > 0)
+        chunks, r = shape(nt)
         occ = _gemm_occupancy(self.lib, self.index, self.op, sym, dtype, nt=nt, r=r)
         row_blocks = -(-self.tiles // (8 * r))
         if splits is None:
@@ -840,14 +855,18 @@ class GroupedGemmLauncher(_Launcher):
         self.experts = qweight.shape[0]
 
     def plan(self, dtype, nt: int):
+        """(symbol, CTAs) of the instance for ``nt`` token tiles, or of the largest smaller one where ``nt``'s
+        does not fit the device's shared memory (any ``nt`` takes any rows: longer runs in more chunks)."""
         key = (dtype, nt)
         if key not in self._plans:
             if nt not in GEMM_TOKEN_TILES:
                 raise ValueError(f"nt must be one of {GEMM_TOKEN_TILES}, got {nt}")
             op, sym = self.fmt.symbol("grouped_gemm")
-            occ = _gemm_occupancy(self.lib, self.index, op, sym, dtype, self.experts, nt=nt)
+            fit = _fitting_token_tiles(nt, lambda t: _gemm_occupancy(self.lib, self.index, op, sym, dtype, self.experts,
+                                                                     nt=t, required=False) > 0)
+            occ = _gemm_occupancy(self.lib, self.index, op, sym, dtype, self.experts, nt=fit)
             ctas = occ * torch.cuda.get_device_properties(self.device).multi_processor_count
-            fn = self.lib.raw_symbol(op, **sym, dtype=dtype, nt=nt)
+            fn = self.lib.raw_symbol(op, **sym, dtype=dtype, nt=fit)
             self._plans[key] = (fn, ctas)
         return self._plans[key]
 

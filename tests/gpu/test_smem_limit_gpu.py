@@ -59,27 +59,49 @@ def _run(cmd: list[str], limit: int) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_limits_follow_the_device():
-    """The SwiGLU epilogue holds 32 tile pairs per CTA on an H100 or H200 and 18 on a 99 KB part; the bulk-copy GEMV
-    has no room for its ring there (the stream-K kernel takes its calls)."""
-    lib, dev = get_library(), torch.device("cuda")
-    assert torch.cuda.get_device_properties(dev).shared_memory_per_block_optin >= 200 * 1024, "an sm_90 part"
-    assert tiled.swiglu_max_pairs(lib, dev, 4) == tiled.SWIGLU_MAX_PAIRS
-    code = ("import torch; from lowbit.kernels import tiled; from lowbit.kernels.library import get_library; "
-            "lib, dev = get_library(), torch.device('cuda'); "
-            "print([tiled.swiglu_max_pairs(lib, dev, f) for f in (2, 3, 4, 5, tiled.TiledFormat('nvfp4'))], "
-            "tiled.bulk_ctas(lib, dev, tiled.kbit_format(4), torch.bfloat16, 1, 6144, 4096))")
-    out = _run([sys.executable, "-c", code], SMEM_99KB)
+_LIMITS = """
+import torch, lowbit
+from lowbit.kernels import tiled
+from lowbit.kernels.library import get_library
+lib, dev = get_library(), torch.device("cuda")
+pairs = [tiled.swiglu_max_pairs(lib, dev, f) for f in (2, 3, 4, 5, tiled.TiledFormat("nvfp4"))]
+bulk = tiled.bulk_ctas(lib, dev, tiled.kbit_format(4), torch.bfloat16, 1, 4096, 4096)
+nts = []
+for bits in (2, 3, 4, 5):
+    q = lowbit.quantize_kbit(torch.randn(256, 512), bits=bits).to("cuda")
+    launch = tiled.GemmLauncher(lib, *q.tiled(), q.codebook, q.scale, bits, 256, 512)
+    nts.append(launch.plan(torch.bfloat16, 64)[1])
+print(*pairs, bulk, *nts)
+"""
+
+
+@pytest.mark.parametrize("limit", [0, SMEM_99KB], ids=["device", "99KB"])
+def test_limits_follow_the_device(limit):
+    """On an H100 or H200: the SwiGLU epilogue holds 32 tile pairs per CTA, the bulk-copy GEMV takes a one-token
+    4096 -> 4096, and the GEMM takes 64 rows in one chunk (8 token tiles). On a 99 KB part: 18 pairs, no room for
+    the bulk kernel's ring (the stream-K kernel takes its calls), and the GEMM's x stages for 64 rows do not fit
+    beside the table: 32-row chunks at K <= 4, 16-row ones at K = 5 (its 64 KB table)."""
+    assert torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 200 * 1024, "an sm_90 part"
+    out = _run([sys.executable, "-c", _LIMITS], limit)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["[18,", "18,", "18,", "18,", "18]", "0"], out.stdout
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = [32] * 5 + [sms] + [8] * 4 if limit == 0 else [18] * 5 + [0, 4, 4, 4, 2]
+    assert [int(v) for v in out.stdout.split()] == want, out.stdout
 
 
 def test_decode_kernels_on_a_99kb_part():
-    """The SwiGLU epilogue (kbit and NVFP4), x-staging and routed-module tests, and the fused decode layers (eager),
-    with the shared memory of an sm_86 / sm_89 part: every call sizes itself to it (before, the SwiGLU epilogue
-    asked for 112 KB at K >= 3 and failed to configure). A selection: the whole files take ~3 minutes serially."""
+    """The SwiGLU epilogue (kbit and NVFP4), x-staging and routed-module tests, the fused decode layers (eager) and
+    the GEMMs at 33-130 rows, with the shared memory of an sm_86 / sm_89 part: every call sizes itself to it (before,
+    the SwiGLU epilogue asked for 112 KB at K >= 3 and the GEMM 112-175 KB for 64 rows, and both failed to configure).
+    A selection: the whole files take ~3 minutes serially."""
     sel = "swiglu_epilogue or (fused_layers_decode and eager) or shared_x_equals_global_x or experts_module_routed"
+    gemm = [f"tests/gpu/test_kbit_gemm_gpu.py::test_gemm_matches_reference[{i}]"
+            for i in ("1-64-bfloat16-4", "2-64-bfloat16-5", "1-130-bfloat16-3", "2-33-float16-2")]
+    gemm.append("tests/gpu/test_kbit_gemm_gpu.py::test_grouped_dispatch_deterministic_and_graph_replays_new_routing")
     out = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "gpu", "-k", sel,
                 "tests/gpu/test_layers_gpu.py", "tests/gpu/test_kbit_gemv_gpu.py"], SMEM_99KB)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
+    out = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "gpu", *gemm], SMEM_99KB)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert " passed" in out.stdout and "failed" not in out.stdout
