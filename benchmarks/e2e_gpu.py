@@ -31,7 +31,8 @@ GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
 one-token call it can take, not only where ``bulk_rule`` picks it), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
 gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
-on large shapes too, where its decode bounds it).
+on large shapes too, where its decode bounds it), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
+shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel).
 """
 
 import argparse
@@ -186,7 +187,8 @@ def main():
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
                 "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
-                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf"))}
+                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
+                "no-split": (tiled, "use_split", lambda *a: False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
