@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 case "${SUITE:-}" in
   a) FILES="tests/gpu/test_kbit_gemv_gpu.py tests/gpu/test_layers_gpu.py" ;;
   d) FILES="tests/gpu/test_dense_gemv_gpu.py tests/gpu/test_head_gpu.py tests/gpu/test_kbit_dequant_gpu.py tests/gpu/test_kbit_tiled_dequant_gpu.py
-            tests/gpu/test_bench_gpu.py" ;;
+            tests/gpu/test_bench_gpu.py tests/gpu/test_smem_limit_gpu.py" ;;
   b) FILES="tests/gpu/test_kbit_gemm_gpu.py tests/gpu/test_nvfp4_gpu.py" ;;
   c) FILES="tests/gpu/test_decode_formats_gpu.py tests/gpu/test_models_gpu.py tests/gpu/test_nvfp4_plain_gpu.py tests/gpu/test_gptq_gpu.py
             tests/gpu/test_hf_quantizer_gpu.py tests/test_input_checks.py" ;;
