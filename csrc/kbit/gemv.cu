@@ -43,20 +43,17 @@
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 4)        \
     LOWBIT_DEFINE_GEMV(BITS, NAME, TYPE, 8)        \
     LOWBIT_DEFINE_SPLIT(BITS, NAME, TYPE)
-#define LOWBIT_DEFINE_GEMV_BITS(BITS)                  \
-    LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)       \
-    LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)
-// per K, whatever the dtype: the SwiGLU epilogue's tile pairs per CTA on this device, and whether the routed down
-// GEMV's own activation fits it (gemv.cuh: swi_max_pairs, routed_act_fits)
-#define LOWBIT_DEFINE_LIMITS(BITS)                                                                          \
-    extern "C" int lowbit_kbit_gemv_swiglu_pairs_b##BITS(void) { return lowbit::gemv::swi_max_pairs<BITS>(false); } \
-    extern "C" int lowbit_kbit_routed_act_fits_b##BITS(int n_experts, int routes, int k_in) {               \
-        return lowbit::gemv::routed_act_fits<BITS>(n_experts, routes, k_in);                                \
+// per K, whatever the dtype, too: the SwiGLU epilogue's tile pairs per CTA on this device, and whether the routed
+// down GEMV's own activation fits it (gemv.cuh: swi_max_pairs, routed_act_fits)
+#define LOWBIT_DEFINE_GEMV_BITS(BITS)                                                             \
+    LOWBIT_DEFINE_GEMV_DTYPE(BITS, fp16, __half)                                                  \
+    LOWBIT_DEFINE_GEMV_DTYPE(BITS, bf16, __nv_bfloat16)                                           \
+    extern "C" int lowbit_kbit_gemv_swiglu_pairs_b##BITS(void) {                                  \
+        return lowbit::gemv::swi_max_pairs<BITS>(false);                                          \
+    }                                                                                             \
+    extern "C" int lowbit_kbit_routed_act_fits_b##BITS(int n_experts, int routes, int k_in) {     \
+        return lowbit::gemv::routed_act_fits<BITS>(n_experts, routes, k_in);                      \
     }
-LOWBIT_DEFINE_LIMITS(2)
-LOWBIT_DEFINE_LIMITS(3)
-LOWBIT_DEFINE_LIMITS(4)
-LOWBIT_DEFINE_LIMITS(5)
 LOWBIT_DEFINE_GEMV_BITS(2)
 LOWBIT_DEFINE_GEMV_BITS(3)
 LOWBIT_DEFINE_GEMV_BITS(4)
