@@ -1,6 +1,6 @@
 """Kernels sized by the device's shared memory: the routed down GEMV whose staged activation rows pass it (long
 expert rows), and the decode kernels on a part with 99 KB per CTA (sm_86 / sm_89) -- emulated on the H100 by
-LOWBIT_SMEM_LIMIT, which lowers the opt-in maximum that the GEMV launchers size themselves by.
+LOWBIT_SMEM_LIMIT, which lowers the opt-in maximum that the tiled launchers (GEMV, GEMM) size themselves by.
 
 Bound: as kbit_check.BOUND (relative norm error vs the fp64 definition); NaN never passes."""
 
@@ -37,7 +37,9 @@ def test_routed_swiglu_with_long_expert_rows(count, gen):
     ids = torch.randint(0, e_count, (count,), generator=gen).cuda()
     gu = torch.randn(count, 2 * k_in, generator=gen).to(dtype).cuda()
     fits = tiled.routed_act_fits(get_library(), gu.device, 4, e_count, count, k_in)
-    assert fits == (count <= 2)
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 200 * 1024:  # H100 / H200
+        assert fits == (count <= 2)
+    assert not (count == 8 and fits)  # 294 KB: no GPU has it
     y = lowbit.ops.kbit_routed_gemv(gu, ids, *args, 1, True)
     assert torch.isfinite(y).all()
     plain = lowbit.ops.kbit_routed_gemv(swiglu_reference(gu), ids, *args, 1, False)
