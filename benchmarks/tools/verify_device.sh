@@ -2,7 +2,8 @@
 # One device call that re-checks a library built here and carried:
 #   LIB=.lowbit_cache/liblowbit-<key>.so[.xz] [SUITE=1 | TESTS="pytest args"] [SWEEP="gemv_sweep.py args"]
 #   [ROWS="tag:e2e_gpu.py args;..."] bash benchmarks/tools/verify_device.sh
-# SUITE: the whole GPU suite (6 workers); TESTS: some of it; SWEEP: benchmarks/gemv_sweep.py ($OUT/sweep.txt);
+# SUITE: the whole GPU suite (6 workers; ~260-290 s on an H100, SUITE_TIMEOUT, default 360); TESTS: some of it;
+# SWEEP: benchmarks/gemv_sweep.py ($OUT/sweep.txt);
 # ROWS: e2e_gpu.py calls, each logged as $OUT/<tag>.{log,json}.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 LOWBIT_CACHE_DIR=$PWD/.lowbit_cache PYTHONPATH=$PWD
@@ -13,7 +14,7 @@ fi
 OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/device.txt"
 if [ -n "${SUITE:-}" ]; then
-  timeout 260 python3 -m pytest -m gpu tests -n 6 -q -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
+  timeout "${SUITE_TIMEOUT:-360}" python3 -m pytest -m gpu tests -n 6 -q -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
   echo "suite exit $?"; tail -n 2 "$OUT/gpu_suite.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_suite.log" | head
 fi
 if [ -n "${TESTS:-}" ]; then
