@@ -3,13 +3,14 @@
 // csrc/ to time a kernel variant without building the library; y of every shape goes to a file, so two builds'
 // outputs can be compared bit for bit.
 //
-//   cp -r csrc /tmp/v && (cd /tmp/v && patch -p1 < .../stream_warps.patch)     # or token_lane_x.patch
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I/tmp/v/csrc -Ibenchmarks/tools -DPB=3 [-DLOWBIT_STREAM_WARPS=20 -DLOWBIT_STAGES_ADD=1]
-//        [-DLOWBIT_XPRED -DLOWBIT_XPRED_ZERO] -o probe benchmarks/tools/gemv_patch_probe.cu
+//   cp -r csrc /tmp/v && (cd /tmp/v && patch -p1 < .../stream_warps.patch)
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I/tmp/v/csrc -Ibenchmarks/tools -DPB=3 -DLOWBIT_STREAM_WARPS=20 \
+//        -o probe benchmarks/tools/gemv_patch_probe.cu
 //   ./probe y.bin            # us per call and % of 3.0 TB/s per shape
 //
-// benchmarks/journal/2026-11-27_gemv_warps_lanes_chunks.md used it for 8-24 warps per CTA (and a stage more) and for x loaded
-// by the token lanes only (the patches are in results/2026-11-27_h100_gemv_warps_lanes_chunks/).
+// The patches and their switches (results/2026-11-27_h100_gemv_warps_lanes_chunks/): stream_warps.patch
+// (-DLOWBIT_STREAM_WARPS=N, -DLOWBIT_STAGES_ADD=S), token_lane_x.patch (-DLOWBIT_XPRED [-DLOWBIT_XPRED_ZERO]),
+// l2_prefetch_ahead.patch (-DLOWBIT_L2_AHEAD=A). Results: benchmarks/journal/2026-11-27_gemv_warps_lanes_chunks.md.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

@@ -91,6 +91,8 @@ struct KbitWeights {
         CHECK(cudaMalloc(&x, size_t(k_in) * 2));
         fill_bytes<<<64, 256>>>(reinterpret_cast<uint32_t*>(x), k_in / 2, 5u, 0x3f7f3f7fu, 0x3c003c00u);
     }
+    KbitWeights(const KbitWeights&) = delete;  // owns device buffers
+    KbitWeights& operator=(const KbitWeights&) = delete;
     double megabytes() const { return 4e-6 * double(qw_words + qa_words); }
     ~KbitWeights() {
         for (int c = 0; c < copies; ++c) {
