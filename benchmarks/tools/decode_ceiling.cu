@@ -3,9 +3,12 @@
 // Each warp decodes the same groups over and over: its code words come from a small per-warp buffer in shared memory
 // (SRC = 1: K + 1 16-byte loads per group, as the bulk-copy GEMV reads its ring) or from registers laundered each
 // round by an XOR with a zero the compiler cannot see (SRC = 0: 4 (K + 1) LOP3 per group). x stays in registers (as in
-// the bulk-copy GEMV). The rate is weights per SM-clock from clock64 (clock-rate free), and the weights per second at
-// the measured clock; compare with the bytes rate HBM needs: 3.0 TB/s over 132 SMs at 1.98 GHz is 11.5 bytes per
-// SM-clock, i.e. 21.6 / 28.3 / 40.8 weights per SM-clock at K = 4 / 3 / 2 (4.25 / 3.25 / 2.25 bits).
+// the bulk-copy GEMV) or, XS = 1..3, is read from a shared copy each group (as in the stream-K kernel: all lanes, the
+// token lanes only, ldmatrix). XS = 9 replaces the table decode by a cost probe of a table-free one (grid_group).
+// The rate is weights per SM-clock from clock64 (clock-rate free), and the weights per second at the measured clock;
+// compare with the bytes rate HBM needs: 3.0 TB/s over 132 SMs at 1.98 GHz is 11.5 bytes per SM-clock, i.e.
+// 21.6 / 28.3 / 40.8 weights per SM-clock at K = 4 / 3 / 2 (4.25 / 3.25 / 2.25 bits).
+// Results: benchmarks/journal/2026-11-27_decode_ceiling_and_tails.md.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -Ibenchmarks/tools -o decode_ceiling benchmarks/tools/decode_ceiling.cu
 //   ./decode_ceiling [iters]
@@ -15,10 +18,72 @@
 #include "graph_timing.h"
 #include "tiled/bulk_gemv.cuh"
 
+using namespace lowbit;
 using namespace lowbit::gemv;
 using T = __nv_bfloat16;
 
 constexpr int kBuf = 2;  // groups in a warp's shared buffer (SRC = 1)
+
+// GRID (K = 3 only, a cost probe for a format that does not exist): codebook values on an int8 grid (value = s q), 8
+// codes' q in two registers; a code's 3 bits sit in a nibble (24 codes per 3 words: bits 0-2 of each nibble; the
+// nibbles' bit 3 hold the other 8 codes, gathered), so (word & 0x77777777) is 8 byte-permute selectors. One PRMT
+// picks 4 codes' q bytes, two more put each under a 0x64 high byte: fp16 1024 + 128 + q. The offset comes off
+// through 2 MMAs per block with a constant A of -1152 (its x is the block's). No table, no shared memory.
+__device__ __forceinline__ uint32_t prmt_(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+// two blocks (32 codes) from a word triple: 4 selector words, 16 A-fragment registers
+__device__ __forceinline__ void grid_pair_blocks(uint32_t (&frag)[2][2][4], uint32_t w0, uint32_t w1, uint32_t w2,
+                                                 uint32_t cb_lo, uint32_t cb_hi, uint32_t k64) {
+    uint32_t sel[4];
+    sel[0] = w0 & 0x77777777u;
+    sel[1] = w1 & 0x77777777u;
+    sel[2] = w2 & 0x77777777u;
+    sel[3] = ((w0 >> 3) & 0x11111111u) | ((w1 >> 2) & 0x22222222u) | ((w2 >> 1) & 0x44444444u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t q_lo = prmt_(cb_lo, cb_hi, sel[i]);        // q bytes of the word's codes 0..3
+        const uint32_t q_hi = prmt_(cb_lo, cb_hi, sel[i] >> 16);  // codes 4..7
+        uint32_t* f = &frag[i >> 1][0][0] + 8 * 0 + 4 * (i & 1);
+        f[0] = prmt_(q_lo, k64, 0x4140u);
+        f[1] = prmt_(q_lo, k64, 0x4342u);
+        f[2] = prmt_(q_hi, k64, 0x4140u);
+        f[3] = prmt_(q_hi, k64, 0x4342u);
+    }
+}
+template <typename Tt>
+__device__ __forceinline__ void grid_group(float (&acc)[4], const GroupData<3>& d, const uint4 (&xv)[kGroupBlocks],
+                                           uint32_t cb_lo, uint32_t cb_hi) {
+    const uint32_t w[12] = {d.w[0].x, d.w[0].y, d.w[0].z, d.w[0].w, d.w[1].x, d.w[1].y,
+                            d.w[1].z, d.w[1].w, d.w[2].x, d.w[2].y, d.w[2].z, d.w[2].w};
+    const uint32_t a[4] = {d.a.x, d.a.y, d.a.z, d.a.w};
+    const uint32_t k64 = 0x64646464u, off[4] = {0xE480E480u, 0xE480E480u, 0xE480E480u, 0xE480E480u};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // word triple r: blocks 2r, 2r + 1
+        uint32_t frag[2][2][4];
+        grid_pair_blocks(frag, w[3 * r], w[3 * r + 1], w[3 * r + 2], cb_lo, cb_hi, k64);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int J = 2 * r + b;
+            const uint4 x = xv[J];
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
+            mma16816<Tt>(part, frag[b][0], x.x, x.y);
+            mma16816<Tt>(part, frag[b][1], x.z, x.w);
+            mma16816<Tt>(part, off, x.x, x.y);
+            mma16816<Tt>(part, off, x.z, x.w);
+            const int q = 8 * (J % 4);
+            const uint32_t v_lo = a[J / 4], v_hi = a[2 + J / 4];  // as block_scales: byte J % 4 to bits 19..26
+            const float s_lo = e4m4_scaled_down(q <= 19 ? v_lo << (19 - q) : v_lo >> (q - 19));
+            const float s_hi = e4m4_scaled_down(q <= 19 ? v_hi << (19 - q) : v_hi >> (q - 19));
+            acc[0] = fmaf(s_lo, part[0], acc[0]);
+            acc[1] = fmaf(s_lo, part[1], acc[1]);
+            acc[2] = fmaf(s_hi, part[2], acc[2]);
+            acc[3] = fmaf(s_hi, part[3], acc[3]);
+        }
+    }
+}
 
 // XS: x read from a shared copy each group (the stream-K kernel's 8 16-byte loads per lane per group) instead of kept in
 // registers (the bulk-copy kernel's); XS = 2: only the lanes of token 0 (g = 0) load, the others' registers keep
@@ -90,7 +155,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                     d.w[c] = make_uint4(reg[k].w[c].x ^ z, reg[k].w[c].y ^ z, reg[k].w[c].z ^ z, reg[k].w[c].w ^ z);
                 d.a = make_uint4(reg[k].a.x ^ z, reg[k].a.y ^ z, reg[k].a.z ^ z, reg[k].a.w ^ z);
             }
-            if constexpr (XS) {
+            if constexpr (XS == 9) {  // GRID, x in registers
+                grid_group<T>(acc, reinterpret_cast<const GroupData<3>&>(d), xv, ctx.lane_op, ctx.table);
+            } else if constexpr (XS) {
                 const T* xg = reinterpret_cast<const T*>(xrow) + ((it * ILP + k) % 16) * 256 + 8 * (lane & 3);
                 uint4 xw[kGroupBlocks];
 #pragma unroll
@@ -181,6 +248,8 @@ int main(int argc, char** argv) {
     run<3, 16, 1, 0, 1, 3>("smem words, x by ldmatrix.x4", cb8, s, out, cyc, iters, sms);
     run<2, 16, 1, 0x15u, 1, 3>("smem, x ldmatrix, K2 0,2,4", cb8, s, out, cyc, iters, sms);
     run<2, 16, 1, 0x01u, 1, 3>("smem, x ldmatrix, K2 block 0", cb8, s, out, cyc, iters, sms);
+    run<3, 16, 1, 0, 1, 9>("smem words, int8-grid decode (no table)", cb8, s, out, cyc, iters, sms);
+    run<3, 16, 0, 0, 1, 9>("register words, int8-grid decode", cb8, s, out, cyc, iters, sms);
     run<4, 16, 0, 0, 1>("words in registers", cb8, s, out, cyc, iters, sms);
     run<3, 16, 0, 0, 1>("words in registers", cb8, s, out, cyc, iters, sms);
     run<2, 16, 0, 0x11u, 1>("words in registers, K2 blocks 0,4", cb8, s, out, cyc, iters, sms);
