@@ -1,7 +1,9 @@
 // Does HBM serve every SM alike? One CTA per SM reads an equal contiguous share of a cold buffer (16 warps, 4 x 16-byte
 // loads in flight per thread); each CTA records its SM, start and end (%globaltimer). Repeated runs show whether the
 // same SMs finish late (a structural share, e.g. by GPC) or different ones (noise). A kernel that cuts work equally
-// per SM ends when its slowest SM does.
+// per SM ends when its slowest SM does. Then the same bytes in 32 KB chunks (read_chunks), handed out statically or,
+// past a fraction of the rounds, from a global counter: what balancing the tail would buy.
+// Results: benchmarks/journal/2026-11-27_decode_ceiling_and_tails.md.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Ibenchmarks/tools -o sm_fairness benchmarks/tools/sm_fairness.cu
 //   ./sm_fairness [MB per SM = 1] [runs = 4]
