@@ -43,14 +43,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     char* ring_base = g_table + ((stream_table_bytes<BITS>() + size_t(maxt) * (kStreamWarps * 16 * 4 + 4) + 127) & ~size_t(127));
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ring; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], kStreamWarps);
-            readers[s] = 0;
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0) ring_init(full, empty, readers, ring);
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     __syncthreads();
     const int gs = n_groups;  // one slice: n_groups <= 16

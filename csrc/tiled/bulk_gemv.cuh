@@ -87,6 +87,16 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
+// The ring's barriers, by one thread (a CTA barrier then publishes them): each slot's `full` (one arrival, plus the
+// copies' bytes) and `empty` (one arrival per warp), and its count of readers.
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty, unsigned* readers, int ring) {
+    for (int s = 0; s < ring; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], kStreamWarps);
+        readers[s] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ uint4 lds_u128(const char* p) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
@@ -117,14 +127,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     char* ring_base = g_table + bulk_ring_offset<BITS>((SWI ? 2 : 1) * (tiles.q + (tiles.r > 0)));
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ring; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], kStreamWarps);
-            readers[s] = 0;
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (threadIdx.x == 0) ring_init(full, empty, readers, ring);
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     __syncthreads();  // the barriers exist
     auto issue = [&](int s) {  // stage s into slot s % ring: its tiles' chunks of slice h
