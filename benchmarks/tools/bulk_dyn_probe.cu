@@ -8,7 +8,8 @@
 // The first 2 ring stages are static (S0 >= 2 ring), so under PDL no claim would come before the wait. A claim past the last tile fills the slot with "no tile", which ends every warp's loop
 // there. A CTA claims at most 10 tiles beyond its static ones (their partials' storage). As in the library, every
 // tile's 16 warp partials are summed in warp order at the end, so y does not depend on which CTA took which tile: it
-// must equal the library's static kernel bit for bit. The last CTA resets the counter.
+// must equal the library's static kernel bit for bit. The counter is reset either by the launch's last CTA (an atomic
+// count of finished CTAs, after the outputs) or, with one counter per launch of the graph, by the launch before.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -Ibenchmarks/tools -DPB=4 -o bulk_dyn4 benchmarks/tools/bulk_dyn_probe.cu
 //   ./bulk_dyn4 [static fraction %, repeatable]
@@ -25,11 +26,11 @@ using T = __nv_bfloat16;
 
 constexpr int kDynMaxRing = 8;
 
-template <int BITS>
+template <int BITS, bool RESET_AT_END>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     bulk_dyn(const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
              const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, int n, int k_in,
-             int n_groups, int n_tiles, int s0, int maxt, int ring, unsigned* counters) {
+             int n_groups, int n_tiles, int s0, int maxt, int ring, unsigned* counters, unsigned* next_counter) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     constexpr size_t kCode = bulk_code_bytes<BITS>(), kChunk = bulk_chunk_bytes<BITS>();
     __shared__ __align__(8) uint64_t full[kDynMaxRing], empty[kDynMaxRing];
@@ -44,6 +45,9 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
     if (threadIdx.x == 0) ring_init(full, empty, readers, ring);
+    // RESET_AT_END = 0: this launch zeroes the next launch's counter (that launch runs after this one has finished)
+    // instead of its last CTA zeroing its own after an atomic count of the finished CTAs
+    if (!RESET_AT_END && blockIdx.x == 0 && threadIdx.x == 0) *next_counter = 0;
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     __syncthreads();
     const int gs = n_groups;  // one slice: n_groups <= 16
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
         for (int w = 0; w < used; ++w) sum += part[(k * kStreamWarps + w) * 16 + r];
         y[row] = from_float<T>(fmaf(sum * kGemvOutFix<false>, scale, 0.f));
     }
-    if (threadIdx.x == 0) {  // the last CTA resets the claim counter for the next launch
+    if (RESET_AT_END && threadIdx.x == 0) {  // the last CTA resets the claim counter for the next launch
         __threadfence();
         if (atomicAdd(counters + 1, 1u) == unsigned(G) - 1) {
             counters[0] = 0;
@@ -145,11 +149,11 @@ int main(int argc, char** argv) {
     CHECK(cudaStreamCreate(&st));
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    unsigned* counters;
-    CHECK(cudaMalloc(&counters, 8));
-    CHECK(cudaMemset(counters, 0, 8));
-    auto kd = bulk_dyn<PB>;
-    CHECK(cudaFuncSetAttribute(kd, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem_limit()));
+    unsigned* counters;  // [0, 1]: the reset-at-end counter and its count of finished CTAs; [2 + c]: copy c's launch
+    CHECK(cudaMalloc(&counters, 4 * 1024));
+    CHECK(cudaMemset(counters, 0, 4 * 1024));
+    CHECK(cudaFuncSetAttribute(bulk_dyn<PB, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem_limit()));
+    CHECK(cudaFuncSetAttribute(bulk_dyn<PB, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem_limit()));
     for (auto& s : shapes) {
         const int k_in = s[0], n = s[1];
         KbitWeights<PB> wt(k_in, n);
@@ -185,15 +189,20 @@ int main(int argc, char** argv) {
             }
             const size_t smem = ((stream_table_bytes<PB>() + size_t(maxt) * (kStreamWarps * 16 * 4 + 4) + 127) & ~size_t(127)) +
                                 size_t(ring) * bulk_chunk_bytes<PB>();
+            for (int reset_at_end = 1; reset_at_end >= 0; --reset_at_end) {
             auto dyn = [&](int c, T* y) {
-                bulk_dyn<PB><<<ctas, kStreamWarps * 32, smem, st>>>(
+                unsigned* mine = reset_at_end ? counters : counters + 2 + c;
+                unsigned* next = counters + 2 + (c + 1) % wt.copies;
+                auto kern = reset_at_end ? bulk_dyn<PB, true> : bulk_dyn<PB, false>;
+                kern<<<ctas, kStreamWarps * 32, smem, st>>>(
                     reinterpret_cast<const T*>(wt.x), reinterpret_cast<const uint4*>(wt.qw[c]),
                     reinterpret_cast<const uint4*>(wt.qa[c]), wt.codebook, wt.scale, y, n, k_in, wt.n_groups, wt.n_tiles,
-                    s0, maxt, ring, counters);
+                    s0, maxt, ring, mine, next);
             };
+            if (!reset_at_end) CHECK(cudaMemset(counters + 2, 0, 4 * 1000));
             if (int64_t(maxt) * ctas < wt.n_tiles + int64_t(ctas) * 2) {
                 printf("   static %3d%%: the partials' storage (%d tiles per CTA) cannot hold every tile; skipped\n", f, maxt);
-                continue;
+                break;
             }
             CHECK(cudaMemset(y0, 0xFF, size_t(n) * 2));  // poisoned: NaN unless written
             dyn(0, y0);
@@ -202,10 +211,11 @@ int main(int argc, char** argv) {
             CHECK(cudaMemcpy(h0.data(), y0, size_t(n) * 2, cudaMemcpyDeviceToHost));
             int diff = 0;
             for (int i = 0; i < n; ++i) diff += h0[i] != h1[i];
+            if (!reset_at_end) CHECK(cudaMemset(counters + 2, 0, 4 * 1000));  // copy 0's counter, used just now
             ge = graph_of(st, [&] { for (int c = 0; c < wt.copies; ++c) dyn(c, y0); });
             const double us = median_replay_us(ge, st, 20) / wt.copies;
             CHECK(cudaGraphExecDestroy(ge));
-            // after every replay (the counter reset by each launch's last CTA): the last copy's y against the library's
+            // after every replay (the counters reset between launches): the last copy's y against the library's
             CHECK(cudaMemcpy(h0.data(), y0, size_t(n) * 2, cudaMemcpyDeviceToHost));
             lib(wt.copies - 1, y1);
             CHECK(cudaStreamSynchronize(st));
@@ -213,9 +223,11 @@ int main(int argc, char** argv) {
             CHECK(cudaMemcpy(h2.data(), y1, size_t(n) * 2, cudaMemcpyDeviceToHost));
             int diff_replayed = 0;
             for (int i = 0; i < n; ++i) diff_replayed += h0[i] != h2[i];
-            printf("   static %3d%% (S0 = %d of each CTA's tiles static, at most %d in all; ring %d): %.2f us (%.1f%%), y vs the "
-                   "library: %d of %d differ (after the replays: %d)\n", f, s0, maxt, ring, us,
-                   100.0 * wt.megabytes() / us / 3.0, diff, n, diff_replayed);
+            printf("   static %3d%% (S0 = %d of each CTA's tiles static, at most %d in all; ring %d; counter reset %s): %.2f us "
+                   "(%.1f%%), y vs the library: %d of %d differ (after the replays: %d)\n", f, s0, maxt, ring,
+                   reset_at_end ? "at the end" : "by the launch before", us, 100.0 * wt.megabytes() / us / 3.0, diff, n,
+                   diff_replayed);
+        }
         }
         CHECK(cudaFree(y0));
         CHECK(cudaFree(y1));
