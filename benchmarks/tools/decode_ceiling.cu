@@ -29,11 +29,6 @@ constexpr int kBuf = 2;  // groups in a warp's shared buffer (SRC = 1)
 // nibbles' bit 3 hold the other 8 codes, gathered), so (word & 0x77777777) is 8 byte-permute selectors. One PRMT
 // picks 4 codes' q bytes, two more put each under a 0x64 high byte: fp16 1024 + 128 + q. The offset comes off
 // through 2 MMAs per block with a constant A of -1152 (its x is the block's). No table, no shared memory.
-__device__ __forceinline__ uint32_t prmt_(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
 // two blocks (32 codes) from a word triple: 4 selector words, 16 A-fragment registers
 __device__ __forceinline__ void grid_pair_blocks(uint32_t (&frag)[2][2][4], uint32_t w0, uint32_t w1, uint32_t w2,
                                                  uint32_t cb_lo, uint32_t cb_hi, uint32_t k64) {
@@ -44,13 +39,13 @@ __device__ __forceinline__ void grid_pair_blocks(uint32_t (&frag)[2][2][4], uint
     sel[3] = ((w0 >> 3) & 0x11111111u) | ((w1 >> 2) & 0x22222222u) | ((w2 >> 1) & 0x44444444u);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const uint32_t q_lo = prmt_(cb_lo, cb_hi, sel[i]);        // q bytes of the word's codes 0..3
-        const uint32_t q_hi = prmt_(cb_lo, cb_hi, sel[i] >> 16);  // codes 4..7
-        uint32_t* f = &frag[i >> 1][0][0] + 8 * 0 + 4 * (i & 1);
-        f[0] = prmt_(q_lo, k64, 0x4140u);
-        f[1] = prmt_(q_lo, k64, 0x4342u);
-        f[2] = prmt_(q_hi, k64, 0x4140u);
-        f[3] = prmt_(q_hi, k64, 0x4342u);
+        const uint32_t q_lo = prmt(cb_lo, cb_hi, sel[i]);        // q bytes of the word's codes 0..3
+        const uint32_t q_hi = prmt(cb_lo, cb_hi, sel[i] >> 16);  // codes 4..7
+        uint32_t* f = frag[i >> 1][i & 1];
+        f[0] = prmt(q_lo, k64, 0x4140u);
+        f[1] = prmt(q_lo, k64, 0x4342u);
+        f[2] = prmt(q_hi, k64, 0x4140u);
+        f[3] = prmt(q_hi, k64, 0x4342u);
     }
 }
 template <typename Tt>
