@@ -31,7 +31,9 @@ GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
 one-token call it can take, not only where ``bulk_rule`` picks it), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
 gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
-on large shapes too, where its decode bounds it), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
+on large shapes too, where its decode bounds it), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
+SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``BULK_SWIGLU_DECODE_RULE = False``: the
+SwiGLU instance not held to BULK_DECODE_MAX_UNITS), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
 shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel).
 """
 
@@ -188,6 +190,8 @@ def main():
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
                 "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
                 "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
+                "bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", (2, 3, 4)),
+                "swiglu-no-decode-rule": (tiled, "BULK_SWIGLU_DECODE_RULE", False),
                 "no-split": (tiled, "use_split", lambda *a: False)}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")

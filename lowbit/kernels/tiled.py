@@ -399,6 +399,11 @@ BULK_EPILOGUE_BITS = (2, 3, 4)
 #: (462.7 with two tiles per ring stage); kbit2 537.5 -> 533.6
 #: (benchmarks/journal/2026-11-27_final_recheck_step_profile_read_floor.md).
 BULK_SWIGLU_BITS = (4,)
+#: Whether BULK_DECODE_MAX_UNITS's rule applies to the SwiGLU instance too. Re-measured on the relay and byte-layout
+#: library, kbit3 b1 (a process per row): its gate|up on the bulk kernel without the rule 488.6 -> 479.6 tok/s
+#: (gate|up 21.73 -> 22.85 us in the step), with down_proj on it too 484.3
+#: (benchmarks/journal/2026-11-27_k3_paths_tail_decision.md).
+BULK_SWIGLU_DECODE_RULE = True
 #: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
 #: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
 #: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz. With its
@@ -467,7 +472,9 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
             picked = bits in BULK_EPILOGUE_BITS
         else:
             picked = bulk_rule(bits, n, k_in, sms)
-        if not (USE_BULK and picked) or _bulk_decode_bound(device, bits, -(-n // 16) * -(-k_in // 256) / ctas):
+        bound = (BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
+            device, bits, -(-n // 16) * -(-k_in // 256) / ctas)
+        if not (USE_BULK and picked) or bound:
             return 0
     elif DENSE_PATH != "bulk":
         return 0
