@@ -402,7 +402,7 @@ BULK_SWIGLU_BITS = (4,)
 #: Whether BULK_DECODE_MAX_UNITS's rule applies to the SwiGLU instance too. Re-measured on the relay and byte-layout
 #: library, kbit3 b1 (a process per row): its gate|up on the bulk kernel without the rule 488.6 -> 479.6 tok/s
 #: (gate|up 21.73 -> 22.85 us in the step), with down_proj on it too 484.3
-#: (benchmarks/journal/2026-11-27_k3_paths_tail_decision.md).
+#: (benchmarks/journal/2026-11-27_k3_paths_layer_chain.md).
 BULK_SWIGLU_DECODE_RULE = True
 #: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
 #: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
