@@ -17,28 +17,17 @@
 #include <cstdlib>
 #include <vector>
 
-constexpr int kMarks = 10;  // per warp: marks 0..7, 8 = waited ns, 9 = SM
+#include "bulk_marks.h"
+
 // The traced kernels, told apart by their (K_in, N): each writes its marks into its own buffer.
 __device__ int g_key_k[3], g_key_n[3];
 __device__ unsigned long long* g_buf[3];
-__device__ __forceinline__ unsigned long long bt_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ void bt_put(int k_in, int n, int ev, unsigned long long v) {
     if ((threadIdx.x & 31) != 0) return;
     unsigned long long* b = nullptr;
     for (int i = 0; i < 3; ++i)
         if (g_key_k[i] == k_in && g_key_n[i] == n) b = g_buf[i];
-    if (b == nullptr) return;
-    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    b[w * kMarks + ev] = v;
-    if (ev == 0) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        b[w * kMarks + 9] = sm;
-    }
+    if (b != nullptr) bt_store(b, ev, v);
 }
 // expanded inside the kernel, where its k_in and n are in scope
 #define BT_MARK(ev) bt_put(k_in, n, ev, bt_now())

@@ -15,23 +15,13 @@
 #include <cstdlib>
 #include <vector>
 
-constexpr int kMarks = 10;  // per warp: marks 0..7, 8 = waited ns, 9 = SM
+#include "bulk_marks.h"
+
 __device__ unsigned long long* g_bt;
-__device__ __forceinline__ unsigned long long bt_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ void bt_put(int ev, unsigned long long v) {
     unsigned long long* b = g_bt;
     if (b == nullptr || (threadIdx.x & 31) != 0) return;
-    const int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    b[w * kMarks + ev] = v;
-    if (ev == 0) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        b[w * kMarks + 9] = sm;
-    }
+    bt_store(b, ev, v);
 }
 #define BT_MARK(ev) bt_put(ev, bt_now())
 #define BT_VALUE(ev, v) bt_put(ev, v)
