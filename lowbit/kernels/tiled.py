@@ -472,9 +472,8 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
             picked = bits in BULK_EPILOGUE_BITS
         else:
             picked = bulk_rule(bits, n, k_in, sms)
-        bound = (BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
-            device, bits, -(-n // 16) * -(-k_in // 256) / ctas)
-        if not (USE_BULK and picked) or bound:
+        if not (USE_BULK and picked) or ((BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
+                device, bits, -(-n // 16) * -(-k_in // 256) / ctas)):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
