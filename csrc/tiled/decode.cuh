@@ -218,7 +218,8 @@ struct Lut {
 // 4 codes (with x, ~11x the code bytes), which bound K=2 there (ncu: MIO throttle the first stall); this way
 // moves none, for ~3 ALU instructions per pair instead of 1.
 struct Cb2Regs {
-    uint32_t lo, hi;  // byte c: low / high byte of codebook value c (as T)
+    uint32_t lo, hi;    // byte c: low / high byte of codebook value c (as T)
+    uint32_t lo2, hi2;  // K=3 (cb3_regs): byte c of lo / hi is value c's, byte c of lo2 / hi2 value 4 + c's
 };
 
 // Every lane of the warp: cb is the lane's Lut::fetch value (code lane % 4).
@@ -227,6 +228,18 @@ __device__ __forceinline__ Cb2Regs cb2_regs(float cb) {
     const uint32_t p01 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 0), __shfl_sync(kFullMask, cb, 1));
     const uint32_t p23 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2), __shfl_sync(kFullMask, cb, 3));
     return {__byte_perm(p01, p23, 0x6420u), __byte_perm(p01, p23, 0x7531u)};
+}
+
+// ---- K=3 in registers, the same way: the eight values' low bytes in lo (0..3) and lo2 (4..7), their high bytes in
+// hi and hi2, so a 3-bit code is the byte index of one PRMT over a register pair. Every lane of the warp: cb is the
+// lane's Lut::fetch value (code lane % 8).
+template <typename T>
+__device__ __forceinline__ Cb2Regs cb3_regs(float cb) {
+    uint32_t p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2 * i), __shfl_sync(kFullMask, cb, 2 * i + 1));
+    return {__byte_perm(p[0], p[1], 0x6420u), __byte_perm(p[0], p[1], 0x7531u), __byte_perm(p[2], p[3], 0x6420u),
+            __byte_perm(p[2], p[3], 0x7531u)};
 }
 
 // prmt with a computed selector: __byte_perm would mask it with 0x7777 first (one more instruction).
@@ -256,6 +269,30 @@ __device__ __forceinline__ void cb2_block(uint32_t (&frag)[2][4], uint32_t w, co
     cb2_decode<2>(w, cb, frag[0][1], frag[0][3]);  // row g + 8
     cb2_decode<1>(w, cb, frag[1][0], frag[1][2]);  // row g: columns 1, 3 | 5, 7
     cb2_decode<3>(w, cb, frag[1][1], frag[1][3]);  // row g + 8
+}
+
+// K=3: the four pair fields in bits 0..5 of the bytes of `word` (k3_word) as four A-fragment registers, each the
+// table's entry for that field: (cb[code0], cb[code1]). Each field's two 3-bit codes are spread to a nibble each
+// (bits 3..5 up by one), so the word's fields are the PRMT selectors of their codes' low and high bytes; two more
+// PRMTs interleave the bytes into values. 12 instructions for 4 fields.
+__device__ __forceinline__ void cb3_word(uint32_t (&f)[4], uint32_t word, const Cb2Regs& cb) {
+    uint32_t hi_codes;
+    asm("and.b32 %0, %1, 0x38383838;\n" : "=r"(hi_codes) : "r"(word));
+    const uint32_t sel = (word & 0x07070707u) | (hi_codes << 1);  // nibble 2k: code0 of byte k, 2k + 1: code1
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // bytes 2h, 2h + 1: selector bits 16h..16h + 15
+        const uint32_t s = h ? sel >> 16 : sel;
+        const uint32_t lo = prmt(cb.lo, cb.lo2, s), hi = prmt(cb.hi, cb.hi2, s);
+        f[2 * h] = __byte_perm(lo, hi, 0x5140u);      // field 2h: (low, high) of code0, then of code1
+        f[2 * h + 1] = __byte_perm(lo, hi, 0x7362u);  // field 2h + 1
+    }
+}
+
+// Block J of K=3 from registers: the same two A fragments as lookup_block (pair p = 4m + R, field 8J + p).
+template <int J>
+__device__ __forceinline__ void cb3_block(uint32_t (&frag)[2][4], const uint32_t (&w)[12], const Cb2Regs& cb) {
+    cb3_word(frag[0], k3_word<8 * J>(w), cb);      // fields 8J .. 8J + 3: bytes 0..3 of one word
+    cb3_word(frag[1], k3_word<8 * J + 4>(w), cb);  // 8J + 4 .. 8J + 7
 }
 
 // x's 8 columns (pairs 01 23 45 67) as cb2_block's B operands: 02 46 | 13 57.

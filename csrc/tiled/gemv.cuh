@@ -113,6 +113,16 @@ constexpr float kRotFix = ROT ? kRotOutFix : 1.f;
 // spilled (8192x29568 47.9 -> 51.4 us). (benchmarks/journal/2026-11-26_k2_register_decode.md.)
 __host__ __device__ constexpr unsigned kK2RegBlocks(int maxm, bool rot) { return rot ? 0u : maxm == 1 ? 0x15u : 0x11u; }
 
+// K=3, the same trade (cb3_block): blocks 0 2 4 in registers in the one-token stream-K instance and in the split
+// kernel. H100, M = 1, CTA-local stream-K alone, us, table -> 0 2 4: 4096x6144 8.14 -> 7.65, 14336x4096 13.51 ->
+// 13.03, 8192x29568 39.20 -> 38.69 (0 4: 39.18, every other 38.89, all 41.46; y bit-equal). Llama-3-8B kbit3 step
+// at batch 1: 489.1 -> 496.5 tok/s with both kernels, 491.0 with the stream-K one alone. The bulk-copy kernel keeps
+// the table: it reads its words from its own shared ring, is short of issue slots rather than of the shared-memory
+// data path, and every mask was slower there (8192x29568 40.5 -> 41.0 us at 0 4, 48.3 at all).
+// (benchmarks/journal/2026-11-28_k3_register_decode.md.)
+__host__ __device__ constexpr unsigned kK3RegBlocks(int maxm, bool rot) { return rot || maxm != 1 ? 0u : 0x15u; }
+constexpr unsigned kK3SplitRegBlocks = 0x15u;
+
 // Block J of a group: decode 16 codes into two A fragments, 2 MMAs, apply the rows' block scales.
 // NVFP4 (FP4): the lane's 8 columns lie in one 16-column block, so its fragments are scaled before
 // the MMAs (exact in fp16/bf16, as in the GEMM) and the MMAs accumulate straight into acc.
@@ -121,11 +131,14 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
                                               const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot,
                                               const Cb2Regs& cb2) {
     constexpr bool REG = QUAD && BITS == 2 && ((K2REG >> J) & 1);
+    constexpr bool REG3 = BITS == 3 && !FP4 && ((K2REG >> J) & 1);  // K=3: the table's fragments, x as it is
     uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
     uint32_t frag[2][4];
     if constexpr (REG) {
         cb2_block(frag, w[J], cb2);
         if constexpr (!XPERM) xv = cb2_x(xv);  // XPERM: stage_x stored this block's x in that order
+    } else if constexpr (REG3) {
+        cb3_block<J>(frag, w, cb2);
     } else {
         lookup_block<BITS, QUAD, J>(frag, w, lane_op, table);
     }
@@ -304,7 +317,7 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
     c.rot = rot_fragment<T>(lane);
-    c.cb2 = Cb2Regs{0, 0};
+    c.cb2 = Cb2Regs{};
     return c;
 }
 
@@ -611,12 +624,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     // The codebook's load first (Lut::fetch), then the first groups', whose latency hides the table build.
     const float cb = Lut<BITS, QUAD>::fetch(codebook);
     constexpr int S = kStreamStages(BITS, MAXM);
-    constexpr unsigned K2REG = QUAD ? kK2RegBlocks(MAXM, ROT) : 0u;  // K=2: blocks decoded in registers
+    // K=2, K=3: blocks decoded in registers
+    constexpr unsigned K2REG = QUAD ? kK2RegBlocks(MAXM, ROT) : BITS == 3 && !FP4 ? kK3RegBlocks(MAXM, ROT) : 0u;
     GroupData<BITS> buf[S];
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};  // every lane, before any warp leaves
+    const Cb2Regs cb2 = !K2REG ? Cb2Regs{} : QUAD ? cb2_regs<T>(cb) : cb3_regs<T>(cb);  // every lane, before any warp leaves
     m = m < MAXM ? m : MAXM;
     // SWI: [half][pair][16 rows][8 tokens] fp32 outputs after the table and the partials, then x's copy
     float* swi = reinterpret_cast<float*>(g_table + stream_smem<BITS>());
@@ -984,6 +998,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
         if (threadIdx.x == 0) list[0] = ActiveExpert{0, 0, m_dense, *scales};
     }
     Lut<BITS, false>::template store<kWarps * 32, T>(cb);
+    constexpr unsigned K3REG = BITS == 3 && !FP4 && !ROT ? kK3SplitRegBlocks : 0u;  // K=3: blocks in registers
+    const Cb2Regs cb3 = K3REG ? cb3_regs<T>(cb) : Cb2Regs{};                          // every lane
     if constexpr (PDL) {
         pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
         pdl_launch_dependents();
@@ -1028,17 +1044,18 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                 if (!prefetched) prologue<BITS, S_, FP4>(buf, qw_lane, qa_lane, u0, u1);
                 prefetched = false;
                 // routed: each lane's token row through the route order (lane_ctx with one row); ACT: the staged rows
-                const LaneCtx<T> ctx =
+                LaneCtx<T> ctx =
                     ACT ? lane_ctx<BITS, false, T>(xs, x_row_bytes(k_in) / sizeof(T), m, k_in)
                     : !ROUTED ? lane_ctx<BITS, false, T>(x + int64_t(tok0) * k_in, k_in, m, k_in)
                               : lane_ctx<BITS, false, T>(x + int64_t(rowmap[tok0 + (g < m ? g : m - 1)] / routes.x_div) * k_in,
                                                          k_in, 1, k_in);
+                if constexpr (K3REG != 0) ctx.cb2 = cb3;
                 auto flush = [&](const float (&acc)[4], int, int, int) {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
                 if (staged && slice == 0) epi_stage(epi_st[warp], epi, lane, tile, tok0, m, n);
-                run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, 0u>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
+                run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, K3REG>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
                                                                                  g_begin, n_groups, flush, full);
                 full = false;
             }
