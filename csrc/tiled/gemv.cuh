@@ -117,8 +117,8 @@ __host__ __device__ constexpr unsigned kK2RegBlocks(int maxm, bool rot) { return
 // kernel. H100, M = 1, CTA-local stream-K alone, us, table -> 0 2 4: 4096x6144 8.14 -> 7.65, 14336x4096 13.51 ->
 // 13.03, 8192x29568 39.20 -> 38.69 (0 4: 39.18, every other 38.89, all 41.46; y bit-equal). Llama-3-8B kbit3 step
 // at batch 1: 489.1 -> 496.5 tok/s with both kernels, 491.0 with the stream-K one alone. The bulk-copy kernel keeps
-// the table: it reads its words from its own shared ring, is short of issue slots rather than of the shared-memory
-// data path, and every mask was slower there (8192x29568 40.5 -> 41.0 us at 0 4, 48.3 at all).
+// the table: every mask was slower there (8192x29568 40.5 -> 41.0 us at 0 4, 48.3 at all). It keeps x in registers,
+// so its table lookups share the shared-memory data path with less (not profiled).
 // (benchmarks/journal/2026-11-28_k3_register_decode.md.)
 __host__ __device__ constexpr unsigned kK3RegBlocks(int maxm, bool rot) { return rot || maxm != 1 ? 0u : 0x15u; }
 constexpr unsigned kK3SplitRegBlocks = 0x15u;
