@@ -237,7 +237,8 @@ template <typename T>
 __device__ __forceinline__ Cb2Regs cb3_regs(float cb) {
     uint32_t p[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2 * i), __shfl_sync(kFullMask, cb, 2 * i + 1));
+    for (int i = 0; i < 4; ++i)
+        p[i] = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2 * i), __shfl_sync(kFullMask, cb, 2 * i + 1));
     return {__byte_perm(p[0], p[1], 0x6420u), __byte_perm(p[0], p[1], 0x7531u), __byte_perm(p[2], p[3], 0x6420u),
             __byte_perm(p[2], p[3], 0x7531u)};
 }

@@ -630,7 +630,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     if (w < n_warps) prologue<BITS, S, FP4>(buf, qw_lane, qa_lane, u_begin, u_end);
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = !K2REG ? Cb2Regs{} : QUAD ? cb2_regs<T>(cb) : cb3_regs<T>(cb);  // every lane, before any warp leaves
+    // every lane, before any warp leaves
+    const Cb2Regs cb2 = !K2REG ? Cb2Regs{} : QUAD ? cb2_regs<T>(cb) : cb3_regs<T>(cb);
     m = m < MAXM ? m : MAXM;
     // SWI: [half][pair][16 rows][8 tokens] fp32 outputs after the table and the partials, then x's copy
     float* swi = reinterpret_cast<float*>(g_table + stream_smem<BITS>());
@@ -1055,8 +1056,8 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
                     for (int i = 0; i < 4; ++i) partial[warp][i][lane] = acc[i];
                 };
                 if (staged && slice == 0) epi_stage(epi_st[warp], epi, lane, tile, tok0, m, n);
-                run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, K3REG>(buf, qw_lane, qa_lane, ctx, u0, u1, tile,
-                                                                                 g_begin, n_groups, flush, full);
+                run_units<BITS, false, T, S_, ACT ? kXShared : PDL, FP4, ROT, K3REG>(
+                    buf, qw_lane, qa_lane, ctx, u0, u1, tile, g_begin, n_groups, flush, full);
                 full = false;
             }
             if (staged) cp_async_wait<0>();  // this thread's epi_stage copies landed (the barrier shares them)
