@@ -52,7 +52,7 @@ __device__ LaneCtx<T> chunk_setup(float cb, const T* __restrict__ x, int k_in) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     constexpr unsigned K2REG = QUAD ? kK2RegBlocks(1, false) : 0u;
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};
+    const CbRegs cb2 = K2REG ? cb2_regs<T>(cb) : CbRegs{0, 0};
     T* xs = reinterpret_cast<T*>(g_table + stream_smem<BITS>());
     if constexpr (BITS <= 3) stage_x<kXPerm<BITS, QUAD, kXShared, false> ? K2REG : 0u>(xs, x, 1, k_in);
     __syncthreads();

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1)
         if (valid(s)) load_group<BITS>(buf[s], qw_lane, qa_lane, unit(s));
     const float scale = *scale_ptr;
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{0, 0};
+    const CbRegs cb2 = K2REG ? cb2_regs<T>(cb) : CbRegs{0, 0};
     __syncthreads();
     LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, 1, k_in);
     if constexpr (K2REG != 0) ctx.cb2 = cb2;

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     if (threadIdx.x == 0)
         for (int s = 0; s < ring && s < stages; ++s) issue(s);
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
-    const Cb2Regs cb2 = K2REG ? cb2_regs<T>(cb) : Cb2Regs{};
+    const CbRegs cb2 = K2REG ? cb2_regs<T>(cb) : CbRegs{};
     const float scale = *scale_ptr;
     __syncthreads();  // the table
     pdl_wait();  // x, the epilogue's tensors and y belong to the stream order

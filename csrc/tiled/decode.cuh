@@ -217,14 +217,15 @@ struct Lut {
 // the pair (cb[a], cb[b]). The table's quad lookups move 8 bytes through the shared-memory data path per
 // 4 codes (with x, ~11x the code bytes), which bound K=2 there (ncu: MIO throttle the first stall); this way
 // moves none, for ~3 ALU instructions per pair instead of 1.
-struct Cb2Regs {
+// The codebook's bytes in registers, for K=2 (cb2_regs) and K=3 (cb3_regs).
+struct CbRegs {
     uint32_t lo, hi;    // byte c: low / high byte of codebook value c (as T)
-    uint32_t lo2, hi2;  // K=3 (cb3_regs): byte c of lo / hi is value c's, byte c of lo2 / hi2 value 4 + c's
+    uint32_t lo2, hi2;  // K=3 only: the same for values 4 + c
 };
 
 // Every lane of the warp: cb is the lane's Lut::fetch value (code lane % 4).
 template <typename T>
-__device__ __forceinline__ Cb2Regs cb2_regs(float cb) {
+__device__ __forceinline__ CbRegs cb2_regs(float cb) {
     const uint32_t p01 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 0), __shfl_sync(kFullMask, cb, 1));
     const uint32_t p23 = Pack2<T>::pack(__shfl_sync(kFullMask, cb, 2), __shfl_sync(kFullMask, cb, 3));
     return {__byte_perm(p01, p23, 0x6420u), __byte_perm(p01, p23, 0x7531u)};
@@ -234,7 +235,7 @@ __device__ __forceinline__ Cb2Regs cb2_regs(float cb) {
 // hi and hi2, so a 3-bit code is the byte index of one PRMT over a register pair. Every lane of the warp: cb is the
 // lane's Lut::fetch value (code lane % 8).
 template <typename T>
-__device__ __forceinline__ Cb2Regs cb3_regs(float cb) {
+__device__ __forceinline__ CbRegs cb3_regs(float cb) {
     uint32_t p[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -254,7 +255,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // hi = (cb[c_8+S], cb[c_12+S]). The mask leaves code 4k + S in byte k; times 0x11 it fills nibbles 2k and
 // 2k + 1; + 0x4040 points the odd nibbles at the high bytes. mad.hi does the same for bytes 2, 3 shifted down.
 template <int S>
-__device__ __forceinline__ void cb2_decode(uint32_t w, const Cb2Regs& cb, uint32_t& lo, uint32_t& hi) {
+__device__ __forceinline__ void cb2_decode(uint32_t w, const CbRegs& cb, uint32_t& lo, uint32_t& hi) {
     const uint32_t c = shift<-2 * S>(w) & 0x03030303u;
     uint32_t sel_hi;
     asm("mad.hi.u32 %0, %1, %2, %3;\n" : "=r"(sel_hi) : "r"(c), "n"(0x110000), "n"(0x4040));
@@ -265,7 +266,7 @@ __device__ __forceinline__ void cb2_decode(uint32_t w, const Cb2Regs& cb, uint32
 // A block's A fragments from registers. Code 4k + S is column 2k + S % 2 of row g + 8 (S / 2) (the tiled
 // layout's pairs: lowbit/formats/kbit/tiled.py), so the pairs above hold columns of one parity: MMA e takes
 // the columns e, e + 2, e + 4, e + 6 of the lane's 8, and x must come in that order (cb2_x).
-__device__ __forceinline__ void cb2_block(uint32_t (&frag)[2][4], uint32_t w, const Cb2Regs& cb) {
+__device__ __forceinline__ void cb2_block(uint32_t (&frag)[2][4], uint32_t w, const CbRegs& cb) {
     cb2_decode<0>(w, cb, frag[0][0], frag[0][2]);  // row g: columns 0, 2 | 4, 6
     cb2_decode<2>(w, cb, frag[0][1], frag[0][3]);  // row g + 8
     cb2_decode<1>(w, cb, frag[1][0], frag[1][2]);  // row g: columns 1, 3 | 5, 7
@@ -276,7 +277,7 @@ __device__ __forceinline__ void cb2_block(uint32_t (&frag)[2][4], uint32_t w, co
 // table's entry for that field: (cb[code0], cb[code1]). Each field's two 3-bit codes are spread to a nibble each
 // (bits 3..5 up by one), so the word's fields are the PRMT selectors of their codes' low and high bytes; two more
 // PRMTs interleave the bytes into values. 12 instructions for 4 fields.
-__device__ __forceinline__ void cb3_word(uint32_t (&f)[4], uint32_t word, const Cb2Regs& cb) {
+__device__ __forceinline__ void cb3_word(uint32_t (&f)[4], uint32_t word, const CbRegs& cb) {
     uint32_t hi_codes;
     asm("and.b32 %0, %1, 0x38383838;\n" : "=r"(hi_codes) : "r"(word));
     const uint32_t sel = (word & 0x07070707u) | (hi_codes << 1);  // nibble 2k: code0 of byte k, 2k + 1: code1
@@ -291,7 +292,7 @@ __device__ __forceinline__ void cb3_word(uint32_t (&f)[4], uint32_t word, const 
 
 // Block J of K=3 from registers: the same two A fragments as lookup_block (pair p = 4m + R, field 8J + p).
 template <int J>
-__device__ __forceinline__ void cb3_block(uint32_t (&frag)[2][4], const uint32_t (&w)[12], const Cb2Regs& cb) {
+__device__ __forceinline__ void cb3_block(uint32_t (&frag)[2][4], const uint32_t (&w)[12], const CbRegs& cb) {
     cb3_word(frag[0], k3_word<8 * J>(w), cb);      // fields 8J .. 8J + 3: bytes 0..3 of one word
     cb3_word(frag[1], k3_word<8 * J + 4>(w), cb);  // 8J + 4 .. 8J + 7
 }

@@ -47,7 +47,7 @@ struct LaneCtx {
     uint32_t table;    // the table's shared-window address (uniform)
     int k_blocks;      // k_in / 32
     uint32_t rot;      // ROT: this lane's Hadamard A-fragment value (rotate_x)
-    Cb2Regs cb2;       // K=2 register decode (kK2RegBlocks): the codebook's bytes
+    CbRegs cb2;       // K=2 register decode (kK2RegBlocks): the codebook's bytes
 };
 
 // ---- rotation = 32 (lowbit/formats/kbit/rotation.py): the weight holds W H per 32-column block
@@ -129,7 +129,7 @@ constexpr unsigned kK3SplitRegBlocks = 0x15u;
 template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, unsigned K2REG, bool XPERM, int J>
 __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                               const uint4& x_in, uint32_t lane_op, uint32_t table, uint32_t rot,
-                                              const Cb2Regs& cb2) {
+                                              const CbRegs& cb2) {
     constexpr bool REG = QUAD && BITS == 2 && ((K2REG >> J) & 1);
     constexpr bool REG3 = BITS == 3 && !FP4 && ((K2REG >> J) & 1);  // K=3: the table's fragments, x as it is
     uint4 xv = ROT ? rotate_x<T>(x_in, rot) : x_in;  // just in time: 4 live registers, not 32
@@ -170,7 +170,7 @@ __device__ __forceinline__ void process_block(float (&acc)[4], const uint32_t (&
 template <int BITS, bool QUAD, typename T, bool FP4, bool ROT, unsigned K2REG, bool XPERM, int... J>
 __device__ __forceinline__ void process_blocks(float (&acc)[4], const uint32_t (&w)[4 * BITS], const uint32_t (&a)[4],
                                                const uint4 (&xv)[kGroupBlocks], uint32_t lane_op, uint32_t table,
-                                               uint32_t rot, const Cb2Regs& cb2, std::integer_sequence<int, J...>) {
+                                               uint32_t rot, const CbRegs& cb2, std::integer_sequence<int, J...>) {
     (process_block<BITS, QUAD, T, FP4, ROT, K2REG, XPERM, J>(acc, w, a, xv[J], lane_op, table, rot, cb2), ...);
 }
 
@@ -317,7 +317,7 @@ __device__ __forceinline__ LaneCtx<T> lane_ctx(const T* x, int64_t x_stride, int
     c.lane_op = Lut<BITS, QUAD>::lane_operand(c.table, lane);
     c.k_blocks = k_in / 32;
     c.rot = rot_fragment<T>(lane);
-    c.cb2 = Cb2Regs{};
+    c.cb2 = CbRegs{};
     return c;
 }
 
@@ -631,7 +631,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
     const float scale = *scale_ptr * kRotFix<ROT>;  // issued early: its latency overlaps the table build
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
     // every lane, before any warp leaves
-    const Cb2Regs cb2 = !K2REG ? Cb2Regs{} : QUAD ? cb2_regs<T>(cb) : cb3_regs<T>(cb);
+    const CbRegs cb2 = !K2REG ? CbRegs{} : QUAD ? cb2_regs<T>(cb) : cb3_regs<T>(cb);
     m = m < MAXM ? m : MAXM;
     // SWI: [half][pair][16 rows][8 tokens] fp32 outputs after the table and the partials, then x's copy
     float* swi = reinterpret_cast<float*>(g_table + stream_smem<BITS>());
@@ -1000,7 +1000,7 @@ __global__ void __launch_bounds__(kWarps * 32) kbit_split_gemv_kernel(
     }
     Lut<BITS, false>::template store<kWarps * 32, T>(cb);
     constexpr unsigned K3REG = BITS == 3 && !FP4 && !ROT ? kK3SplitRegBlocks : 0u;  // K=3: blocks in registers
-    const Cb2Regs cb3 = K3REG ? cb3_regs<T>(cb) : Cb2Regs{};                          // every lane
+    const CbRegs cb3 = K3REG ? cb3_regs<T>(cb) : CbRegs{};                          // every lane
     if constexpr (PDL) {
         pdl_wait();  // expert_offsets and x come from earlier kernels; y is written below
         pdl_launch_dependents();
