@@ -47,7 +47,7 @@ struct LaneCtx {
     uint32_t table;    // the table's shared-window address (uniform)
     int k_blocks;      // k_in / 32
     uint32_t rot;      // ROT: this lane's Hadamard A-fragment value (rotate_x)
-    CbRegs cb2;       // K=2 register decode (kK2RegBlocks): the codebook's bytes
+    CbRegs cb2;        // K=2 / K=3 register decode (kK2RegBlocks, kK3RegBlocks): the codebook's bytes
 };
 
 // ---- rotation = 32 (lowbit/formats/kbit/rotation.py): the weight holds W H per 32-column block
