@@ -84,12 +84,17 @@ def test_gemv_instance():
 
 def test_gemm_token_tiles_and_splits():
     assert [tiled.gemm_token_tiles(m) for m in (9, 16, 17, 32, 33, 64, 65, 2048)] == [2, 2, 4, 4, 8, 8, 8, 8]
-    assert tiled.gemm_splits(224, 1, 32, 132) == 1  # row blocks fill the GPU
-    assert tiled.gemm_splits(32, 1, 16, 264) == 8  # 4096x4096: 32 row blocks, 8-way split-K
-    assert tiled.gemm_splits(1, 1, 3, 264) == 1  # a split keeps >= 2 groups
-    assert tiled.gemm_splits(1, 1, 64, 264) == 32
+    assert tiled.gemm_splits(224, 1, 32, 132, 2) == 1  # row blocks fill the GPU
+    assert tiled.gemm_splits(32, 1, 16, 132, 2) == 4  # 4096x4096: one CTA per SM (4 groups each), not 8-way at two
+    assert tiled.gemm_splits(80, 1, 8, 132, 2) == 1  # 2048x10240: 80 CTAs rather than 240 at two per SM
+    assert tiled.gemm_splits(1, 1, 3, 132) == 1  # a split keeps >= 2 groups
+    assert tiled.gemm_splits(1, 1, 64, 132, 2) == 32
     assert tiled.gemm_splits(112, 1, 32, 132) == 1  # 85% of one wave: not two waves at 85%
     assert tiled.gemm_splits(32, 1, 32, 132) == 4  # 128 of 132
+    # 8192x8192: one per SM splits K and leaves 16 groups per CTA, so two per SM where the instance fits them
+    assert tiled.gemm_splits(64, 1, 32, 132, 2) == 4
+    assert tiled.gemm_splits(64, 1, 32, 132, 1) == 2
+    assert tiled.gemm_splits(112, 1, 16, 132, 2) == 1  # 4096x14336: unsplit at one per SM stays unsplit
 
 
 def test_gemm_op_cpu_is_reference_and_checks(gen):

@@ -754,19 +754,36 @@ def gemm_tiles_per_warp(nt: int, tiles: int, groups: int, chunks: int, sms: int)
     return 1
 
 
-def gemm_splits(row_blocks: int, chunks: int, groups: int, resident_ctas: int) -> int:
-    """K splits of the GEMM: the count (each split keeping >= 2 groups of 256 columns, at most one
-    wave of CTAs in all) whose CTAs fill their waves best, the smallest where fills are within 5%: a grid
-    of 112 one-per-SM CTAs on 132 SMs (85%) is not split into 224 (two waves at 85%: 8192x28672,
-    M=32, two tiles per warp: 86 us unsplit vs 123 us split in two)."""
-    ctas = row_blocks * chunks
-    best, best_fill = 1, 0.0
-    for s in range(1, max(1, min(-(-resident_ctas // ctas), groups // 2)) + 1):
-        total = ctas * s
-        fill = total / (-(-total // resident_ctas) * resident_ctas)
-        if fill > best_fill * 1.05:
-            best, best_fill = s, fill
-    return best
+#: K groups (of 256 columns) per CTA, split one CTA per SM, from which the GEMM fills two per SM instead
+GEMM_TWO_PER_SM_MIN_GROUPS = 12
+
+
+def gemm_splits(row_blocks: int, chunks: int, groups: int, sms: int, ctas_per_sm: int = 1) -> int:
+    """K splits of the GEMM: each split keeps >= 2 groups of 256 columns, and the CTAs fill one per SM.
+
+    Among the split counts, the one whose CTAs fill their waves best, the smallest where fills are within 5%
+    (a grid of 112 CTAs on 132 SMs, 85%, is not split into 224: two waves at 85%). Where the instance fits
+    ``ctas_per_sm`` = 2, and one per SM still splits K and leaves each CTA >= GEMM_TWO_PER_SM_MIN_GROUPS
+    groups, it fills two per SM: long K loops hide their latency behind the second CTA's warps, while short
+    ones pay the split's reduction and each CTA's start for nothing. H100, M = 16 / 32, cold us, kbit4
+    (benchmarks/journal/2026-11-28_gemm_splits_one_per_sm.md, 22 shapes, K = 2..5 and NVFP4): 2048x10240
+    unsplit 11.1 / 14.9 against three splits at two per SM 12.8 / 19.7; 4096x4096 four splits 10.3 / 14.8
+    against eight 11.5 / 16.4; 8192x8192 M = 16 (16 groups per CTA at one per SM) four splits 20.9 against
+    two 22.1."""
+    def fill_best(resident: int) -> int:
+        ctas = row_blocks * chunks
+        pick, pick_fill = 1, 0.0
+        for s in range(1, max(1, min(-(-resident // ctas), groups // 2)) + 1):
+            total = ctas * s
+            fill = total / (-(-total // resident) * resident)
+            if fill > pick_fill * 1.05:
+                pick, pick_fill = s, fill
+        return pick
+
+    s = fill_best(sms)
+    if ctas_per_sm >= 2 and s > 1 and -(-groups // s) >= GEMM_TWO_PER_SM_MIN_GROUPS:
+        s = fill_best(2 * sms)
+    return s
 
 
 def _gemm_occupancy(lib, index: int, op: str, sym: dict, dtype, *args, required: bool = True, **params) -> int:
@@ -818,7 +835,7 @@ class GemmLauncher(_Launcher):
         occ = _gemm_occupancy(self.lib, self.index, self.op, sym, dtype, nt=nt, r=r)
         row_blocks = -(-self.tiles // (8 * r))
         if splits is None:
-            splits = gemm_splits(row_blocks, chunks, self.groups, occ * sms)
+            splits = gemm_splits(row_blocks, chunks, self.groups, sms, occ)
         if not 1 <= splits <= self.groups:
             raise ValueError(f"splits must be in 1..{self.groups} (K groups), got {splits}")
         ws = chunks * splits * self.tiles * 16 * 8 * nt if splits > 1 else 0
