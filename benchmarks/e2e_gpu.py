@@ -34,7 +34,9 @@ gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECO
 on large shapes too, where its decode bounds it), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
 SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``BULK_SWIGLU_DECODE_RULE = False``: the
 SwiGLU instance not held to BULK_DECODE_MAX_UNITS), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
-shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel).
+shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel),
+``@gemm-fill-slots`` (``lowbit.kernels.tiled.gemm_splits`` as before 2026-11-28: the GEMM's K splits fill every
+resident CTA slot, two per SM where the instance fits them, rather than one CTA per SM).
 """
 
 import argparse
@@ -192,7 +194,9 @@ def main():
                 "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
                 "bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", (2, 3, 4)),
                 "swiglu-no-decode-rule": (tiled, "BULK_SWIGLU_DECODE_RULE", False),
-                "no-split": (tiled, "use_split", lambda *a: False)}
+                "no-split": (tiled, "use_split", lambda *a: False),
+                "gemm-fill-slots": (tiled, "gemm_splits", lambda rb, ch, g, sms, per_sm=1, f=tiled.gemm_splits:
+                                    f(rb, ch, g, per_sm * sms))}
     defaults = {(mod, attr): getattr(mod, attr) for mod, attr, _ in switches.values()}
     names = args.variants.split(",")
     for name in names:  # refuse an unknown @switch before any model is built
