@@ -5,6 +5,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lowbit
 from lowbit import dispatch, ops
@@ -95,6 +97,18 @@ def test_gemm_token_tiles_and_splits():
     assert tiled.gemm_splits(64, 1, 32, 132, 2) == 4
     assert tiled.gemm_splits(64, 1, 32, 132, 1) == 2
     assert tiled.gemm_splits(112, 1, 16, 132, 2) == 1  # 4096x14336: unsplit at one per SM stays unsplit
+
+
+@settings(max_examples=300, deadline=None)
+@given(row_blocks=st.integers(1, 600), chunks=st.integers(1, 40), groups=st.integers(1, 400),
+       sms=st.integers(1, 200), per_sm=st.integers(1, 2))
+def test_gemm_splits_bounds(row_blocks, chunks, groups, sms, per_sm):
+    s = tiled.gemm_splits(row_blocks, chunks, groups, sms, per_sm)
+    assert 1 <= s <= max(1, groups // 2)  # a split keeps >= 2 groups of 256 columns (one where K has fewer)
+    # one wave of CTAs at most (per_sm of them per SM), unless the rows alone need more
+    assert s == 1 or row_blocks * chunks * s <= per_sm * sms
+    if per_sm == 1 or tiled.gemm_splits(row_blocks, chunks, groups, sms, 1) == 1:
+        assert row_blocks * chunks * s <= max(sms, row_blocks * chunks)  # one per SM
 
 
 def test_gemm_op_cpu_is_reference_and_checks(gen):
