@@ -109,6 +109,10 @@ def test_gemm_splits_bounds(row_blocks, chunks, groups, sms, per_sm):
     assert s == 1 or row_blocks * chunks * s <= per_sm * sms
     if per_sm == 1 or tiled.gemm_splits(row_blocks, chunks, groups, sms, 1) == 1:
         assert row_blocks * chunks * s <= max(sms, row_blocks * chunks)  # one per SM
+    # two per SM only where one per SM still splits K and leaves each CTA GEMM_TWO_PER_SM_MIN_GROUPS groups or more
+    one = tiled.gemm_splits(row_blocks, chunks, groups, sms, 1)
+    if s != one:
+        assert per_sm == 2 and one > 1 and -(-groups // one) >= tiled.GEMM_TWO_PER_SM_MIN_GROUPS
 
 
 def test_gemm_op_cpu_is_reference_and_checks(gen):
