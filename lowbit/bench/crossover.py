@@ -9,9 +9,14 @@ become size classes (by weight elements) in the crossover file that :mod:`lowbit
     {"version": 1, "gpus": {"<GPU name>": {"gemm_max_m": [[20000000, 32], [null, 128]],
                                            "grouped_gemm_min_rows": 1.5}}}
 
-The grouped crossover is swept over mean rows per expert (:data:`GROUPED_ROWS`) on one expert stack
-(:data:`GROUPED_SHAPE`, rows spread over the experts uniformly at random): the smallest mean from which
-the GEMM is never slower than the GEMV.
+The grouped crossover is swept over mean rows per expert (:data:`GROUPED_ROWS`) on one whole expert block
+(:data:`GROUPED_BLOCK`: each token routed to top-k distinct experts drawn uniformly at random), timed as a
+model runs it (eager, in one CUDA graph): routing glue, gate|up, the activation, down and the weighted sum.
+The GEMV side takes the path a model takes at that size (the routed GEMV, which needs no sort and fuses
+the activation, up to ``ops.ROUTED_MAX_ROUTES`` routes). The crossover is the smallest mean from which the
+GEMM side is never slower. Timing the grouped kernels alone put it at 0.5 rows per expert on an H100, where
+Qwen3-30B-A3B-shaped steps then ran 8-11% slower at batch 8 and 16 than at the 1.5 the block measures
+(benchmarks/journal/2026-11-28_moe_crossover_tune_and_gemm_m16.md).
 
 The user file (``$LOWBIT_DISPATCH_FILE``, else ``~/.cache/lowbit/kbit_dispatch.json``) overrides
 the shipped ``lowbit/data/kbit_dispatch.json`` per GPU.
@@ -44,8 +49,8 @@ def crossover_m(times: dict[int, tuple[float, float]]) -> int:
 
 #: mean rows per expert swept for the grouped GEMV / GEMM crossover
 GROUPED_ROWS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
-#: (experts, N, K_in) of the expert stack the grouped crossover is measured on (a 2048-wide MoE's gate/up)
-GROUPED_SHAPE = (256, 1024, 2048)
+#: (experts, hidden, intermediate, top-k) of the expert block the grouped crossover is measured on
+GROUPED_BLOCK = (256, 2048, 512, 8)
 
 
 def grouped_crossover(times: dict[float, tuple[float, float]]) -> float:
@@ -135,36 +140,40 @@ def measure(shapes, ms=SWEEP_MS, bits: int = 4, replays: int = 5, log=print) -> 
     return out
 
 
-def measure_grouped(rows_per_expert=GROUPED_ROWS, shape=GROUPED_SHAPE, bits: int = 4, replays: int = 5,
+def measure_grouped(rows_per_expert=GROUPED_ROWS, block=GROUPED_BLOCK, bits: int = 4, replays: int = 5,
                     log=print) -> float:
-    """GPU: the grouped GEMV / GEMM crossover (mean rows per expert) on one expert stack, fp16."""
+    """GPU: the grouped GEMV / GEMM crossover (mean rows per expert) of one expert block, fp16, each side as
+    the dispatcher runs it in a model (``lowbit.nn.KbitMoeExperts`` under ``dispatch.forced_path``)."""
     import torch
 
-    import lowbit
-
+    from ..nn.experts import KbitMoeExperts
     from .timing import graph_time
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    e, n, k_in = shape
-    ex = lowbit.quantize_kbit_experts(torch.randn(e, n, k_in, device=dev, dtype=torch.float16), bits=bits)
-    ex.tiled()
-    gen = torch.Generator().manual_seed(0)
+    e, hidden, inter, k = block
+    mod = KbitMoeExperts(e, hidden, inter, bits=bits, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for prefix in ("gate_up", "down"):  # random codes and block scales: the timing reads every byte
+        qw, qa = getattr(mod, f"{prefix}_qweight"), getattr(mod, f"{prefix}_qabsmax")
+        qw.copy_(torch.randint(-2**31, 2**31 - 1, qw.shape, generator=gen, device=dev, dtype=torch.int64).to(torch.int32))
+        qa.copy_(torch.randint(96, 128, qa.shape, generator=gen, device=dev, dtype=torch.int32).to(torch.uint8))
+    mod.tensors_changed()
     times = {}
     for r in rows_per_expert:
-        rows = max(1, round(r * e))
-        counts = torch.bincount(torch.randint(0, e, (rows,), generator=gen), minlength=e)
-        off = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(dev)
-        x = torch.randn(rows, k_in, device=dev, dtype=torch.float16)
+        tokens = max(1, round(r * e / k))
+        ids = torch.rand(tokens, e, generator=gen, device=dev).topk(k, dim=1).indices
+        weights = torch.softmax(torch.randn(tokens, k, generator=gen, device=dev), dim=1).half()
+        x = torch.randn(tokens, hidden, generator=gen, device=dev, dtype=torch.float16)
 
         def timed(path):
             def call():
                 with dispatch.forced_path(path):
-                    return lowbit.kbit_grouped_linear(x, off, ex)
+                    return mod(x, ids, weights)
             return graph_time([call], replays=replays, warmup=2).median_us
 
         times[r] = (timed("gemv"), timed("gemm"))
-        log(f"  {e} experts {k_in}x{n}, {r:g} rows/expert: grouped GEMV {times[r][0]:8.1f} us  "
-            f"grouped GEMM {times[r][1]:8.1f} us")
+        log(f"  {e} experts, hidden {hidden}, intermediate {inter}, top-{k}: {tokens} tokens, "
+            f"{tokens * k / e:g} rows/expert: GEMV block {times[r][0]:8.1f} us  GEMM block {times[r][1]:8.1f} us")
     best = grouped_crossover(times)
     log(f"  grouped GEMM from {best:g} rows per expert")
     return best

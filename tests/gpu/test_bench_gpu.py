@@ -1,5 +1,7 @@
 """Benchmark harness on a GPU: timing sanity, the correctness gate, the peers' set-up."""
 
+import re
+
 import pytest
 
 from lowbit.bench.methods import Method, all_methods
@@ -58,3 +60,17 @@ def test_moe_block_times_all_active_experts(name, read_bw):
     assert r.status == "ok"
     per_expert = meth.run_grouped is None  # cuBLAS: one call per active expert and projection
     assert r.calls == (r.extra["active_experts"] * 2 if per_expert else 2) and r.cold_us > 0
+
+
+def test_grouped_crossover_times_whole_blocks():
+    """`lowbit tune --kbit-crossover`'s grouped part times the expert block on both sides (the routed GEMV at
+    decode sizes, the sorted grouped GEMM) and returns one of the swept means (or twice the largest)."""
+    from lowbit.bench import crossover
+
+    lines = []
+    best = crossover.measure_grouped(rows_per_expert=(0.5, 4.0), block=(16, 256, 128, 2), replays=2, log=lines.append)
+    assert best in (0.5, 4.0, 8.0)
+    assert len(lines) == 3 and "GEMV block" in lines[0] and "GEMM block" in lines[0]
+    for line in lines[:2]:
+        vals = [float(v) for v in re.findall(r"block +([0-9.]+) us", line)]
+        assert len(vals) == 2 and all(0 < v < 1e5 for v in vals), line
