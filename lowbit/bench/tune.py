@@ -36,8 +36,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "~/.cache/lowbit/kbit_dispatch.json; lowbit/data/kbit_dispatch.json is the shipped one)")
     p.add_argument("--kbit-crossover", action="store_true",
                    help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "
-                        "size (--shape adds shapes to the default set) and the grouped GEMV / GEMM crossover, "
-                        "and write them for lowbit.dispatch")
+                        "size (--shape adds shapes to the default set) and the grouped GEMV / GEMM crossover (on a whole "
+                        "MoE expert block, as models run it), and write them for lowbit.dispatch")
     p.set_defaults(func=run)
     return p
 
