@@ -150,6 +150,12 @@ def test_crossover_from_measurements():
     assert crossover.derive_classes({4_000_000: 16}) == [(None, 16)]
     with pytest.raises(ValueError):
         crossover.derive_classes({})
+    # the grouped crossover: the smallest mean from which the GEMM side never loses again (the H100's block timings of
+    # 2026-11-28, us, (GEMV side, GEMM side)), twice the sweep's largest where it never wins
+    h100 = {0.5: (109.0, 143.0), 1.0: (171.9, 211.3), 1.5: (237.1, 234.0), 2.0: (270.6, 265.5), 8.0: (445.8, 343.8)}
+    assert crossover.grouped_crossover(h100) == 1.5
+    assert crossover.grouped_crossover({**h100, 2.0: (260.0, 265.5)}) == 8.0  # a later loss moves it past that loss
+    assert crossover.grouped_crossover({0.5: (1.0, 2.0), 4.0: (1.0, 2.0)}) == 8.0
 
 
 def test_crossover_file_written_and_user_file_overrides(tmp_path, monkeypatch):
