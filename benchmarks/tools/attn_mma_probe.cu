@@ -17,7 +17,7 @@
 //     accumulators as they are (packed to bf16), V^T's A fragments come from the lane's V row pieces through one
 //     movmatrix.trans each: 8 MMAs for D = 128, out^T in 32 fp32 registers.
 // Chunks of CHUNK positions per CTA (0: one chunk per sequence); with more than one, partial (max, sum, out) go to a
-// workspace and the last CTA of a (sequence, KV head) merges them in chunk order (one acq_rel counter), as the
+// workspace and the last CTA of a (sequence, KV head) merges them in chunk order (a fence and a counter), as the
 // library's kernel does. Not handled here: the append mode, PDL, masks other than a visible prefix, fp16.
 #include <cuda_bf16.h>
 
