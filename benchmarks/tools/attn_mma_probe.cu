@@ -27,24 +27,15 @@
 #include <cstring>
 #include <vector>
 
-#include "common.cuh"
 #include "graph_timing.h"
+#include "tiled/gemv.cuh"  // mma16816, Pack2, movmatrix_trans
 
 using lowbit::mma16816;
+using lowbit::gemv::movmatrix_trans;
+using lowbit::gemv::Pack2;
 using T = __nv_bfloat16;
 constexpr int D = 128;
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t movt(uint32_t v) {
-    uint32_t d;
-    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
-    return d;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
@@ -132,15 +123,16 @@ __global__ void __launch_bounds__(W * 32) attn_mma_kernel(const T* __restrict__ 
         m_run = m_new;
         // out^T's columns are heads 2t, 2t + 1: their factors live in quads 2t, 2t + 1
         const float a_lo = __shfl_sync(0xffffffffu, alpha, 8 * t), a_hi = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
-        const uint32_t b0 = pack_bf16(p[0], p[1]), b1 = pack_bf16(p[2], p[3]);
+        const uint32_t b0 = Pack2<T>::pack(p[0], p[1]), b1 = Pack2<T>::pack(p[2], p[3]);
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc)
 #pragma unroll
             for (int jp = 0; jp < 2; ++jp) {
                 float(&o)[4] = acc[2 * cc + jp];
                 o[0] *= a_lo; o[1] *= a_hi; o[2] *= a_lo; o[3] *= a_hi;
-                const uint32_t a[4] = {movt(word(v0[cc], 2 * jp)), movt(word(v0[cc], 2 * jp + 1)),
-                                       movt(word(v1[cc], 2 * jp)), movt(word(v1[cc], 2 * jp + 1))};
+                const uint32_t a[4] = {
+                    movmatrix_trans(word(v0[cc], 2 * jp)), movmatrix_trans(word(v0[cc], 2 * jp + 1)),
+                    movmatrix_trans(word(v1[cc], 2 * jp)), movmatrix_trans(word(v1[cc], 2 * jp + 1))};
                 mma16816<T>(o, a, b0, b1);
             }
     }
