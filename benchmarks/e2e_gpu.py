@@ -36,7 +36,10 @@ SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``B
 SwiGLU instance not held to BULK_DECODE_MAX_UNITS), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
 shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel),
 ``@gemm-fill-slots`` (``lowbit.kernels.tiled.gemm_splits`` as before 2026-11-28: the GEMM's K splits fill every
-resident CTA slot, two per SM where the instance fits them, rather than one CTA per SM).
+resident CTA slot, two per SM where the instance fits them, rather than one CTA per SM), ``@simt-attention`` /
+``@mma-attention`` (``lowbit.kernels.attention.KERNEL``: decode attention on CUDA cores / on tensor cores wherever
+compiled, not as the plan picks), ``@mma-warps-4`` / ``@mma-warps-8`` (``MMA_WARPS``: the tensor-core kernel's warps
+per CTA).
 """
 
 import argparse
@@ -179,6 +182,8 @@ def main():
     switches = {"early-kv": (kattn, "EARLY_KV", True), "no-early-kv": (kattn, "EARLY_KV", False),
                 **{f"head-splits-{n}": (kattn, "HEAD_SPLITS", n) for n in (1, 2, 4, 8)},
                 **{f"chunk-{c}": (kattn, "CHUNK", c) for c in (64, 128, 192, 256)},
+                "simt-attention": (kattn, "KERNEL", "simt"), "mma-attention": (kattn, "KERNEL", "mma"),
+                **{f"mma-warps-{w}": (kattn, "MMA_WARPS", w) for w in (4, 8)},
                 "routed": (dispatch, "MOE_ROUTED", True), "no-routed": (dispatch, "MOE_ROUTED", False),
                 "routed-split-all": (tiled, "ROUTED_ONE_WAVE", False),
                 "qk-norm-modules": (hf_attention, "QK_NORM_IN_KERNEL", False),

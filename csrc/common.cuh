@@ -79,6 +79,28 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
     }
 }
 
+// Two floats -> a pair of fp16 / bf16 in 32 bits (low element first), round to nearest even.
+template <typename T> struct Pack2;
+template <> struct Pack2<__half> {
+    static __device__ uint32_t pack(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+template <> struct Pack2<__nv_bfloat16> {
+    static __device__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+};
+
+// The 8x8 matrix of 16-bit elements a warp holds (lane 4 r + c/2: row r, columns c, c + 1) transposed.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
+    uint32_t d;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
+    return d;
+}
+
 // Programmatic dependent launch (sm_90+, used when an op is asked for it): a kernel waits for the
 // previous one's completion (and memory) only before it touches its inputs or outputs -- weights
 // are constant, so their first loads overlap the predecessor's tail -- and lets the next one start

@@ -146,6 +146,43 @@ def test_grid_plan_invariants(batch, kv_heads, group, head_dim, length, sms, per
         assert batch * kv_heads * splits * chunks <= cap(g) * sms
 
 
+def test_mma_plan_and_head_splits():
+    """The tensor-core kernel: one chunk per (sequence, head group) once those CTAs fill a quarter of the SMs, else
+    chunks of >= 256 positions up to one CTA per SM, 8 warps each (4 past one CTA per SM); groups past 8 query heads
+    split in powers of two, others have no instance; the plan takes it from 8192 K/V rows per layer."""
+    assert kattn.mma_plan(16, 8, 590, 132) == (8, 640)  # Llama-3-8B batch 16: 128 CTAs, one chunk each
+    assert kattn.mma_plan(32, 8, 590, 132) == (4, 640)  # 256 CTAs: two per SM
+    assert kattn.mma_plan(1, 8, 4096, 132) == (8, 256)  # batch 1, a long cache: 16 chunks x 8 head groups
+    assert kattn.mma_plan(4, 8, 590, 132) == (8, 256)  # 32 CTAs: 3 chunks of 256
+    assert kattn.mma_plan(4, 8, 4096, 132) == (8, 1024)  # 4 chunks x 32 CTAs
+    assert not kattn.use_mma(1, 8, 590, 128, 4) and kattn.use_mma(4, 8, 590, 128, 4)  # Llama-3-8B: batch 1 / 4
+    assert kattn.use_mma(1, 8, 4096, 128, 4) and not kattn.use_mma(64, 8, 4096, 256, 4)
+    assert kattn.use_mma(1, 1, 16, 128, 6)  # no CUDA-core instance for 6 heads per KV head
+    assert [kattn.mma_head_splits(g) for g in (1, 7, 8, 12, 16, 24, 9, 18)] == [1, 1, 1, 2, 2, 4, None, None]
+    assert kattn.mma_supported(128, 16) and kattn.mma_supported(64, 3) and not kattn.mma_supported(256, 1)
+    assert kattn.supported_shape(torch.bfloat16, 48, 8, 128)  # 6 heads per KV head: tensor cores only
+    assert not kattn.supported_shape(torch.float32, 32, 8, 128) and not kattn.supported_shape(torch.bfloat16, 9, 1, 256)
+
+
+@given(batch=st.integers(1, 96), groups=st.integers(1, 64), length=st.integers(1, 40000),
+       sms=st.sampled_from([16, 78, 108, 132]), warps=st.sampled_from([None, 4, 8]))
+def test_mma_plan_invariants(batch, groups, length, sms, warps):
+    """Whatever the shapes: 4 or 8 warps, chunks of whole 64-position steps (at least one step of every warp), at
+    most 128 of them (the workspace's cap for head dim 64), more than one only for a grid under a quarter of the
+    SMs, and then within one CTA per SM."""
+    old = kattn.MMA_WARPS
+    kattn.MMA_WARPS = warps
+    try:
+        w, chunk = kattn.mma_plan(batch, groups, length, sms)
+    finally:
+        kattn.MMA_WARPS = old
+    chunks = -(-length // chunk)
+    assert w in (4, 8) and (warps is None or w == warps)
+    assert chunk % 64 == 0 and chunk >= 16 * w and chunks <= 2 * 64
+    if chunks > 1:
+        assert 4 * batch * groups < sms and batch * groups * chunks <= sms
+
+
 # ---- rotary embedding + cache append + attention in one op
 
 def _append_case(gen, b=2, hq=4, hkv=2, length=12, d=32, pos=5, dtype=torch.float32):

@@ -1,7 +1,8 @@
 """Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it,
-and lowbit's decode attention kernel (lowbit.ops.decode_attention).
+and lowbit's decode attention kernels (lowbit.ops.decode_attention: as planned, and each kernel forced).
 
     python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--batch 4] [--kv-heads 8] [--splits 1,2,4] [--chunks 64,128]
+        [--warps 4,8]   (the tensor-core kernel at each warp count x chunk; --chunks 0: one chunk per sequence)
 
 CUDA-graph timed (100 replays of 32 calls, one per Llama-3-8B layer), H100 numbers in BENCHMARKS.md (issue 12).
 """
@@ -20,6 +21,8 @@ def main():
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads (32 query heads); Qwen3-30B-A3B: 4")
     p.add_argument("--splits", default="", help="also time lowbit's kernel with these head splits, e.g. 1,2,4")
     p.add_argument("--chunks", default="", help="and with these positions per CTA (multiples of 64), each split count")
+    p.add_argument("--warps", default="", help="time the tensor-core kernel with these warps per CTA, each --chunks")
+    p.add_argument("--no-sdpa", action="store_true", help="skip torch's SDPA rows (the first one stays: the reference)")
     p.add_argument("--reduce-each", action="store_true",
                    help="also time lowbit's kernels with each score reduced on its own (as before warp_sum8)")
     a = p.parse_args()
@@ -55,6 +58,29 @@ def main():
     }
     from lowbit.kernels import attention as kattn
 
+    def forced(fn, **switches):
+        def run(i):
+            old = {n: getattr(kattn, n) for n in switches}
+            for n, val in switches.items():
+                setattr(kattn, n, val)
+            try:
+                return fn(i)
+            finally:
+                for n, val in old.items():
+                    setattr(kattn, n, val)
+        return run
+
+    if a.no_sdpa:
+        for name in ("sdpa(mask, enable_gqa=True)", "sdpa(no mask, enable_gqa=True), cache sliced"):
+            del ways[name]
+    for name in ("lowbit decode_attention(mask)", "lowbit decode_attention_append(mask)"):
+        ways[name.replace("lowbit ", "lowbit simt ")] = forced(ways[name], KERNEL="simt")
+        ways[name.replace("lowbit ", "lowbit mma ")] = forced(ways[name], KERNEL="mma")
+    for w in map(int, filter(None, a.warps.split(","))):
+        for c in sorted({0, *map(int, filter(None, a.chunks.split(",")))}):
+            ways[f"lowbit mma decode_attention(mask), {w} warps, chunk {c or L}"] = forced(
+                ways["lowbit decode_attention(mask)"], KERNEL="mma", MMA_WARPS=w, CHUNK=c or -(-L // 64) * 64)
+
     if a.reduce_each:
         for name in [n for n in ways if n.startswith("lowbit")]:
             def each_fn(i, fn=ways[name]):
@@ -64,18 +90,18 @@ def main():
                 finally:
                     kattn.REDUCE_EACH = False
             ways[name + ", scores reduced one by one"] = each_fn
-    for c in [None, *map(int, filter(None, a.chunks.split(",")))]:
+    for c in [None, *[c for c in map(int, filter(None, a.chunks.split(","))) if c]]:
         for n in [None, *map(int, filter(None, a.splits.split(",")))]:
             if c is None and n is None:
                 continue
 
             def split_fn(i, n=n, c=c):
-                kattn.HEAD_SPLITS, kattn.CHUNK = n, c
+                kattn.HEAD_SPLITS, kattn.CHUNK, kattn.KERNEL = n, c, "simt"
                 try:
                     return ways["lowbit decode_attention(mask)"](i)
                 finally:
-                    kattn.HEAD_SPLITS = kattn.CHUNK = None
-            ways["lowbit decode_attention(mask)" + (f", chunk {c}" if c else "") + (f", {n} head splits" if n else "")] = split_fn
+                    kattn.HEAD_SPLITS = kattn.CHUNK = kattn.KERNEL = None
+            ways["lowbit simt decode_attention(mask)" + (f", chunk {c}" if c else "") + (f", {n} head splits" if n else "")] = split_fn
     ref = ways["repeat_kv + sdpa(mask) [transformers today]"](0)
     for name, fn in ways.items():
         try:
@@ -101,9 +127,9 @@ def main():
             e1.record()
             torch.cuda.synchronize()
             us = e0.elapsed_time(e1) / 100 / layers * 1e3
-            print(f"{name:48s} {us:7.2f} us per layer  (max |diff| {err:.2e})", flush=True)
+            print(f"{name:56s} {us:7.2f} us per layer  (max |diff| {err:.2e})", flush=True)
         except Exception as e:  # noqa: BLE001
-            print(f"{name:48s} failed: {str(e).splitlines()[0][:120]}", flush=True)
+            print(f"{name:56s} failed: {str(e).splitlines()[0][:120]}", flush=True)
 
 
 if __name__ == "__main__":

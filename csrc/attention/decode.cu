@@ -40,6 +40,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "attention/chunks.cuh"
 #include "common.cuh"
 
 namespace lowbit {
@@ -148,38 +149,6 @@ __device__ __forceinline__ void warp_sum_each(float (&d)[8]) {
         for (int o = 16; o > 0; o >>= 1) d[j] += __shfl_xor_sync(kFullMask, d[j], o);
     }
 }
-
-// counter += v at GPU scope with release and acquire semantics; returns the old value.
-__device__ __forceinline__ int atomic_add_acq_rel(int* counter, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(v) : "memory");
-    return old;
-}
-
-constexpr int kMergeRegs = 16;  // chunks the last CTA merges from registers, in one round of loads (<= 32)
-
-// Merge a softmax state (m, l, o) scaled to the common max: weight 2^(m - m_all), 0 for an empty one.
-__device__ __forceinline__ float merge_weight(float m, float m_all) {
-    return m == -INFINITY ? 0.f : exp2f(m - m_all);
-}
-
-// APPEND mode's extra operands: the new token's k, v (pre-RoPE k) [b, hkv_real, D] at row strides kn_sb /
-// vn_sb (elements); cos, sin [b, D] at cs_sb; q's batch stride; the step's position (int64, device;
-// advanced by one at the end); the caches written (the same memory as k, v: the new row is written, never read, through these).
-template <typename T>
-struct Append {
-    const T* k_new;
-    const T* v_new;
-    const T* cos;
-    const T* sin;
-    int64_t q_sb, kn_sb, vn_sb, cs_sb;
-    int64_t* position;
-    T* k_cache;
-    T* v_cache;
-    const T* q_norm;  // [D] RMSNorm weights of every q head / of k before the rotation, or null: none
-    const T* k_norm;
-    float norm_eps;
-};
 
 // Rotate-half RoPE of the lane's E elements [lane E, lane E + E) of a D-row (c, s: its cos, sin): x cos + rotate_half(x) sin,
 // rotate_half(x)[i] = -x[i + D/2] (i < D/2), x[i - D/2] (else): the partner elements sit in lane ^ 16.
@@ -442,60 +411,15 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attention_kernel(
         return;
     }
 
-    // The last CTA of (b, h) merges the chunks, in chunk order (deterministic). Arrival is one acq_rel atomic
-    // by thread 0 behind a CTA barrier: it releases this CTA's partials and, for the last CTA, acquires every
-    // other CTA's (the barrier after it passes that on to the CTA's threads); no per-thread fences. Each
-    // thread then asks for all it needs at once -- every chunk's (m, l) for its head and its element of every
-    // chunk's partial output -- so the merge costs one L2 round trip (up to kMergeRegs chunks; more: two).
-    __shared__ int s_last;
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomic_add_acq_rel(&counters[b * hkv + h], 1) == chunks - 1;
-    __syncthreads();
+    // The last CTA of (b, h) merges the chunks (chunks.cuh).
+    const bool last = last_chunk_to_arrive(&counters[b * hkv + h], chunks);
     stamp(5);
-    if (!s_last) {
+    if (!last) {
         stamp(6);
         return;
     }
-    const float* bh_ws = ws + (int64_t(b) * hkv + h) * chunks * G * (D + 2);
-    for (int i = threadIdx.x; i < G * D; i += kWarps * 32) {
-        const int g = i / D, d = i % D;
-        const float* col = bh_ws + g * (D + 2);  // chunk cc's row at col + cc * G * (D + 2)
-        const int64_t row = int64_t(G) * (D + 2);
-        float o_all = 0.f, den = 0.f;
-        if (chunks <= kMergeRegs) {
-            // lane cc holds chunk cc's (m, l) of head g (g is warp-uniform: D is a multiple of 32), each thread
-            // its element of every chunk's output; the sums run in chunk order, as in the loop below
-            float m_c = -INFINITY, l_c = 0.f, oc[kMergeRegs];
-            if (lane < chunks) {
-                m_c = __ldcg(col + lane * row + D);
-                l_c = __ldcg(col + lane * row + D + 1);
-            }
-#pragma unroll
-            for (int cc = 0; cc < kMergeRegs; ++cc)
-                if (cc < chunks) oc[cc] = __ldcg(col + cc * row + d);
-            float m_all = m_c;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(kFullMask, m_all, o));
-            const float w_c = merge_weight(m_c, m_all);
-#pragma unroll
-            for (int cc = 0; cc < kMergeRegs; ++cc) {
-                if (cc < chunks) {  // uniform across the CTA
-                    const float wt = __shfl_sync(kFullMask, w_c, cc);
-                    den += wt * __shfl_sync(kFullMask, l_c, cc);
-                    o_all += wt * oc[cc];
-                }
-            }
-        } else {  // the same sums, the (m, l) pass first
-            float m_all = -INFINITY;
-            for (int cc = 0; cc < chunks; ++cc) m_all = fmaxf(m_all, __ldcg(col + cc * row + D));
-            for (int cc = 0; cc < chunks; ++cc) {
-                const float wt = merge_weight(__ldcg(col + cc * row + D), m_all);
-                den += wt * __ldcg(col + cc * row + D + 1);
-                o_all += wt * __ldcg(col + cc * row + d);
-            }
-        }
-        out[(int64_t(b) * hkv * G + h * G + g) * D + d] = from_float<T>(bad_pos ? __int_as_float(0x7fffffff) : o_all / den);
-    }
+    merge_chunks<T, D, kWarps * 32>(ws + (int64_t(b) * hkv + h) * chunks * G * (D + 2), chunks, G,
+                                    out + (int64_t(b) * hkv + h) * G * D, bad_pos);
     if (threadIdx.x == 0) counters[b * hkv + h] = 0;  // ready for the next launch (graph replays too)
     stamp(6, true);
 }

@@ -47,7 +47,6 @@ namespace lowbit {
 namespace nvfp4 {
 
 using gemv::hmul2;
-using gemv::Pack2;
 using gemv::shift;
 
 constexpr int kWarps = 8;   // at most, per CTA (fewer when K has fewer steps)

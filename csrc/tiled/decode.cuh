@@ -31,20 +31,6 @@ __device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t& a, uint32_t& 
     asm volatile("ld.shared.v2.b32 {%0,%1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(addr));
 }
 
-template <typename T> struct Pack2;
-template <> struct Pack2<__half> {
-    static __device__ uint32_t pack(float a, float b) {
-        __half2 h = __floats2half2_rn(a, b);
-        return *reinterpret_cast<uint32_t*>(&h);
-    }
-};
-template <> struct Pack2<__nv_bfloat16> {
-    static __device__ uint32_t pack(float a, float b) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        return *reinterpret_cast<uint32_t*>(&h);
-    }
-};
-
 // E4M4 byte (in bits 19..26 of `shifted`) -> float * 2^-112: the byte placed in an fp32's
 // exponent and top mantissa bits is exactly e4m4 * 2^-112 (subnormals included). The 2^112 is
 // applied once per output (kScaleFix), not once per block.

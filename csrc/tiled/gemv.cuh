@@ -77,12 +77,6 @@ __device__ __forceinline__ uint32_t rot_fragment(int lane) {
     return Pack2<T>::pack(lo, hi);
 }
 
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t v) {
-    uint32_t d;
-    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(v));
-    return d;
-}
-
 template <typename T>
 __device__ __forceinline__ uint4 rotate_x(const uint4& xv, uint32_t p) {
     const uint32_t a[4] = {p, p, p, p ^ 0x80008000u};

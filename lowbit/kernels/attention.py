@@ -1,4 +1,5 @@
-"""CUDA implementation of ``lowbit::decode_attention`` (csrc/attention/decode.cu)."""
+"""CUDA implementations of ``lowbit::decode_attention``: on tensor cores (csrc/attention/decode_mma.cu, head dims 64 and
+128) and on CUDA cores (csrc/attention/decode.cu, every compiled shape); :func:`plan` picks one per call."""
 
 from __future__ import annotations
 
@@ -20,7 +21,21 @@ register_signatures({
                          _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _F, _P],
     # append mode (0/1) -> CTAs of that instance per SM (0: the runtime could not say)
     "decode_attention_occupancy": [_I],
+    # the tensor-core kernel: decode_attention's arguments with the query heads per CTA after kv_div
+    "decode_attention_mma": [_P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F,
+                             _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _F, _P],
+    "decode_attention_mma_occupancy": [_I],
 })
+
+#: head dims the tensor-core kernel is compiled for (csrc/attention/decode_mma.cu), and its query heads per CTA at most
+MMA_HEAD_DIMS = (64, 128)
+MMA_MAX_GROUP = 8
+
+#: which kernel runs: "mma" (tensor cores), "simt" (CUDA cores), None: :func:`plan` decides (benchmarks and tests set it)
+KERNEL: str | None = None
+
+#: warps per CTA of the tensor-core kernel, 4 or 8 (None: :func:`plan` decides; benchmarks set it)
+MMA_WARPS: int | None = None
 
 
 #: positions per CTA, a multiple of 64 (None: :func:`chunk_size` decides; benchmarks set it)
@@ -77,6 +92,57 @@ def chunk_size(batch: int, groups: int, length: int, head_dim: int, sms: int, ct
     return chunk
 
 
+def mma_head_splits(group: int) -> int | None:
+    """CTAs sharing a KV head's query heads in the tensor-core kernel: the fewest (a power of two dividing the
+    group) that leave at most :data:`MMA_MAX_GROUP` heads per CTA; None if there is no such split."""
+    splits = 1
+    while group // splits > MMA_MAX_GROUP:
+        if group % (2 * splits):
+            return None
+        splits *= 2
+    return splits
+
+
+def mma_supported(head_dim: int, group: int) -> bool:
+    """Whether the tensor-core kernel takes this head dim and grouping."""
+    return head_dim in MMA_HEAD_DIMS and mma_head_splits(group) is not None
+
+
+def mma_plan(batch: int, groups: int, length: int, sms: int) -> tuple[int, int]:
+    """(warps per CTA, positions per CTA) of the tensor-core kernel for ``groups`` CTA head groups per sequence.
+
+    A warp takes 16 positions per step with the next step's rows in flight; a CTA of 8 warps streams ~50 GB/s, so
+    it takes over half the SMs to pull K/V at HBM's rate, and every extra chunk costs a partial state and a merge.
+    So: one chunk per (sequence, head group) once those CTAs fill a quarter of the SMs, else as many chunks of at
+    least 256 positions as keep the grid within one CTA per SM; 8 warps per CTA (one CTA per SM: 230 registers),
+    4 once the grid outnumbers the SMs (two per SM). H100, cold, us per Llama-3-8B layer, 8 warps: batch 16 / 590
+    positions one chunk 17.5, chunks of 256 25.9; batch 4 / 4096: one chunk 41.4, 256 37.2; batch 1 / 4096: 38.5 /
+    13.2; batch 32 / 590 one chunk: 4 warps 30.5, 8 warps 32.6
+    (benchmarks/journal/2026-11-28_tensor_core_decode_attention.md)."""
+    ctas = batch * groups
+    warps = MMA_WARPS or (4 if ctas > sms else 8)
+    chunks = 1 if 4 * ctas >= sms else min(max(1, sms // ctas), 2 * min(MMA_HEAD_DIMS))  # the kernel's cap: 2 D
+    chunk = -(-max(256, -(-length // chunks)) // 64) * 64
+    return warps, chunk
+
+
+#: K/V rows per layer (sequences x KV heads x cache positions) from which the plan takes the tensor-core kernel:
+#: below, the CUDA-core kernel's many small CTAs finish first (H100, Llama-3-8B heads, 590 positions, batch 1:
+#: 7.0 against 7.9 us per layer; batch 4: 12.1 against 10.4)
+MMA_MIN_ROWS = 8192
+
+
+def use_mma(batch: int, kv_heads: int, length: int, head_dim: int, group: int) -> bool:
+    """Whether :func:`_launch` runs the tensor-core kernel: :data:`KERNEL`, else where it is compiled and the cache
+    has at least :data:`MMA_MIN_ROWS` rows (or the CUDA-core kernel has no instance)."""
+    if KERNEL not in (None, "mma", "simt"):
+        raise ValueError(f"lowbit: attention KERNEL must be 'mma', 'simt' or None, got {KERNEL!r}")
+    if KERNEL == "simt" or not mma_supported(head_dim, group):
+        return False
+    simt = (head_dim, group) in ops.DECODE_ATTENTION_SHAPES
+    return KERNEL == "mma" or not simt or batch * kv_heads * length >= MMA_MIN_ROWS
+
+
 _resident: dict[tuple, int] = {}
 
 
@@ -94,8 +160,12 @@ def resident_ctas(lib, device: torch.device, dtype: torch.dtype, d: int, g: int,
 
 
 def supported_shape(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Whether the CUDA kernel is compiled for this dtype, head grouping and head dim."""
-    return dtype in (torch.float16, torch.bfloat16) and (head_dim, heads // kv_heads) in ops.DECODE_ATTENTION_SHAPES
+    """Whether a CUDA kernel (:data:`KERNEL`'s, else either) is compiled for this dtype, head grouping and head dim."""
+    if dtype not in (torch.float16, torch.bfloat16) or heads % kv_heads:
+        return False
+    simt = (head_dim, heads // kv_heads) in ops.DECODE_ATTENTION_SHAPES
+    mma = mma_supported(head_dim, heads // kv_heads)
+    return {"simt": simt, "mma": mma}.get(KERNEL, simt or mma)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -120,18 +190,25 @@ REDUCE_EACH = False
 
 
 def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
-    """Run the kernel; ``append``: (k_new, v_new, cos, sin, position, q_norm, k_norm, norm_eps) for the append
+    """Run a kernel; ``append``: (k_new, v_new, cos, sin, position, q_norm, k_norm, norm_eps) for the append
     mode."""
     b, hq, d = q.shape
     hkv, length = k.shape[1], k.shape[2]
     g = hq // hkv
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    mma = use_mma(b, hkv, length, d, g)
+    if mma:
+        splits = HEAD_SPLITS or mma_head_splits(g)
+        if g % splits or g // splits > MMA_MAX_GROUP:
+            raise ValueError(f"lowbit: {splits} head splits of {g} query heads per KV head")
+        warps, chunk = mma_plan(b, hkv * splits, length, sms)
+        chunk = CHUNK or chunk
+    else:
+        def per_sm(g_):  # CTAs per SM of the instance with g_ heads per CTA
+            return resident_ctas(lib, q.device, q.dtype, d, g_, append is not None)
 
-    def per_sm(g_):  # CTAs per SM of the instance with g_ heads per CTA
-        return resident_ctas(lib, q.device, q.dtype, d, g_, append is not None)
-
-    splits = head_splits(b, hkv, g, d, sms, per_sm)
-    chunk = CHUNK or chunk_size(b, hkv * splits, length, d, sms, per_sm(g // splits))
+        splits = head_splits(b, hkv, g, d, sms, per_sm)
+        chunk = CHUNK or chunk_size(b, hkv * splits, length, d, sms, per_sm(g // splits))
     chunks = -(-length // chunk)
     groups, g = hkv * splits, g // splits  # CTA head groups of g query heads (q's heads in order)
     out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
@@ -146,11 +223,15 @@ def _launch(lib, q, k, v, mask, scale, append=None, early_kv=False):
         extra = [ptr(k_new), ptr(v_new), ptr(cos), ptr(sin), q.stride(0), k_new.stride(0), v_new.stride(0),
                  cos.stride(0), ptr(position), ptr(q_norm), ptr(k_norm), norm_eps]
         flags = FLAG_APPEND | (FLAG_EARLY if early_kv else 0)
-    flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
-    lib.call("decode_attention", [
-        ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
-        0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits, length, chunk, scale,
-        _pdl_arg(pdl_supported(q.device), flags), *extra, stream_of(q.device)], dtype=q.dtype, d=d, g=g)
+    head = [ptr(q), ptr(k), ptr(v), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ptr(mask),
+            0 if mask is None or mask.shape[0] == 1 else mask.stride(0), ptr(out), ptr(ws), ptr(cnt), b, groups, splits]
+    if mma:
+        lib.call("decode_attention_mma", [*head, g, length, chunk, scale, _pdl_arg(pdl_supported(q.device), flags),
+                                          *extra, stream_of(q.device)], dtype=q.dtype, d=d, w=warps)
+    else:
+        flags |= FLAG_REDUCE_EACH if REDUCE_EACH else 0
+        lib.call("decode_attention", [*head, length, chunk, scale, _pdl_arg(pdl_supported(q.device), flags), *extra,
+                                      stream_of(q.device)], dtype=q.dtype, d=d, g=g)
     return out
 
 

@@ -110,7 +110,7 @@ def _fmt(key: str, value) -> str:
         return f"u{value}"
     if key == "prefetch":
         return f"p{value}"
-    if key in ("d", "g"):  # decode attention: head dim, query heads per KV head
+    if key in ("d", "g", "w"):  # decode attention: head dim, query heads per KV head, warps per CTA
         return f"{key}{value}"
     return str(value)
 

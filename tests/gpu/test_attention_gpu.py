@@ -1,8 +1,10 @@
-"""lowbit's decode attention kernel (csrc/attention/decode.cu) against the fp64 softmax.
+"""lowbit's decode attention kernels (csrc/attention/decode.cu on CUDA cores, decode_mma.cu on tensor cores) against
+the fp64 softmax; the tests marked with the ``kernel`` fixture run once per kernel.
 
 Bound: relative norm error vs fp64 <= 2e-3 (fp16) / 1e-2 (bf16): q, K, V are exact inputs, scores,
-softmax and the weighted sum are fp32 (exp2 of the fast path), the output is rounded once (~2.4e-4 /
-~2e-3 rms). NaN never passes except where the reference is NaN (no visible position).
+softmax and the weighted sum are fp32 (exp2 of the fast path; the tensor-core kernel rounds the softmax weights to
+the dtype before the weighted sum, ~2e-4 / ~1.6e-3 rms), the output is rounded once (~2.4e-4 / ~2e-3 rms). NaN never
+passes except where the reference is NaN (no visible position).
 """
 
 import pytest
@@ -14,6 +16,22 @@ from .kbit_check import capture
 
 pytestmark = pytest.mark.gpu
 BOUND = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(params=["simt", "mma"])
+def kernel(request, monkeypatch):
+    """Each decode attention kernel forced in turn (lowbit.kernels.attention.KERNEL)."""
+    from lowbit.kernels import attention as kattn
+
+    monkeypatch.setattr(kattn, "KERNEL", request.param)
+    return request.param
+
+
+def _skip_unless_compiled(kernel, d, g):
+    from lowbit.kernels import attention as kattn
+
+    if kernel == "mma" and not kattn.mma_supported(d, g):
+        pytest.skip(f"no tensor-core instance for head dim {d}")
 
 
 def _ref(q, k, v, mask, scale):
@@ -38,7 +56,8 @@ def _case(gen, b, hq, hkv, length, d, dtype, p_visible=0.8):
 
 @pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_decode_attention_matches_reference(d, g, dtype, gen):
+def test_decode_attention_matches_reference(d, g, dtype, gen, kernel):
+    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length in ((1, 8, 1), (2, 2, 37), (1, 4, 590), (3, 1, 3000)):
         q, k, v, mask = _case(gen, b, hkv * g, hkv, length, d, dtype)
         scale = d ** -0.5
@@ -49,7 +68,7 @@ def test_decode_attention_matches_reference(d, g, dtype, gen):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
-def test_query_heads_split_over_ctas(splits, gen):
+def test_query_heads_split_over_ctas(splits, gen, kernel):
     """Each head split (a KV head's query heads over 1-8 CTAs, each reading the K/V rows) gives the reference's
     result; a split the compiled group sizes do not allow falls back to none."""
     from lowbit.kernels import attention as kattn
@@ -65,7 +84,7 @@ def test_query_heads_split_over_ctas(splits, gen):
 
 
 @pytest.mark.parametrize("length", [64, 1024, 1025, 2112])
-def test_chunk_merge_from_registers_and_in_a_loop(length, gen):
+def test_chunk_merge_from_registers_and_in_a_loop(length, gen, kernel):
     """The last CTA of a head group merges up to 16 chunks from registers (one round of loads) and more in a loop:
     1, 16, 17 and 33 chunks of 64 positions give the reference's result, bit-equal on repeated calls."""
     from lowbit.kernels import attention as kattn
@@ -82,7 +101,7 @@ def test_chunk_merge_from_registers_and_in_a_loop(length, gen):
     assert torch.equal(out, again)
 
 
-def test_masked_sequences_strided_cache_and_determinism(gen):
+def test_masked_sequences_strided_cache_and_determinism(gen, kernel):
     """A sequence with no visible position is NaN, its neighbours are not; a cache view (the first slots
     of a longer cache) reads only its slots; repeated calls are bit-equal (chunk merge in fixed order)."""
     q, k, v, mask = _case(gen, 3, 32, 8, 700, 128, torch.bfloat16, p_visible=0.3)
@@ -103,7 +122,7 @@ def test_masked_sequences_strided_cache_and_determinism(gen):
         assert torch.equal(lowbit.ops.decode_attention(q, k, v, mask, 0.09)[[0, 2]], out[[0, 2]])
 
 
-def test_nan_in_the_cache_is_never_dropped(gen):
+def test_nan_in_the_cache_is_never_dropped(gen, kernel):
     """NaN in K rows filling a whole 8-position step of one warp (where a max over the step's scores would
     drop them) or in one V row makes that KV head's query heads NaN, like the reference; the rest stays finite."""
     q, k, v, mask = _case(gen, 2, 32, 8, 300, 128, torch.bfloat16, p_visible=1.0)
@@ -117,7 +136,7 @@ def test_nan_in_the_cache_is_never_dropped(gen):
     assert _ref(q, k, v, mask, 0.09).isnan().any(-1).equal(bad)
 
 
-def test_decode_attention_in_graph_with_pdl_chain(gen):
+def test_decode_attention_in_graph_with_pdl_chain(gen, kernel):
     """Captured in a CUDA graph with programmatic launch between it and a kbit GEMV reading its output
     (the o_proj pattern), replays bit-equal to the serialized calls; counters are reset for replays."""
     q, k, v, mask = _case(gen, 1, 32, 8, 590, 128, torch.bfloat16)
@@ -225,16 +244,18 @@ def _append_check(args, scale, dtype, norms=None):
 
 @pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_append_matches_reference(d, g, dtype, gen):
+def test_append_matches_reference(d, g, dtype, gen, kernel):
+    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length, pos in ((1, 8, 64, 0), (2, 2, 130, 64), (1, 4, 590, 589), (3, 1, 1000, 517)):
         _append_check(_append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos), d ** -0.5, dtype)
 
 
 @pytest.mark.parametrize("d,g", [(128, 2), (128, 8), (64, 4), (256, 1)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_append_with_qk_norms(d, g, dtype, gen):
+def test_append_with_qk_norms(d, g, dtype, gen, kernel):
     """Qwen3's per-head q/k RMSNorms folded into the kernel: within the plain append's bounds of the reference
     (norm, then rotation), every cache row but the new one untouched."""
+    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length, pos in ((1, 4, 512, 300), (2, 2, 130, 64)):
         args = _append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos)
         norms = tuple((torch.rand(d, generator=gen) + 0.5).to(dtype).cuda() for _ in range(2)) + (1e-6,)
@@ -242,7 +263,7 @@ def test_append_with_qk_norms(d, g, dtype, gen):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 8])
-def test_append_with_query_heads_split(splits, gen):
+def test_append_with_query_heads_split(splits, gen, kernel):
     """With a KV head's query heads over several CTAs, each rebuilds the new row and exactly one writes it."""
     from lowbit.kernels import attention as kattn
 
@@ -254,7 +275,7 @@ def test_append_with_query_heads_split(splits, gen):
         kattn.HEAD_SPLITS = None
 
 
-def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
+def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen, kernel):
     q, k_new, v_new, cos, sin, kc, vc, _, mask = _append_inputs(gen, 1, 32, 8, 300, 128, torch.bfloat16, 299)
     kc0, vc0 = kc.clone(), vc.clone()
     for bad in (300, 10 ** 6, -1):
@@ -265,7 +286,7 @@ def test_append_position_outside_the_cache_is_nan_and_writes_nothing(gen):
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["wait-first", "early-rows"])
-def test_append_in_graph_steps_the_position(early, gen):
+def test_append_in_graph_steps_the_position(early, gen, kernel):
     """Captured in a CUDA graph with programmatic launch and a kbit GEMV reading its output (the o_proj
     pattern): each replay appends at the position a device counter holds (advanced by the op itself), and
     matches the same steps run eagerly, bit for bit. early-rows: the kernel loads the cache rows and the
@@ -354,6 +375,37 @@ def test_transformers_fused_decode_steps(name, kw, gen, monkeypatch):
     for a, b in zip(got_cache.layers, want_cache.layers):
         assert ((a.keys.float() - b.keys.float()).norm() / b.keys.float().norm()).item() < 1e-2
         assert int(a.cumulative_length) == 13
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("chunk", [16, 48, 64, 0], ids=["c16", "c48", "c64", "one-chunk"])
+def test_mma_warps_and_chunks(warps, chunk, gen, monkeypatch):
+    """The tensor-core kernel with 4 and 8 warps per CTA and chunks of any multiple of 16 positions (or one per
+    sequence), on a cache that ends mid-step and a mask, fp16 and bf16: within the bounds, bit-equal when repeated."""
+    from lowbit.kernels import attention as kattn
+
+    length = 301
+    monkeypatch.setattr(kattn, "KERNEL", "mma")
+    monkeypatch.setattr(kattn, "MMA_WARPS", warps)
+    monkeypatch.setattr(kattn, "CHUNK", chunk or 320)
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v, mask = _case(gen, 2, 32, 8, length, 128, dtype)
+        out = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+        assert _rel(out, _ref(q, k, v, mask, 0.09)) <= BOUND[dtype]
+        assert torch.equal(lowbit.ops.decode_attention(q, k, v, mask, 0.09), out)
+
+
+@pytest.mark.parametrize("g", [3, 5, 6, 7, 12, 16])
+def test_mma_takes_any_group_size(g, gen):
+    """Query heads per KV head the CUDA-core kernel has no instance for (it falls back to the reference) run on
+    tensor cores, up to 8 per CTA (12 and 16 split over 2 CTAs): plain and append mode within the bounds."""
+    from lowbit.kernels import attention as kattn
+
+    assert kattn.mma_supported(128, g) and kattn.supported_shape(torch.bfloat16, 2 * g, 2, 128)
+    q, k, v, mask = _case(gen, 3, 2 * g, 2, 333, 128, torch.bfloat16)
+    out = lowbit.ops.decode_attention(q, k, v, mask, 0.09)
+    assert _rel(out, _ref(q, k, v, mask, 0.09)) <= BOUND[torch.bfloat16]
+    _append_check(_append_inputs(gen, 2, 2 * g, 2, 300, 128, torch.bfloat16, 257), 0.09, torch.bfloat16)
 
 
 def test_resident_ctas_and_the_grid_plan():
