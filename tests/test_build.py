@@ -52,18 +52,22 @@ def test_library_builds_and_exports_symbols(built_library):
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
-                               "sbvr_lookup_gemv", "decode_attention", "decode_attention_occupancy", "moe_router"}
+                               "sbvr_lookup_gemv", "decode_attention", "decode_attention_occupancy",
+                               "decode_attention_mma", "decode_attention_mma_occupancy", "moe_router"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     assert hasattr(lib, "lowbit_check_expert_offsets") and hasattr(lib, "lowbit_clear_error")
     assert hasattr(lib, "lowbit_nvfp4_gemv_swiglu_pairs")
     from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
+    from lowbit.kernels.attention import MMA_HEAD_DIMS
     from lowbit.ops import DECODE_ATTENTION_SHAPES
 
     for dt in ("fp16", "bf16"):
         assert all(hasattr(lib, f"lowbit_decode_attention_{dt}_d{d}_g{g}") for d, g in DECODE_ATTENTION_SHAPES)
         assert all(hasattr(lib, f"lowbit_decode_attention_occupancy_{dt}_d{d}_g{g}") for d, g in DECODE_ATTENTION_SHAPES)
+        for d in MMA_HEAD_DIMS:
+            assert all(hasattr(lib, f"lowbit_decode_attention_mma{o}_{dt}_d{d}_w{w}") for o in ("", "_occupancy") for w in (4, 8))
         assert hasattr(lib, f"lowbit_sbvr_encode_x_{dt}") and hasattr(lib, f"lowbit_moe_router_{dt}")
         assert all(hasattr(lib, f"lowbit_kbit_routed_gemv_b{bits}_{dt}") for bits in (2, 3, 4, 5))
         for ns in (2, 3, 4, 5, 6):

@@ -1,5 +1,5 @@
 """CUDA implementations of ``lowbit::decode_attention``: on tensor cores (csrc/attention/decode_mma.cu, head dims 64 and
-128) and on CUDA cores (csrc/attention/decode.cu, every compiled shape); :func:`plan` picks one per call."""
+128) and on CUDA cores (csrc/attention/decode.cu, every compiled shape); :func:`use_mma` picks one per call."""
 
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ register_signatures({
 MMA_HEAD_DIMS = (64, 128)
 MMA_MAX_GROUP = 8
 
-#: which kernel runs: "mma" (tensor cores), "simt" (CUDA cores), None: :func:`plan` decides (benchmarks and tests set it)
+#: which kernel runs: "mma" (tensor cores), "simt" (CUDA cores), None: :func:`use_mma` decides (benchmarks and tests
+#: set it)
 KERNEL: str | None = None
 
-#: warps per CTA of the tensor-core kernel, 4 or 8 (None: :func:`plan` decides; benchmarks set it)
+#: warps per CTA of the tensor-core kernel, 4 or 8 (None: :func:`mma_plan` decides; benchmarks set it)
 MMA_WARPS: int | None = None
 
 
