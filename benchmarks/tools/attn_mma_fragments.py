@@ -1,6 +1,6 @@
-"""The fragment bookkeeping of benchmarks/tools/attn_mma_probe.cu, checked on the CPU: one warp's step of 16
-positions (S^T = Q K^T, then out^T += V^T P^T) through the PTX m16n8k16 fragment layouts and movmatrix.trans,
-against the plain product. Run before spending device time on the probe:
+"""The fragment bookkeeping of csrc/attention/decode_mma.cu (the tensor-core decode attention), checked on the CPU:
+one warp's step of 16 positions (S^T = Q K^T, then out^T += V^T P^T) through the PTX m16n8k16 fragment layouts and
+movmatrix.trans, against the plain product. Run it after changing the kernel's layouts, before spending device time:
 
     python3 benchmarks/tools/attn_mma_fragments.py      # prints the max error (~1e-13) and the 128 dims covered
 
@@ -39,7 +39,7 @@ def movt(x):
 
 
 def out_dim(cc, jp, r):
-    """The dim of out^T row r of PV MMA (cc, jp), as attn_mma_probe.cu's out_dim."""
+    """The dim of out^T row r of PV MMA (cc, jp), as decode_mma.cu's out_dim."""
     g, j = r & 7, 2 * jp + (r >> 3)
     return 32 * cc + 8 * (g >> 1) + 2 * j + (g & 1)
 

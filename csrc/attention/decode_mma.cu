@@ -5,7 +5,7 @@
 // Why: decode.cu spends its issue slots on scalar FMAs and shuffles (per head: a dot product per position, a warp
 // reduction, a weighted V sum), so from batch 4 on it runs well below HBM's rate: 27.5 us per Llama-3-8B layer at
 // batch 16 (38.7 MB of K/V: 47% of 3.0 TB/s). A warp here takes 16 positions per step for up to 8 query heads of
-// its KV head in 24 MMAs (D = 128); the probe of this scheme (benchmarks/tools/attn_mma_probe.cu) took 16.9 us there
+// its KV head in 24 MMAs (D = 128): 17.5 us there, 74% of 3.0 TB/s
 // (benchmarks/journal/2026-11-28_tensor_core_decode_attention.md).
 //
 // One step of a warp, positions p0 .. p0 + 15, lane (g, t) = (lane / 4, lane % 4):
