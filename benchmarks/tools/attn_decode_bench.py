@@ -1,8 +1,9 @@
 """Decode attention (one query token, GQA 32/8 heads x 128, static cache) the ways transformers' SDPA path can run it,
 and lowbit's decode attention kernels (lowbit.ops.decode_attention: as planned, and each kernel forced).
 
-    python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--batch 4] [--kv-heads 8] [--splits 1,2,4] [--chunks 64,128]
-        [--warps 4,8]   (the tensor-core kernel at each warp count x chunk; --chunks 0: one chunk per sequence)
+    python3 benchmarks/tools/attn_decode_bench.py [--cache 590] [--batch 4] [--kv-heads 8] [--head-dim 128] [--dtype bf16]
+        [--splits 1,2,4] [--chunks 64,128]
+        [--warps 4,8]   (the tensor-core kernel at each warp count: one chunk per sequence, then each --chunks)
 
 CUDA-graph timed (100 replays of 32 calls, one per Llama-3-8B layer), H100 numbers in BENCHMARKS.md (issue 12).
 """
@@ -19,6 +20,8 @@ def main():
     p.add_argument("--cache", type=int, default=590)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--kv-heads", type=int, default=8, help="KV heads (32 query heads); Qwen3-30B-A3B: 4")
+    p.add_argument("--head-dim", type=int, default=128, help="64: Llama-3.2-1B-like heads")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--splits", default="", help="also time lowbit's kernel with these head splits, e.g. 1,2,4")
     p.add_argument("--chunks", default="", help="and with these positions per CTA (multiples of 64), each split count")
     p.add_argument("--warps", default="", help="time the tensor-core kernel with these warps per CTA, each --chunks")
@@ -26,8 +29,8 @@ def main():
     p.add_argument("--reduce-each", action="store_true",
                    help="also time lowbit's kernels with each score reduced on its own (as before warp_sum8)")
     a = p.parse_args()
-    dev, dt = "cuda", torch.bfloat16
-    b, hq, hkv, d, L = a.batch, 32, a.kv_heads, 128, a.cache
+    dev, dt = "cuda", {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    b, hq, hkv, d, L = a.batch, 32, a.kv_heads, a.head_dim, a.cache
     layers = 32
     q = [torch.randn(b, hq, 1, d, device=dev, dtype=dt) for _ in range(layers)]
     k = [torch.randn(b, hkv, L, d, device=dev, dtype=dt) for _ in range(layers)]
