@@ -206,7 +206,8 @@ __global__ void __launch_bounds__(W * 32) decode_attention_mma_kernel(
                 *reinterpret_cast<uint4*>(ap.v_cache + b * v_sb + kvh * v_sh + pos * D + 32 * cc + 8 * t) = vn[cc];
             }
         }
-        norm_rope<T, NC>(qv, ap.q_norm, ap.norm_eps, cs, sn, t);  // every lane (its shuffles): rows past G stay 0
+        // every lane (the norm shuffles across the quad); rows past G feed only heads that are never written
+        norm_rope<T, NC>(qv, ap.q_norm, ap.norm_eps, cs, sn, t);
     }
     const bool bad_pos = APPEND && (pos < 0 || pos >= L);  // nothing is written: the output says so (NaN)
 
