@@ -27,11 +27,13 @@ def kernel(request, monkeypatch):
     return request.param
 
 
-def _skip_unless_compiled(kernel, d, g):
+def _kernel_shapes(shapes):
+    """(kernel, head dim, group) for each kernel and each shape it has an instance for (the ``kernel`` fixture,
+    indirectly)."""
     from lowbit.kernels import attention as kattn
 
-    if kernel == "mma" and not kattn.mma_supported(d, g):
-        pytest.skip(f"no tensor-core instance for head dim {d}")
+    return [pytest.param(kern, d, g, id=f"{kern}-{d}-{g}") for kern in ("simt", "mma") for d, g in sorted(shapes)
+            if kern == "simt" or kattn.mma_supported(d, g)]
 
 
 def _ref(q, k, v, mask, scale):
@@ -54,10 +56,9 @@ def _case(gen, b, hq, hkv, length, d, dtype, p_visible=0.8):
     return q, k, v, mask.cuda()
 
 
-@pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
+@pytest.mark.parametrize("kernel,d,g", _kernel_shapes(lowbit.ops.DECODE_ATTENTION_SHAPES), indirect=["kernel"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_decode_attention_matches_reference(d, g, dtype, gen, kernel):
-    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length in ((1, 8, 1), (2, 2, 37), (1, 4, 590), (3, 1, 3000)):
         q, k, v, mask = _case(gen, b, hkv * g, hkv, length, d, dtype)
         scale = d ** -0.5
@@ -242,20 +243,18 @@ def _append_check(args, scale, dtype, norms=None):
     return out
 
 
-@pytest.mark.parametrize("d,g", sorted(lowbit.ops.DECODE_ATTENTION_SHAPES))
+@pytest.mark.parametrize("kernel,d,g", _kernel_shapes(lowbit.ops.DECODE_ATTENTION_SHAPES), indirect=["kernel"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_append_matches_reference(d, g, dtype, gen, kernel):
-    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length, pos in ((1, 8, 64, 0), (2, 2, 130, 64), (1, 4, 590, 589), (3, 1, 1000, 517)):
         _append_check(_append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos), d ** -0.5, dtype)
 
 
-@pytest.mark.parametrize("d,g", [(128, 2), (128, 8), (64, 4), (256, 1)])
+@pytest.mark.parametrize("kernel,d,g", _kernel_shapes([(128, 2), (128, 8), (64, 4), (256, 1)]), indirect=["kernel"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_append_with_qk_norms(d, g, dtype, gen, kernel):
     """Qwen3's per-head q/k RMSNorms folded into the kernel: within the plain append's bounds of the reference
     (norm, then rotation), every cache row but the new one untouched."""
-    _skip_unless_compiled(kernel, d, g)
     for b, hkv, length, pos in ((1, 4, 512, 300), (2, 2, 130, 64)):
         args = _append_inputs(gen, b, hkv * g, hkv, length, d, dtype, pos)
         norms = tuple((torch.rand(d, generator=gen) + 0.5).to(dtype).cuda() for _ in range(2)) + (1e-6,)
