@@ -139,6 +139,29 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
     return v;
 }
 
+// cudaLaunchKernelEx's configuration: grid, block, dynamic shared memory and stream, plus the programmatic-
+// serialization attribute when pdl (a no-op for a kernel without griddepcontrol) and clusters of cluster_x CTAs
+// along x when cluster_x > 0 (sm_90+; the grid's x a multiple of it).
+struct Launch {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    Launch(dim3 grid, dim3 block, size_t smem, void* stream, bool pdl, unsigned cluster_x = 0) {
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = static_cast<cudaStream_t>(stream);
+        cfg.attrs = attr;
+        if (pdl) {
+            attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+        }
+        if (cluster_x > 0) {
+            attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+            attr[cfg.numAttrs++].val.clusterDim = {cluster_x, 1, 1};
+        }
+    }
+};
+
 // Grid for a grid-stride kernel: `want` CTAs, capped at one wave of resident CTAs of `kernel`.
 template <typename K>
 inline unsigned one_wave_grid(K kernel, int threads, int64_t want) {

@@ -149,7 +149,7 @@ def test_grid_plan_invariants(batch, kv_heads, group, head_dim, length, sms, per
 def test_mma_plan_and_head_splits():
     """The tensor-core kernel: one chunk per (sequence, head group) once those CTAs fill a quarter of the SMs, else
     chunks of >= 256 positions up to one CTA per SM, 8 warps each (4 past one CTA per SM); groups past 8 query heads
-    split in powers of two, others have no instance; the plan takes it from 8192 K/V rows per layer."""
+    split in powers of two, others have no instance; the plan takes it from 17,000 K/V rows per layer."""
     assert kattn.mma_plan(16, 8, 590, 132) == (8, 640)  # Llama-3-8B batch 16: 128 CTAs, one chunk each
     assert kattn.mma_plan(32, 8, 590, 132) == (4, 640)  # 256 CTAs: two per SM
     assert kattn.mma_plan(1, 8, 4096, 132) == (8, 256)  # batch 1, a long cache: 16 chunks x 8 head groups
@@ -157,6 +157,7 @@ def test_mma_plan_and_head_splits():
     assert kattn.mma_plan(4, 8, 4096, 132) == (8, 1024)  # 4 chunks x 32 CTAs
     assert not kattn.use_mma(1, 8, 590, 128, 4) and kattn.use_mma(4, 8, 590, 128, 4)  # Llama-3-8B: batch 1 / 4
     assert kattn.use_mma(1, 8, 4096, 128, 4) and not kattn.use_mma(64, 8, 4096, 256, 4)
+    assert not kattn.use_mma(1, 8, 2048, 128, 4) and not kattn.use_mma(2, 8, 590, 128, 4)  # 16,384 / 9,440 rows
     assert kattn.use_mma(1, 1, 16, 128, 6)  # no CUDA-core instance for 6 heads per KV head
     assert [kattn.mma_head_splits(g) for g in (1, 7, 8, 12, 16, 24, 9, 18)] == [1, 1, 1, 2, 2, 4, None, None]
     assert kattn.mma_supported(128, 16) and kattn.mma_supported(64, 3) and not kattn.mma_supported(256, 1)

@@ -103,5 +103,20 @@ __device__ __forceinline__ void merge_chunks(const float* bh_ws, int chunks, int
     }
 }
 
+// The chunk count of a launch after the checks both launchers share (the grid, the append mode's operands), 0 if one
+// fails. chunks <= 2 D: the grid plans' cap (lowbit/kernels/attention.py).
+template <typename T>
+int launch_chunks(const void* k, const void* v, int batch, int hkv, int kv_div, int L, int chunk, int D, int flags,
+                  const Append<T>& ap) {
+    if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || L < 1 || chunk < 1 || batch > 65535 || hkv > 65535)
+        return 0;
+    const int chunks = (L + chunk - 1) / chunk;
+    if (chunks > 2 * D) return 0;
+    if ((flags & 2) && (ap.k_new == nullptr || ap.v_new == nullptr || ap.cos == nullptr || ap.sin == nullptr ||
+                        ap.position == nullptr || ap.k_cache != k || ap.v_cache != v))
+        return 0;
+    return chunks;
+}
+
 }  // namespace attention
 }  // namespace lowbit

@@ -343,28 +343,15 @@ template <typename T, int D, int W>
 int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_sh, int64_t v_sb, int64_t v_sh,
            const void* mask, int64_t mask_sb, void* out, float* ws, int* counters, int batch, int hkv, int kv_div,
            int G, int L, int chunk, float scale, int flags, const Append<T>& ap, void* stream) {
-    if (batch < 1 || hkv < 1 || kv_div < 1 || hkv % kv_div || G < 1 || G > kHeads || L < 1 || chunk < 1 ||
-        chunk % 16 || batch > 65535 || hkv > 65535)
-        return static_cast<int>(cudaErrorInvalidValue);
-    const int chunks = (L + chunk - 1) / chunk;
-    if (chunks > 2 * D) return static_cast<int>(cudaErrorInvalidValue);  // as decode.cu
+    if (G < 1 || G > kHeads || chunk % 16) return static_cast<int>(cudaErrorInvalidValue);
+    const int chunks = launch_chunks(k, v, batch, hkv, kv_div, L, chunk, D, flags, ap);
+    if (chunks == 0) return static_cast<int>(cudaErrorInvalidValue);
     const bool append = flags & 2;
-    if (append && (ap.k_new == nullptr || ap.v_new == nullptr || ap.cos == nullptr || ap.sin == nullptr ||
-                   ap.position == nullptr || ap.k_cache != k || ap.v_cache != v))
-        return static_cast<int>(cudaErrorInvalidValue);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(chunks, hkv, batch);
-    cfg.blockDim = dim3(W * 32);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = (flags & 1) ? 1 : 0;
+    Launch l(dim3(chunks, hkv, batch), W * 32, 0, stream, flags & 1);
     const float scale_log2 = scale * 1.4426950408889634f;
     const bool early = append && (flags & 1) && (flags & 4);  // EARLY needs the append mode and PDL
     auto go = [&](auto kernel) {
-        return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
+        return cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(q), static_cast<const T*>(k),
                                   static_cast<const T*>(v), k_sb, k_sh, v_sb, v_sh, static_cast<const bool*>(mask),
                                   mask_sb, static_cast<T*>(out), ws, counters, L, chunk, kv_div, G, scale_log2, ap,
                                   early);

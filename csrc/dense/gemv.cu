@@ -271,15 +271,8 @@ int launch(const void* x, const void* w, void* y, int n, int k, int tpr, int thr
     if (!ok_shape || !ok_cfg || !aligned) return static_cast<int>(cudaErrorInvalidValue);
     // ROWS >= 16 selects the tensor-core kernel with ROWS / 16 MMA tiles per warp.
     const int group_rows = ROWS >= 16 ? ROWS / 16 * MmaShape<M>::ROWS : ROWS;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ceil_div(n, threads / tpr * group_rows));
-    cfg.blockDim = dim3(threads);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    Launch l(ceil_div(n, threads / tpr * group_rows), threads, 0, stream, pdl);
+    const cudaLaunchConfig_t& cfg = l.cfg;
     const T* xt = static_cast<const T*>(x);
     const T* wt = static_cast<const T*>(w);
     T* yt = static_cast<T*>(y);

@@ -262,26 +262,17 @@ int launch(const void* x, const void* w, void* logits, void* scores, int64_t* in
     if (tokens < 1 || tokens > kMaxTokens || experts < 1 || experts > kMaxExperts || hidden < 8 || hidden % 8 ||
         top_k < 1 || top_k > experts || top_k > kMaxTopK || (rows != 1 && rows != 2 && rows != 4 && rows != 8))
         return static_cast<int>(cudaErrorInvalidValue);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((experts + rows - 1) / rows);
-    cfg.blockDim = dim3(kWarps * 32);
-    cfg.dynamicSmemBytes = size_t(tokens) * experts * (sizeof(float) + sizeof(uint64_t)) + 3 * sizeof(float);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = (flags & 1) ? 1 : 0;
+    const size_t smem = size_t(tokens) * experts * (sizeof(float) + sizeof(uint64_t)) + 3 * sizeof(float);
+    Launch l((experts + rows - 1) / rows, kWarps * 32, smem, stream, flags & 1);
     const T* xt = static_cast<const T*>(x);
     const T* wt = static_cast<const T*>(w);
     T* lt = static_cast<T*>(logits);
     auto go = [&](auto kernel) {
-        if (cfg.dynamicSmemBytes > 48 * 1024) {  // above 48 KB a kernel must opt in (on this device)
-            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(cfg.dynamicSmemBytes));
+        if (smem > 48 * 1024) {  // above 48 KB a kernel must opt in (on this device)
+            const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
             if (e != cudaSuccess) return e;
         }
-        return cudaLaunchKernelEx(&cfg, kernel, xt, wt, lt, scores, indices, counter, tokens, experts, hidden, top_k, flags);
+        return cudaLaunchKernelEx(&l.cfg, kernel, xt, wt, lt, scores, indices, counter, tokens, experts, hidden, top_k, flags);
     };
     const bool pdl = flags & 1;
     const cudaError_t err =

@@ -289,7 +289,7 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     auto kernel = swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
                       : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
     if (int err = configure(kernel, size_t(dynamic_smem_limit()))) return err;  // one attribute: the most any call takes
-    Launch l(ctas, kStreamWarps, smem, stream, flags & kFlagPdl);
+    Launch l(ctas, kStreamWarps * 32, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
                                                static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),
                                                static_cast<const T*>(bias), n, k_in, n_groups, tiles, ring,

@@ -1078,22 +1078,6 @@ __host__ auto pick_instance(int flags, Pick&& pick) {
     return pick(std::false_type{});
 }
 
-// Launch config with the programmatic-serialization attribute when pdl (cudaLaunchKernelEx).
-struct Launch {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    Launch(int grid, int warps, size_t smem, void* stream, int pdl) {
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(warps * 32);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = static_cast<cudaStream_t>(stream);
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = pdl ? 1 : 0;
-    }
-};
-
 template <int BITS, typename T, int MAXM, bool FP4 = false>
 int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                 void* y, const void* bias, float* workspace, int* counters, int m, int n, int k_in, int n_warps,
@@ -1152,7 +1136,7 @@ int launch_gemv(const void* x, const void* qweight, const void* qabsmax, const f
     if (units >= (int64_t(1) << 31) || (!local && n_warps > units)) return static_cast<int>(cudaErrorInvalidValue);
     if (local && (n_warps % kStreamWarps || grid > owned)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK sk{static_cast<int>(units / n_warps), static_cast<int>(units % n_warps)};
-    Launch l(grid, kStreamWarps, smem, stream, pdl);
+    Launch l(grid, kStreamWarps * 32, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),
         codebook, scale, static_cast<T*>(y), static_cast<const T*>(bias), workspace, counters, m, n, k_in, n_tiles,
@@ -1240,7 +1224,7 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     });
     if (int err = configure(kernel, smem)) return err;
     const int grid = static_cast<int>(items < max_ctas ? items : max_ctas);
-    Launch l(grid, kWarps, smem, stream, pdl);
+    Launch l(grid, kWarps * 32, smem, stream, pdl);
     const cudaError_t err = cudaLaunchKernelEx(
         &l.cfg, kernel, static_cast<const T*>(x), offsets, m_dense, static_cast<const uint4*>(qweight),
         static_cast<const uint4*>(qabsmax), codebook, scales, static_cast<T*>(y), static_cast<const T*>(bias),

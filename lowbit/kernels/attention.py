@@ -128,9 +128,12 @@ def mma_plan(batch: int, groups: int, length: int, sms: int) -> tuple[int, int]:
 
 
 #: K/V rows per layer (sequences x KV heads x cache positions) from which the plan takes the tensor-core kernel:
-#: below, the CUDA-core kernel's many small CTAs finish first (H100, Llama-3-8B heads, 590 positions, batch 1:
-#: 7.0 against 7.9 us per layer; batch 4: 12.1 against 10.4)
-MMA_MIN_ROWS = 8192
+#: below, the CUDA-core kernel's many small CTAs finish first. H100, Llama-3-8B heads (8 KV heads), us per layer, CUDA
+#: cores / tensor cores: batch 1, 590 positions (4,720 rows) 7.0 / 7.9; batch 1, 1,100 (8,800) 9.5-9.6 / 9.6-9.9;
+#: batch 2, 590 (9,440) 9.4-9.5 / 9.7-9.8; batch 1, 2,048 (16,384) 10.4-10.9 / 10.6-10.9; batch 4, 590 (18,880)
+#: 12.1-12.4 / 10.8-11.1; batch 1, 4,096 (32,768) 15.3-16.0 / 13.2-13.8
+#: (benchmarks/journal/2026-11-28_attention_crossover_and_cluster_merge.md)
+MMA_MIN_ROWS = 17_000
 
 
 def use_mma(batch: int, kv_heads: int, length: int, head_dim: int, group: int) -> bool:
