@@ -118,5 +118,17 @@ int launch_chunks(const void* k, const void* v, int batch, int hkv, int kv_div, 
     return chunks;
 }
 
+// CTAs of `kernel` (`threads` per CTA, static shared memory only) that fit on one SM, for the host's grid plans
+// (lowbit/kernels/attention.py); 0 if the runtime cannot say (and no error is left behind as its last).
+template <typename K>
+int resident_ctas(K kernel, int threads) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return blocks;
+}
+
 }  // namespace attention
 }  // namespace lowbit

@@ -449,12 +449,8 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 // 2 heads two), for the host's grid plan (lowbit/kernels/attention.py); 0 if the runtime cannot say.
 template <typename T, int D, int G>
 int occupancy(int append) {
-    int blocks = 0;
-    const cudaError_t err =
-        append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, true>, kWarps * 32, 0)
-               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_kernel<T, D, G, false>, kWarps * 32, 0);
-    if (err != cudaSuccess) cudaGetLastError();  // reported as 0, not left behind as the runtime's last error
-    return err == cudaSuccess ? blocks : 0;
+    return append ? resident_ctas(decode_attention_kernel<T, D, G, true>, kWarps * 32)
+                  : resident_ctas(decode_attention_kernel<T, D, G, false>, kWarps * 32);
 }
 
 }  // namespace attention

@@ -364,12 +364,8 @@ int launch(const void* q, const void* k, const void* v, int64_t k_sb, int64_t k_
 
 template <typename T, int D, int W>
 int occupancy(int append) {
-    int blocks = 0;
-    const cudaError_t err =
-        append ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_mma_kernel<T, D, W, true>, W * 32, 0)
-               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_mma_kernel<T, D, W, false>, W * 32, 0);
-    if (err != cudaSuccess) cudaGetLastError();
-    return err == cudaSuccess ? blocks : 0;
+    return append ? resident_ctas(decode_attention_mma_kernel<T, D, W, true>, W * 32)
+                  : resident_ctas(decode_attention_mma_kernel<T, D, W, false>, W * 32);
 }
 
 }  // namespace mma
