@@ -140,25 +140,19 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 }
 
 // cudaLaunchKernelEx's configuration: grid, block, dynamic shared memory and stream, plus the programmatic-
-// serialization attribute when pdl (a no-op for a kernel without griddepcontrol) and clusters of cluster_x CTAs
-// along x when cluster_x > 0 (sm_90+; the grid's x a multiple of it).
+// serialization attribute when pdl (a no-op for a kernel without griddepcontrol).
 struct Launch {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[2];
-    Launch(dim3 grid, dim3 block, size_t smem, void* stream, bool pdl, unsigned cluster_x = 0) {
+    cudaLaunchAttribute attr[1];
+    Launch(dim3 grid, dim3 block, size_t smem, void* stream, bool pdl) {
         cfg.gridDim = grid;
         cfg.blockDim = block;
         cfg.dynamicSmemBytes = smem;
         cfg.stream = static_cast<cudaStream_t>(stream);
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
-        if (pdl) {
-            attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-        }
-        if (cluster_x > 0) {
-            attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-            attr[cfg.numAttrs++].val.clusterDim = {cluster_x, 1, 1};
-        }
+        cfg.numAttrs = pdl ? 1 : 0;
     }
 };
 
