@@ -411,19 +411,23 @@ BULK_SWIGLU_DECODE_RULE = True
 #: (benchmarks/journal/2026-11-27_bulk_ring_relay.md). With K = 3's fields in bytes (one byte permute per lookup) it
 #: took 39.0 us (~9.6), a tie with the stream-K kernel's 38.3 there; 9.1 stays, keeping the rule's choices: at 9.6
 #: an H100's K = 3 down_proj (108 units per CTA) would go to the bulk kernel, and in the step that measured 485.4
-#: against 486.8 tok/s (benchmarks/journal/2026-11-27_k3_byte_layout.md). K = 4 is not re-measured where its decode
-#: bounds it (an H200); on an H100 HBM bounds it.
-BULK_DECODE_RATE = {3: 9.1, 4: 11.3}
+#: against 486.8 tok/s (benchmarks/journal/2026-11-27_k3_byte_layout.md). On an H200 K = 3 takes 36.46 us there
+#: (~10.3), the stream-K kernel 32.70. K = 4 has no entry: since the relay its decode outruns the stream-K kernel on
+#: an H200 too (8192x29568 35.88 against 38.07 us, 4096x28672 18.86 against 20.76; with PDL), and an H200's step
+#: gains with its large shapes on it (benchmarks/journal/2026-11-28_h200_k4_bulk_rule.md).
+BULK_DECODE_RATE = {3: 9.1}
 #: The share of the nominal HBM bandwidth the stream-K kernel streams on large shapes (8192x29568 K = 4: 0.79 on
-#: an H100, 3352 GB/s nominal; 0.71 on an H200, 4817).
+#: an H100, 3352 GB/s nominal; 0.70-0.71 on an H200, 4817).
 STREAM_K_HBM_SHARE = 0.75
 #: Where the stream-K kernel would stream faster than the bulk kernel decodes, the bulk kernel keeps only shapes of
 #: <= BULK_DECODE_MAX_UNITS units (16 x 256 weights) per CTA, where its early start still pays. That is K = 3 on
-#: an H100 and an H200, and K = 4 on an H200; an H100's K = 4 and every K = 2 keep it. Measured, b1 decode,
-#: compiled, tok/s without -> with the limit (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
-#:   H200: Llama-3-70B-shaped (20 layers) kbit4 252.8 -> 271.0; Llama-3-8B kbit4 488.2 -> 494.9, kbit3 505.7 -> 510.9;
+#: an H100 and an H200; K = 2 and K = 4 keep it everywhere. Measured, b1 decode, compiled, tok/s without -> with the
+#: limit (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
+#:   H200: Llama-3-8B kbit3 505.7 -> 510.9;
 #:   H100: Llama-3-70B-shaped kbit3 244.5 -> 254.1, Llama-3-8B kbit3 469.5 -> 478.6; kbit4 and kbit2 keep it there
 #:   (70B shapes: 238.7 against 221.4 without any bulk kernel, 311.1 against 297.9).
+#: K = 4 on an H200 was held to it before the relay (70B shapes 252.8 -> 271.0); on the relay's library the limit
+#: costs it 7-9%: Llama-3-8B 533.9 / 531.1 -> 495.8 / 495.3, 70B shapes (20 layers) 297.7 / 298.7 -> 274.6 / 274.6.
 BULK_DECODE_MAX_UNITS = 64
 
 
