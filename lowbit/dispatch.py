@@ -177,6 +177,23 @@ def crossover_table() -> dict[str, list[tuple[int | None, int]]]:
     return {**load_crossovers(), **load_crossovers(user_crossover_file())}
 
 
+def untuned_note(gpu: str) -> str | None:
+    """One line for a GPU that the crossover files or the fp16/bf16 GEMV tuning table (shipped or the user's) do not
+    list: which measured choices it runs without, and the command that measures each; None where both list it.
+    ``lowbit generate`` and ``lowbit bench`` print it, since the shipped files hold the GPUs lowbit was tuned on."""
+    from . import tuning
+
+    missing = []
+    if gpu not in crossover_table():
+        missing.append("the kbit GEMM / grouped GEMM crossovers: `lowbit tune --kbit-crossover`")
+    if gpu not in tuning.table():
+        missing.append("the fp16/bf16 GEMV configurations: `lowbit tune`")
+    if not missing:
+        return None
+    return (f"note: lowbit has no tuning for {gpu}, so it runs generic defaults (correct, maybe not the fastest). "
+            f"To measure this GPU's: {'; '.join(missing)}")
+
+
 def reload_crossovers() -> None:
     """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` wrote one)."""
     global _crossovers, _grouped_table

@@ -359,3 +359,22 @@ def test_constant_result_is_torchs_mark_without_its_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_untuned_note_names_what_a_gpu_lacks(monkeypatch, tmp_path):
+    """A GPU that neither tuning file lists gets one line naming both tuners; one listed in the shipped files gets
+    none; an entry the user measured (``lowbit tune --kbit-crossover`` into the user file) counts as tuned."""
+    from lowbit import tuning
+
+    shipped = next(iter(dispatch.load_crossovers()))
+    assert dispatch.untuned_note(shipped) is None  # the shipped files list the same GPU
+    note = dispatch.untuned_note("Example GPU 9000")
+    assert note.startswith("note: lowbit has no tuning for Example GPU 9000")
+    assert "`lowbit tune --kbit-crossover`" in note and "`lowbit tune`" in note
+    user = tmp_path / "kbit_dispatch.json"
+    user.write_text(json.dumps({"version": 1, "gpus": {"Example GPU 9000": {"gemm_max_m": [[None, 64]]}}}))
+    monkeypatch.setenv("LOWBIT_DISPATCH_FILE", str(user))
+    note = dispatch.untuned_note("Example GPU 9000")
+    assert "--kbit-crossover" not in note and note.endswith("the fp16/bf16 GEMV configurations: `lowbit tune`")
+    monkeypatch.setattr(tuning, "table", lambda: {"Example GPU 9000": {}})
+    assert dispatch.untuned_note("Example GPU 9000") is None

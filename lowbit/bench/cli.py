@@ -119,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{env.get('gpu')}[/]: measuring read bandwidth ...")
     read_bw, copy_bw = measure_read_bandwidth(), measure_copy_bandwidth()
     console.print(f"read {read_bw / 1e12:.3f} TB/s, copy (read+write) {copy_bw / 1e12:.3f} TB/s")
+    from ..dispatch import untuned_note
+
+    note = untuned_note(torch.cuda.get_device_name())
+    if note:
+        console.print(note, markup=False)
 
     runner = Runner(methods, read_bw, replays=replays, hot=not args.no_hot, seed=args.seed)
     tasks = [t for p in presets for t in runner.tasks(p, ms, include_moe=not args.no_moe)]

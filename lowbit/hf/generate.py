@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..dispatch import untuned_note
 from ..nn import formats, linear_class
 
 DEFAULT_PROMPT = "What is the capital of Japan?"
@@ -141,6 +142,10 @@ def generate(model: str | None = None, *, bits: int = 4, prompt: str = DEFAULT_P
                                   each_layer=each_layer if layerwise else None)
     load_s = time.perf_counter() - t0
     say(f"model: {desc} on {device} ({str(dtype).removeprefix('torch.')}), loaded in {load_s:.1f} s")
+    if device.type == "cuda":
+        note = untuned_note(torch.cuda.get_device_name(device))
+        if note:
+            say(note)
     ids = _input_ids(tok, prompt, batch, net.config.vocab_size, chat)
     eos = tok.eos_token_id if tok is not None else None
     result = {"model": desc, "device": str(device), "dtype": str(dtype).removeprefix("torch."), "bits": bits,

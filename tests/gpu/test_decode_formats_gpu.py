@@ -68,3 +68,12 @@ def test_nvfp4_plain_gemv_shapes_in_any_order(dtype):
         y = lowbit.nvfp4_linear(x.cuda(), q).float().cpu()
         ref = x.float() @ q.dequantize(torch.float32).cpu().t()
         assert torch.linalg.norm(y - ref) / torch.linalg.norm(ref) < 1e-2, (n, k)
+
+
+def test_generate_says_when_this_gpu_is_untuned(capsys):
+    """`lowbit generate` prints dispatch.untuned_note's line on a GPU the tuning files do not list, and only there."""
+    from lowbit.dispatch import untuned_note
+
+    generate("random:llama-3-8b", layers=1, max_new_tokens=2, graph=False)
+    out, note = capsys.readouterr().out, untuned_note(torch.cuda.get_device_name())
+    assert (note in out) if note else "no tuning for" not in out
