@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..dispatch import untuned_note
     from .runner import EXPERTS_LAYER, Runner
     from .timing import measure_copy_bandwidth, measure_read_bandwidth
 
@@ -119,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{env.get('gpu')}[/]: measuring read bandwidth ...")
     read_bw, copy_bw = measure_read_bandwidth(), measure_copy_bandwidth()
     console.print(f"read {read_bw / 1e12:.3f} TB/s, copy (read+write) {copy_bw / 1e12:.3f} TB/s")
-    from ..dispatch import untuned_note
-
     note = untuned_note(torch.cuda.get_device_name())
     if note:
         console.print(note, markup=False)
