@@ -29,7 +29,9 @@ reduction, not as k terms that inductor fuses into the next kernel), ``@no-route
 down GEMV from gate|up's output), ``@stage-x-always`` (``lowbit.kernels.tiled.STAGE_X_MIN_UNITS = 0``: the kbit K <= 3
 GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@bulk-all``
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
-one-token call it can take, not only where ``bulk_rule`` picks it), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
+call it can take, not only where ``bulk_rule`` picks it), ``@bulk-m1`` / ``@bulk-m8`` (``BULK_LAYER_MAX_M``: the
+decode layers' calls of more than one token off the bulk-copy GEMV at every K, as before 2026-11-28 / on it at every
+K), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
 gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
 on large shapes too, where its decode bounds it), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
 SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``BULK_SWIGLU_DECODE_RULE = False``: the
@@ -196,7 +198,8 @@ def main():
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
                 "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
-                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
+                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")), "bulk-m1": (tiled, "BULK_LAYER_MAX_M", {}),
+                "bulk-m8": (tiled, "BULK_LAYER_MAX_M", {2: 8, 3: 8, 4: 8}),
                 "bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", (2, 3, 4)),
                 "swiglu-no-decode-rule": (tiled, "BULK_SWIGLU_DECODE_RULE", False),
                 "no-split": (tiled, "use_split", lambda *a: False),

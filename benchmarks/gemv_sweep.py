@@ -1,6 +1,6 @@
 """Tuning aid: cold-L2 time of the kbit GEMV kernels: the split-K-in-CTA kernel, the stream-K
 kernel at several warp counts, the stream-K kernel's CTA-local mode (one CTA per SM) and, with ``--bulk``, the
-bulk-copy kernel (one token; csrc/tiled/bulk_gemv.cuh).
+bulk-copy kernel (up to 8 tokens; csrc/tiled/bulk_gemv.cuh).
 
     python benchmarks/gemv_sweep.py [--bits 2,4,5] [--m 1] [--shapes 2048x4096,1024x1024] [--no-warps]
                                     [--warps 1792,2112] [--split-ctas 132,264,528] [--pdl] [--peers] [--global-x] [--rotate]
@@ -23,8 +23,8 @@ import torch
 
 import lowbit
 from lowbit.bench.timing import copies_for_cold, graph_time, l2_bytes, measure_read_bandwidth
-from lowbit.kernels.tiled import (FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, bulk_ctas, counters,
-                                  dense_path, gemv_warps, local_ctas, split_max_ctas, x_flag)
+from lowbit.kernels.tiled import (BULK_MAX_M, FLAG_GLOBAL_X, FLAG_LOCAL, FLAG_ROT32, STREAM_CTA_WARPS, bulk_ctas,
+                                  counters, dense_path, gemv_warps, local_ctas, split_max_ctas, x_flag)
 from lowbit.kernels.library import get_library, ptr, stream_of
 
 SHAPES = [(8192, 28672), (28672, 8192), (4096, 14336), (2048, 10240), (2048, 4096), (2048, 512), (1024, 1024)]
@@ -125,9 +125,10 @@ def main() -> None:
                     print(f"{k_in}x{n} K={bits} stream-K CTA-local ctas={ctas:5d} x global {t.median_us:8.2f} us "
                           f"{pct:5.1f}%{tag}")
             ring_ctas = min(tiles, sms)
-            if args.bulk and args.m == 1 and not args.rotate and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas, 0):
+            if (args.bulk and args.m <= BULK_MAX_M and not args.rotate
+                    and lib.symbol("kbit_bulk_gemv_ring", bits=bits)(n, ring_ctas, 0, args.m)):
                 def bulk_call(c):
-                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), 1, n, k_in,
+                    a = [ptr(x), ptr(c[0]), ptr(c[1]), ptr(q.codebook), ptr(q.scale), ptr(y), ptr(None), args.m, n, k_in,
                          ring_ctas, int(args.pdl), ptr(None), stream_of(dev)]
                     lib.call("kbit_bulk_gemv", a, bits=bits, dtype=torch.float16)
 

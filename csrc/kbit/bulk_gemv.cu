@@ -1,6 +1,6 @@
-// kbit's instances of the bulk-copy GEMV for one token (tiled/bulk_gemv.cuh), K = 2..5:
-// lowbit_kbit_bulk_gemv_b<BITS>_<dtype> and lowbit_kbit_bulk_gemv_ring_b<BITS> (its ring's stages for a shape and
-// its SwiGLU flag, 0: it does not fit). A translation unit of its own: it compiles beside kbit/gemv.cu.
+// kbit's instances of the bulk-copy GEMV for up to 8 tokens (tiled/bulk_gemv.cuh), K = 2..5:
+// lowbit_kbit_bulk_gemv_b<BITS>_<dtype> and lowbit_kbit_bulk_gemv_ring_b<BITS> (its ring's stages for a shape, its
+// SwiGLU flag and the tokens, 0: it does not fit). A translation unit of its own: it compiles beside kbit/gemv.cu.
 #include "tiled/bulk_gemv.cuh"
 
 #define LOWBIT_DEFINE_BULK(BITS, NAME, TYPE)                                                                       \
@@ -14,8 +14,8 @@
 #define LOWBIT_DEFINE_BULK_BITS(BITS)                                                 \
     LOWBIT_DEFINE_BULK(BITS, fp16, __half)                                            \
     LOWBIT_DEFINE_BULK(BITS, bf16, __nv_bfloat16)                                     \
-    extern "C" int lowbit_kbit_bulk_gemv_ring_b##BITS(int n, int ctas, int swi) {     \
-        return lowbit::gemv::bulk_gemv_ring<BITS>(n, ctas, swi);                      \
+    extern "C" int lowbit_kbit_bulk_gemv_ring_b##BITS(int n, int ctas, int swi, int m) { \
+        return lowbit::gemv::bulk_gemv_ring<BITS>(n, ctas, swi, m);                      \
     }
 LOWBIT_DEFINE_BULK_BITS(2)
 LOWBIT_DEFINE_BULK_BITS(3)

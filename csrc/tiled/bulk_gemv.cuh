@@ -1,6 +1,6 @@
 #pragma once
-// kbit decode GEMV for one token on large shapes, its weights streamed by bulk copies (the TMA engine) in the
-// "x-stationary" order: y[1, N] = x[1, K_in] @ W^T.
+// kbit decode GEMV for a few tokens (M <= 8), its weights streamed by bulk copies (the TMA engine) in the
+// "x-stationary" order: y[M, N] = x[M, K_in] @ W^T.
 //
 // Why: the stream-K kernel (tiled/gemv.cuh) streams each warp's unit range through registers. With the decode
 // replaced by an XOR that access pattern reads ~71% of HBM bandwidth at K = 2 and ~88% at K = 4; one bulk copy
@@ -22,9 +22,11 @@
 // put 17% of the warps' stall samples on the full-barrier wait at 58% of HBM bandwidth. H100, cold, us, warp 0 ->
 // last reader: 8192x29568 K = 3 49.06 -> 41.40, 4096x28672 K = 3 26.81 -> 23.82, K = 4 26.31 -> 25.80, 14336x4096
 // K = 4 16.93 -> 16.21; Llama-3-8B b1 kbit4 446.7 -> 466.3 tok/s; benchmarks/journal/2026-11-27_bulk_ring_relay.md.)
-// Each warp adds its unit's token-0 partial sums into a shared [tile][warp][16 rows] fp32 array (its own slot: no
-// race); at the end one thread per output sums the warps in warp order (deterministic) and writes y. M = 1 only;
-// unrotated kbit only.
+// Each warp adds its unit's partial sums into a shared [tile][warp][16 rows][M tokens] fp32 array (its own slot: no
+// race); at the end one thread per output sums the warps in warp order (deterministic) and writes y. Tokens are the
+// MMA's N (lane g reads token min(g, M - 1)'s x), so M tokens cost the decode and the MMAs of one; only the partial
+// sums grow with M (1 KB per tile and token), and a shape whose ring then no longer fits takes another kernel.
+// Unrotated kbit only.
 // EPI: the decode step's glue (gemv.cuh's Epilogue, without SwiGLU): the input norm's factor from rms_x, summed by
 // the CTA after the PDL wait; the residual and the next norm's weight, loaded into the writing threads' registers
 // right after the wait (they are the threads' own output rows), added and applied where y is written.
@@ -39,6 +41,7 @@ namespace lowbit {
 namespace gemv {
 
 constexpr int kBulkMaxRing = 8;           // stages of the ring at most (its mbarriers are static)
+constexpr int kBulkMaxM = kRmsRows;       // tokens at most: the MMA's N
 constexpr int kBulkSlice = kStreamWarps;  // groups per slice: one per warp
 
 // K = 2: two tiles per stage (half the stage handshakes per byte); K >= 3: one (measured best per K in the probe).
@@ -52,9 +55,11 @@ template <int BITS> __host__ __device__ constexpr size_t bulk_chunk_bytes() {
     return kBulkSlice * (bulk_code_bytes<BITS>() + 128);
 }
 template <int BITS> __host__ __device__ constexpr size_t bulk_stage_bytes() { return kBulkTiles<BITS> * bulk_chunk_bytes<BITS>(); }
-// dynamic shared memory: the table, the partial sums of at most `cta_tiles` tiles, then the ring (128-byte aligned)
-template <int BITS> __host__ __device__ constexpr size_t bulk_ring_offset(int cta_tiles) {
-    return (stream_table_bytes<BITS>() + size_t(cta_tiles) * kStreamWarps * 16 * sizeof(float) + 127) & ~size_t(127);
+// dynamic shared memory: the table, the partial sums of at most `cta_tiles` tiles and m tokens, then the ring
+// (128-byte aligned)
+template <int BITS> __host__ __device__ constexpr size_t bulk_ring_offset(int cta_tiles, int m) {
+    return (stream_table_bytes<BITS>() + size_t(cta_tiles) * m * kStreamWarps * 16 * sizeof(float) + 127) &
+           ~size_t(127);
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -103,11 +108,13 @@ __device__ __forceinline__ uint4 lds_u128(const char* p) {
     return v;
 }
 
-template <int BITS, typename T, bool EPI, bool SWI = false>
+// MULTI: m may exceed 1. Its instances index the partial sums by token; the one-token ones fold m = 1 in: their hot
+// loop stays as short as it was (in the decode-bound one-token step, a few instructions per stage cost ~4% end to end).
+template <int BITS, typename T, bool EPI, bool SWI = false, bool MULTI = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, const T* __restrict__ bias,
-    int n, int k_in, int n_groups, StreamK tiles, int ring, const Epilogue<T> epi) {
+    int m, int n, int k_in, int n_groups, StreamK tiles, int ring, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     constexpr unsigned K2REG = QUAD ? kBulkK2Reg : 0u;
     constexpr int UPW = kBulkTiles<BITS>;
@@ -117,14 +124,16 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the input norm's per-warp sums of squares
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     static_assert(!SWI || EPI, "SwiGLU is an epilogue");
+    if constexpr (!MULTI) m = 1;  // a constant from here on
     // tiles (SWI: tile pairs) [t0, t0 + owned); local tile k is global tile gtile(k) (SWI: the gates, then the ups)
     const int t0 = tiles.begin(blockIdx.x), owned = tiles.begin(blockIdx.x + 1) - t0;
     const int cta_tiles = SWI ? 2 * owned : owned, pairs = (n + 31) / 32;
     auto gtile = [&](int k) { return SWI && k >= owned ? pairs + t0 + (k - owned) : t0 + k; };
     const int per_slice = (cta_tiles + UPW - 1) / UPW;  // stages per slice
     const int stages = (n_groups + kBulkSlice - 1) / kBulkSlice * per_slice;
-    float* part = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());  // [cta_tiles][16 warps][16 rows]
-    char* ring_base = g_table + bulk_ring_offset<BITS>((SWI ? 2 : 1) * (tiles.q + (tiles.r > 0)));
+    // [cta_tiles][16 warps][16 rows][m tokens]: a warp's stores of one fragment element hit 16 distinct banks at m = 4
+    float* part = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());
+    char* ring_base = g_table + bulk_ring_offset<BITS>((SWI ? 2 : 1) * (tiles.q + (tiles.r > 0)), m);
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
     if (threadIdx.x == 0) ring_init(full, empty, readers, ring);
@@ -149,17 +158,18 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     __syncthreads();  // the table
     pdl_wait();  // x, the epilogue's tensors and y belong to the stream order
     pdl_launch_dependents();
-    // EPI: this thread's output row's residual and norm weight, in registers long before the store (one pass of
-    // the final loop covers every output when the CTA has <= 32 tiles; beyond, write_out loads them there)
-    const bool pre = EPI && !SWI && cta_tiles * 16 <= kStreamWarps * 32;
-    const int my_row = t0 * 16 + int(threadIdx.x);
+    // EPI: this thread's output's residual and norm weight, in registers long before the store (one pass of the
+    // final loop covers every output when the CTA has <= 512 of them, token-major; beyond, write_out loads them there)
+    const int out_rows = cta_tiles * 16;
+    const bool pre = EPI && !SWI && m * out_rows <= kStreamWarps * 32;
+    const int my_tok = MULTI ? int(threadIdx.x) / out_rows : 0, my_row = t0 * 16 + int(threadIdx.x) - my_tok * out_rows;
     T res = from_float<T>(0.f), nw = res;
-    if (pre && int(threadIdx.x) < cta_tiles * 16 && my_row < n) {
-        if (epi.residual != nullptr) res = epi.residual[my_row];
+    if (pre && int(threadIdx.x) < m * out_rows && my_row < n) {
+        if (epi.residual != nullptr) res = epi.residual[int64_t(my_tok) * n + my_row];
         if (epi.yw != nullptr) nw = epi.norm_w[my_row];
     }
-    if (EPI && epi.rms_x != nullptr) rms_partials<kStreamWarps>(rms_part, epi.rms_x, 1, k_in);  // published below
-    LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, 1, k_in);
+    if (EPI && epi.rms_x != nullptr) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);  // published below
+    LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     if constexpr (K2REG != 0) ctx.cb2 = cb2;
     uint4 xv[kGroupBlocks];
     int h = 0, k0 = 0, slot = 0;
@@ -201,8 +211,17 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
                 if (i < cnt) {
                     float acc[4] = {0.f, 0.f, 0.f, 0.f};
                     decode_group<BITS, QUAD, T, false, false, K2REG, K2REG != 0>(acc, d[i], xv, ctx);
-                    if (t == 0) {  // token 0: rows g (acc[0]) and g + 8 (acc[2])
-                        float* p = part + ((k0 + i) * kStreamWarps + warp) * 16;
+                    float* p = part + ((k0 + i) * kStreamWarps + warp) * 16 * m;
+                    if constexpr (MULTI) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {  // acc[e]: row g + 8 (e >> 1), token 2t + (e & 1)
+                            const int tok = 2 * t + (e & 1);
+                            if (tok < m) {
+                                float& o = p[(g + 8 * (e >> 1)) * m + tok];
+                                o = h == 0 ? acc[e] : o + acc[e];
+                            }
+                        }
+                    } else if (t == 0) {  // token 0: rows g (acc[0]) and g + 8 (acc[2])
                         p[g] = h == 0 ? acc[0] : p[g] + acc[0];
                         p[g + 8] = h == 0 ? acc[2] : p[g + 8] + acc[2];
                     }
@@ -220,79 +239,91 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         }
     }
     __syncthreads();  // every partial sum stored (and EPI's sums of squares)
-    float f = scale;  // EPI with rms_x: times the norm's factor, summed in warp order
-    if (EPI && epi.rms_x != nullptr) {
+    auto norm_factor = [&](int tok) {  // the scale, times (EPI with rms_x) the token's norm factor, summed in warp order
+        if (!EPI || epi.rms_x == nullptr) return scale;
         float ss = 0.f;
 #pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) ss += rms_part[w][0];
-        f = rsqrtf(ss / float(k_in) + epi.eps) * scale;
-    }
+        for (int w = 0; w < kStreamWarps; ++w) ss += rms_part[w][tok];
+        return rsqrtf(ss / float(k_in) + epi.eps) * scale;
+    };
+    const float f0 = norm_factor(0);
+    auto factor = [&](int tok) { return MULTI && tok > 0 ? norm_factor(tok) : f0; };
     const int warps_used = n_groups < kStreamWarps ? n_groups : kStreamWarps;  // slice 0 had a group for each
-    auto tile_sum = [&](int k, int r) {  // local tile k's row r, summed in warp order
+    auto tile_sum = [&](int k, int r, int tok) {  // local tile k's row r for a token, summed in warp order
         float sum = 0.f;
-        for (int w = 0; w < warps_used; ++w) sum += part[(k * kStreamWarps + w) * 16 + r];
+        for (int w = 0; w < warps_used; ++w) sum += part[((k * kStreamWarps + w) * 16 + r) * m + tok];
         return sum;
     };
-    if constexpr (SWI) {  // every row exists (n % 32 == 0); y is [1, n / 2]
-        for (int o = threadIdx.x; o < owned * 16; o += kStreamWarps * 32) {
-            const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r, up_row = (pairs + t0 + k) * 16 + r;
-            const float gv = to_float(from_float<T>(fmaf(tile_sum(k, r) * kGemvOutFix<false>, f, bias_of(bias, row))));
-            const float uv = to_float(from_float<T>(fmaf(tile_sum(owned + k, r) * kGemvOutFix<false>, f, bias_of(bias, up_row))));
-            y[row] = from_float<T>(silu_mul(gv, uv));
+    if constexpr (SWI) {  // every row exists (n % 32 == 0); y is [m, n / 2]
+        const int rows = owned * 16;
+        for (int o = threadIdx.x; o < m * rows; o += kStreamWarps * 32) {
+            const int tok = MULTI ? o / rows : 0, lr = o - tok * rows, k = lr >> 4, r = lr & 15;
+            const int row = (t0 + k) * 16 + r, up_row = (pairs + t0 + k) * 16 + r;
+            const float f = factor(tok);
+            const float gv = to_float(from_float<T>(fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, f, bias_of(bias, row))));
+            const float uv =
+                to_float(from_float<T>(fmaf(tile_sum(owned + k, r, tok) * kGemvOutFix<false>, f, bias_of(bias, up_row))));
+            y[int64_t(tok) * (pairs * 16) + row] = from_float<T>(silu_mul(gv, uv));
         }
         return;
     }
-    for (int o = threadIdx.x; o < cta_tiles * 16; o += kStreamWarps * 32) {
-        const int k = o >> 4, r = o & 15, row = (t0 + k) * 16 + r;
+    for (int o = threadIdx.x; o < m * out_rows; o += kStreamWarps * 32) {
+        const int tok = MULTI ? o / out_rows : 0, lr = o - tok * out_rows, k = lr >> 4, r = lr & 15;
+        const int row = (t0 + k) * 16 + r;
         if (row >= n) continue;
         // one fused multiply-add, written out, in every instance: a zero residual gives the plain GEMV's bits
-        const float v = fmaf(tile_sum(k, r) * kGemvOutFix<false>, f, bias_of(bias, row));
+        const float v = fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, factor(tok), bias_of(bias, row));
+        const int64_t idx = int64_t(tok) * n + row;
         if constexpr (EPI) {
-            if (pre) write_out_staged(y, epi, row, v, res, nw);
-            else write_out(y, epi, row, row, v);
+            if (pre) write_out_staged(y, epi, idx, v, res, nw);
+            else write_out(y, epi, idx, row, v);
         } else {
-            y[row] = from_float<T>(v);
+            y[idx] = from_float<T>(v);
         }
     }
 }
 
-// Stages of the ring for an N x K_in weight on `ctas` CTAs (one per SM, at most one per tile; swi: per tile pair);
-// 0: it does not fit (fewer than two stages beside the table and the partial sums).
+// Stages of the ring for an N x K_in weight and m tokens on `ctas` CTAs (one per SM, at most one per tile; swi: per
+// tile pair); 0: it does not fit (fewer than two stages beside the table and the partial sums) or m is out of range.
 template <int BITS>
-int bulk_gemv_ring(int n, int ctas, int swi) {
-    if (swi && n % 32) return 0;
+int bulk_gemv_ring(int n, int ctas, int swi, int m) {
+    if ((swi && n % 32) || m < 1 || m > kBulkMaxM) return 0;
     const int owned = swi ? n / 32 : (n + 15) / 16;  // what the CTAs cut: tiles, or tile pairs
     if (ctas < 1 || ctas > owned) return 0;
     const int max_tiles = (swi ? 2 : 1) * (owned / ctas + (owned % ctas > 0));
-    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles));
+    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles, m));
     const int64_t r = room > 0 ? room / int64_t(bulk_stage_bytes<BITS>()) : 0;
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
 
-// One token (m must be 1); flags: kFlagPdl only (rotated weights have no instance here); epi: the glue (null: none;
-// SwiGLU with nothing else, on n % 32 == 0 rows; y then [1, n / 2]).
+// 1 <= m <= kBulkMaxM tokens; flags: kFlagPdl only (rotated weights have no instance here); epi: the glue (null:
+// none; SwiGLU with nothing else, on n % 32 == 0 rows; y then [m, n / 2]).
 template <int BITS, typename T>
 int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, const float* codebook, const float* scale,
                      void* y, const void* bias, int m, int n, int k_in, int ctas, int flags, const lowbit_epilogue* epi,
                      void* stream) {
-    if (m != 1 || k_in < 32 || k_in % 32 || n < 1 || (flags & ~kFlagPdl)) return static_cast<int>(cudaErrorInvalidValue);
+    if (m < 1 || m > kBulkMaxM || k_in < 32 || k_in % 32 || n < 1 || (flags & ~kFlagPdl))
+        return static_cast<int>(cudaErrorInvalidValue);
     const bool swi = epi != nullptr && epi->swiglu;
     if (swi && (epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
         return static_cast<int>(cudaErrorInvalidValue);
-    const int ring = bulk_gemv_ring<BITS>(n, ctas, swi);
+    const int ring = bulk_gemv_ring<BITS>(n, ctas, swi, m);
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256, owned = swi ? n_tiles / 2 : n_tiles;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK tiles{owned / ctas, owned % ctas};
     const size_t smem =
-        bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0))) + size_t(ring) * bulk_stage_bytes<BITS>();
-    auto kernel = swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
-                      : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>;
+        bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0)), m) + size_t(ring) * bulk_stage_bytes<BITS>();
+    auto kernel = m > 1 ? (swi ? kbit_bulk_gemv_kernel<BITS, T, true, true, true>
+                               : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true, false, true>
+                                                : kbit_bulk_gemv_kernel<BITS, T, false, false, true>)
+                        : (swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
+                               : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>);
     if (int err = configure(kernel, size_t(dynamic_smem_limit()))) return err;  // one attribute: the most any call takes
     Launch l(ctas, kStreamWarps * 32, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
                                                static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),
-                                               static_cast<const T*>(bias), n, k_in, n_groups, tiles, ring,
+                                               static_cast<const T*>(bias), m, n, k_in, n_groups, tiles, ring,
                                                epilogue_of<T>(epi));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());

@@ -42,10 +42,11 @@ def tiled_signatures(name: str, grouped_gemm: bool = False, routed: bool = False
         f"{name}_gemm_occupancy": [],
     }
     if bulk:
-        # x, qweight, qscales, values, scale, y, bias (null: none), m (1), n, k_in, ctas, flags (PDL only), epilogue
+        # x, qweight, qscales, values, scale, y, bias (null: none), m (1..8), n, k_in, ctas, flags (PDL only), epilogue
         # (lowbit_epilogue*, null: none; SwiGLU only alone, on N % 32 == 0 rows), stream
         out[f"{name}_bulk_gemv"] = [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P]
-        out[f"{name}_bulk_gemv_ring"] = [_I, _I, _I]  # n, ctas, swiglu -> the ring's stages (0: it does not fit)
+        # n, ctas, swiglu, m -> the ring's stages (0: it does not fit)
+        out[f"{name}_bulk_gemv_ring"] = [_I, _I, _I, _I]
     if routed:
         # x, route ids int64 [count], count, rows per x row, qweight, qscales, values, scales [E], y, n_experts, n,
         # k_in, max_ctas, pdl (0/1), stream
@@ -282,7 +283,7 @@ def stream_k_warps(tiles: int, groups: int, resident: int) -> int:
 
 
 #: Dense GEMV kernel choice: "auto" (bulk_ctas, then dense_path), "streamk", "local", "split" or "bulk" (the
-#: bulk-copy kernel wherever it can run: one token of unrotated kbit; "local" elsewhere) (tuning / benchmarks /
+#: bulk-copy kernel wherever it can run: up to 8 tokens of unrotated kbit; "local" elsewhere) (tuning / benchmarks /
 #: tests).
 DENSE_PATH = "auto"
 
@@ -360,11 +361,19 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
 
 #: Whether "auto" may pick the bulk-copy GEMV (csrc/tiled/bulk_gemv.cuh) where bulk_ctas's rules say so.
 USE_BULK = True
+#: Tokens the bulk-copy GEMV takes at most (the MMA's N: csrc/tiled/bulk_gemv.cuh, kBulkMaxM).
+BULK_MAX_M = 8
+#: Per K, the tokens up to which the decode layers' calls (with an epilogue, or SwiGLU) take it (K not listed: one
+#: token); plain calls take it at one token only (bulk_rule's data). Llama-3-8B decode b4, compiled, H200, rows
+#: alternated in one process, tok/s, with / without (``@bulk-m1``): kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0
+#: (+5.3%), kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE)
+#: (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md).
+BULK_LAYER_MAX_M = {4: 8}
 
 
 def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
-    """Where the bulk-copy GEMV (one token; weights by bulk copies into shared memory, x kept in registers) beat the
-    kernel "auto" picks otherwise (H100, M = 1, cold, fp16, two rounds of benchmarks/gemv_sweep.py --bulk;
+    """Where the bulk-copy GEMV (weights by bulk copies into shared memory, x kept in registers) beat, for one token,
+    the kernel "auto" picks otherwise (H100, M = 1, cold, fp16, two rounds of benchmarks/gemv_sweep.py --bulk;
     benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md). With u = units (16 x 256 weights) per CTA:
       K = 2: K_in > 16384 (x past what the stream-K kernel stages: 28672x8192 38.2 -> 33.6 us, 20480x4096 17.7 ->
              17.1) or 20 <= u <= 64 (4096x4096 6.45 -> 5.96, 4096x6144 8.3 -> 7.3, 2048x10240 7.8 -> 6.9, 5120x2048
@@ -459,32 +468,32 @@ def _bulk_decode_bound(device, bits: int, units_per_cta: float) -> bool:
 def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,
               epilogue: bool = False) -> int:
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
-    or 0 where the call takes another kernel: more than one token, rotated weights, not kbit, DENSE_PATH / USE_BULK,
-    bulk_rule (plain calls), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the residual, the next
-    norm's weight) or BULK_SWIGLU_BITS (``swiglu``), BULK_DECODE_MAX_UNITS (a shape where its decode would bound
-    it), or a shape whose ring does not fit in shared memory."""
+    or 0 where the call takes another kernel: more than BULK_MAX_M tokens, rotated weights, not kbit, DENSE_PATH /
+    USE_BULK, bulk_rule (plain calls, one token), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the
+    residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a
+    shape where its decode would bound it), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
-    if m != 1 or flags or fmt.name != "kbit" or (swiglu and n % 32):
+    if not 1 <= m <= BULK_MAX_M or flags or fmt.name != "kbit" or (swiglu and n % 32):
         return 0
     bits = dict(fmt.params)["bits"]
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     ctas = min(n // 32 if swiglu else -(-n // 16), sms)
     if DENSE_PATH == "auto":
         if swiglu:
-            picked = bits in BULK_SWIGLU_BITS
+            picked = bits in BULK_SWIGLU_BITS and m <= BULK_LAYER_MAX_M.get(bits, 1)
         elif epilogue:
-            picked = bits in BULK_EPILOGUE_BITS
+            picked = bits in BULK_EPILOGUE_BITS and m <= BULK_LAYER_MAX_M.get(bits, 1)
         else:
-            picked = bulk_rule(bits, n, k_in, sms)
+            picked = m == 1 and bulk_rule(bits, n, k_in, sms)
         if not (USE_BULK and picked) or ((BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
                 device, bits, -(-n // 16) * -(-k_in // 256) / ctas)):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
-    key = (device.index, bits, n, ctas, swiglu)
+    key = (device.index, bits, n, ctas, swiglu, m)
     if key not in _bulk_rings:
         op, sym = fmt.symbol("bulk_gemv_ring")
-        _bulk_rings[key] = lib.symbol(op, **sym)(n, ctas, int(swiglu))
+        _bulk_rings[key] = lib.symbol(op, **sym)(n, ctas, int(swiglu), m)
     return ctas if _bulk_rings[key] > 0 else 0
 
 
@@ -552,7 +561,7 @@ class GemvLauncher(_Launcher):
         qw, qa, cb, sc = self.ptrs
         c_int = ctypes.c_int
         bulk = bulk_ctas(lib, self.device, fmt, dtype, m, n, k_in, self.flags, swiglu, epi)
-        if bulk:  # one token (csrc/tiled/bulk_gemv.cuh; SwiGLU over tile pairs)
+        if bulk:  # up to 8 tokens (csrc/tiled/bulk_gemv.cuh; SwiGLU over tile pairs)
             op, sym = fmt.symbol("bulk_gemv")
             fn = lib.raw_symbol(op, **sym, dtype=dtype)
             plan = ("bulk", fn, (qw, qa, cb, sc), (c_int(m), c_int(n), c_int(k_in), c_int(bulk)))

@@ -259,37 +259,38 @@ def _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl=0, m=1):
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("pdl", [0, 1])
-def test_bulk_gemv_poisoned_output_and_guard(bits, dtype, pdl, gen):
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_bulk_gemv_poisoned_output_and_guard(bits, dtype, pdl, m, gen):
     """The bulk-copy GEMV called directly on a NaN-filled buffer with a guard tail, with and without a bias: every
-    output within the bound, nothing past it. Shapes: fewer groups than warps (K_in = 1024), a partial last slice
-    (K_in = 5120: 20 groups), a padded last group (K_in = 2144), rows not a multiple of 16, more tiles than SMs,
-    several slices of long rows (K_in = 16416)."""
+    output of every token within the bound, nothing past it. Shapes: fewer groups than warps (K_in = 1024), a partial
+    last slice (K_in = 5120: 20 groups), a padded last group (K_in = 2144), rows not a multiple of 16, more tiles than
+    SMs, several slices of long rows (K_in = 16416)."""
     lib = get_library()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k_in in ((37, 1024), (1000, 5120), (300, 2144), (16 * sms * 3 + 5, 4096), (272, 16416)):
         q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
-        x = torch.randn(1, k_in, generator=gen).to(dtype).cuda()
+        x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
         ctas = min(sms, -(-n // 16))
-        assert tiled.bulk_ctas(lib, x.device, bits, dtype, 1, n, k_in) in (0, ctas)  # auto: where the rule says
+        assert tiled.bulk_ctas(lib, x.device, bits, dtype, m, n, k_in) in ((0, ctas) if m == 1 else (0,))  # auto
         for bias in (None, torch.randn(n, generator=gen).to(dtype).cuda()):
-            buf = torch.full((n + 64,), float("nan"), dtype=dtype, device="cuda")
-            _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl)
+            buf = torch.full((m * n + 64,), float("nan"), dtype=dtype, device="cuda")
+            _bulk_call(lib, x, q, buf, bias, n, k_in, ctas, pdl, m=m)
             torch.cuda.synchronize()
             want = _ref(x, q) + (0 if bias is None else bias.double().cpu())
-            err = _rel(buf[:n].view(1, n), want)
-            assert err <= BOUND[dtype], f"N={n} K_in={k_in} bias={bias is not None}: rel err {err:.2e}"
-            assert buf[n:].isnan().all()
+            err = _rel(buf[: m * n].view(m, n), want)
+            assert err <= BOUND[dtype], f"M={m} N={n} K_in={k_in} bias={bias is not None}: rel err {err:.2e}"
+            assert buf[m * n :].isnan().all()
 
 
 def test_bulk_gemv_refuses_what_it_cannot_take(gen):
-    """More than one token, rotation or any flag but PDL, a bad grid, or a shape whose partial sums leave no room for
-    two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there (nor for
-    NVFP4, or the SwiGLU epilogue on N % 32 != 0)."""
+    """No tokens or more than 8, rotation or any flag but PDL, a bad grid, or a shape whose partial sums leave no
+    room for two stages: the entry refuses (an error, nothing written), and the dispatcher never picks it there (nor
+    for NVFP4, or the SwiGLU epilogue on N % 32 != 0)."""
     lib = get_library()
     q = lowbit.quantize_kbit(torch.randn(64, 512, generator=gen), bits=4).to("cuda")
-    x = torch.randn(2, 512, generator=gen).half().cuda()
-    buf = torch.full((2 * 64,), float("nan"), dtype=torch.float16, device="cuda")
-    for m, ctas, flags in ((2, 4, 0), (1, 4, tiled.FLAG_ROT32), (1, 5, 0), (1, 0, 0)):
+    x = torch.randn(9, 512, generator=gen).half().cuda()
+    buf = torch.full((9 * 64,), float("nan"), dtype=torch.float16, device="cuda")
+    for m, ctas, flags in ((9, 4, 0), (0, 4, 0), (1, 4, tiled.FLAG_ROT32), (1, 5, 0), (1, 0, 0)):
         with pytest.raises(RuntimeError):
             _bulk_call(lib, x, q, buf, None, 64, 512, ctas, flags, m=m)
     torch.cuda.synchronize()
@@ -301,7 +302,9 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
         mp.setattr(tiled, "DENSE_PATH", "bulk")
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, huge, 4096) == 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096) > 0
-        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 2, 4096, 4096) == 0  # one token only
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 8, 4096, 4096) > 0
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 9, 4096, 4096) == 0  # 8 tokens at most
+        assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 8, 16 * sms * 50, 4096) == 0  # 50 tiles x 8 tokens
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, swiglu=True) > 0  # tile pairs
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4112, 4096, swiglu=True) == 0  # N % 32 != 0
         assert tiled.bulk_ctas(lib, dev, 4, torch.float16, 1, 4096, 4096, flags=tiled.FLAG_ROT32) == 0
@@ -311,16 +314,20 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096, epilogue=True) > 0
     assert tiled.bulk_ctas(lib, dev, 5, torch.bfloat16, 1, 6144, 4096, epilogue=True) == 0
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096) == 0
+    assert tiled.bulk_ctas(lib, dev, 4, torch.bfloat16, 4, 6144, 4096, epilogue=True) > 0  # the layers: BULK_LAYER_MAX_M
+    assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 4, 6144, 4096, epilogue=True) == 0
+    assert tiled.bulk_ctas(lib, dev, 4, torch.bfloat16, 2, 4096, 4096) == 0  # plain calls: one token (bulk_rule)
     bw, cycles = tiled.hbm_bandwidth(dev), tiled.sm_cycles(dev)  # BULK_DECODE_RATE's inputs: plausible, or none
     assert bw is None or 1e12 < bw < 2e13
     assert cycles is None or 1e10 < cycles < 1e12
 
 
-def test_bulk_gemv_deterministic_and_in_a_graph(gen, monkeypatch):
+@pytest.mark.parametrize("m", [1, 4])
+def test_bulk_gemv_deterministic_and_in_a_graph(m, gen, monkeypatch):
     """The bulk-copy GEMV gives the same bits on every call, eager or replayed in a CUDA graph."""
     monkeypatch.setattr(tiled, "DENSE_PATH", "bulk")
     q = lowbit.quantize_kbit(torch.randn(4096, 8192, generator=gen), bits=4).to("cuda")
-    x = torch.randn(1, 8192, generator=gen).bfloat16().cuda()
+    x = torch.randn(m, 8192, generator=gen).bfloat16().cuda()
     ys = [lowbit.kbit_linear(x, q) for _ in range(3)]
     assert all(torch.equal(ys[0], y) for y in ys[1:])
     assert _rel(ys[0], _ref(x, q)) <= BOUND[torch.bfloat16]

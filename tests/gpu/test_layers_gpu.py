@@ -90,11 +90,15 @@ def _want_swiglu(want):
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 3, 8])
-def test_swiglu_epilogue(bits, m, dtype, gen):
-    """The SwiGLU epilogue (CTA-local over gate/up tile pairs) against the definition, with and without the norm's
-    factor and a bias; into a NaN-poisoned y; on shapes of one pair to many pairs per CTA."""
+@pytest.mark.parametrize("path", ["auto", "bulk"])
+def test_swiglu_epilogue(bits, m, dtype, path, gen, monkeypatch):
+    """The SwiGLU epilogue (CTA-local over gate/up tile pairs; "bulk": the bulk-copy kernel's instance wherever its
+    ring fits) against the definition, with and without the norm's factor and a bias; into a NaN-poisoned y; on shapes
+    of one pair to many pairs per CTA."""
     from lowbit.kernels import tiled
     from lowbit.kernels.library import get_library
+
+    monkeypatch.setattr(tiled, "DENSE_PATH", path)
 
     inter = 16 * int(torch.randint(1, 80, (1,), generator=gen))
     for half, k in ((inter, 32 * int(torch.randint(1, 40, (1,), generator=gen))), (16, 256), (2048, 4096),
