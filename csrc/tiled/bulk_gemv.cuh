@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         }
     }
     __syncthreads();  // every partial sum stored (and EPI's sums of squares)
-    auto norm_factor = [&](int tok) {  // the scale, times (EPI with rms_x) the token's norm factor, summed in warp order
+    auto norm_factor = [&](int tok) {  // the scale, times (EPI, rms_x) the token's norm factor, summed in warp order
         if (!EPI || epi.rms_x == nullptr) return scale;
         float ss = 0.f;
 #pragma unroll
@@ -260,25 +260,26 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
             const int tok = MULTI ? o / rows : 0, lr = o - tok * rows, k = lr >> 4, r = lr & 15;
             const int row = (t0 + k) * 16 + r, up_row = (pairs + t0 + k) * 16 + r;
             const float f = factor(tok);
-            const float gv = to_float(from_float<T>(fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, f, bias_of(bias, row))));
+            const float gv =
+                to_float(from_float<T>(fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, f, bias_of(bias, row))));
             const float uv =
                 to_float(from_float<T>(fmaf(tile_sum(owned + k, r, tok) * kGemvOutFix<false>, f, bias_of(bias, up_row))));
             y[int64_t(tok) * (pairs * 16) + row] = from_float<T>(silu_mul(gv, uv));
         }
-        return;
-    }
-    for (int o = threadIdx.x; o < m * out_rows; o += kStreamWarps * 32) {
-        const int tok = MULTI ? o / out_rows : 0, lr = o - tok * out_rows, k = lr >> 4, r = lr & 15;
-        const int row = (t0 + k) * 16 + r;
-        if (row >= n) continue;
-        // one fused multiply-add, written out, in every instance: a zero residual gives the plain GEMV's bits
-        const float v = fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, factor(tok), bias_of(bias, row));
-        const int64_t idx = int64_t(tok) * n + row;
-        if constexpr (EPI) {
-            if (pre) write_out_staged(y, epi, idx, v, res, nw);
-            else write_out(y, epi, idx, row, v);
-        } else {
-            y[idx] = from_float<T>(v);
+    } else {
+        for (int o = threadIdx.x; o < m * out_rows; o += kStreamWarps * 32) {
+            const int tok = MULTI ? o / out_rows : 0, lr = o - tok * out_rows, k = lr >> 4, r = lr & 15;
+            const int row = (t0 + k) * 16 + r;
+            if (row >= n) continue;
+            // one fused multiply-add, written out, in every instance: a zero residual gives the plain GEMV's bits
+            const float v = fmaf(tile_sum(k, r, tok) * kGemvOutFix<false>, factor(tok), bias_of(bias, row));
+            const int64_t idx = int64_t(tok) * n + row;
+            if constexpr (EPI) {
+                if (pre) write_out_staged(y, epi, idx, v, res, nw);
+                else write_out(y, epi, idx, row, v);
+            } else {
+                y[idx] = from_float<T>(v);
+            }
         }
     }
 }
@@ -314,11 +315,12 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     const StreamK tiles{owned / ctas, owned % ctas};
     const size_t smem =
         bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0)), m) + size_t(ring) * bulk_stage_bytes<BITS>();
-    auto kernel = m > 1 ? (swi ? kbit_bulk_gemv_kernel<BITS, T, true, true, true>
-                               : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true, false, true>
-                                                : kbit_bulk_gemv_kernel<BITS, T, false, false, true>)
-                        : (swi ? kbit_bulk_gemv_kernel<BITS, T, true, true>
-                               : epi != nullptr ? kbit_bulk_gemv_kernel<BITS, T, true> : kbit_bulk_gemv_kernel<BITS, T, false>);
+    auto kernel = kbit_bulk_gemv_kernel<BITS, T, false>;  // <EPI, SWI, MULTI>
+    if (m == 1 && swi) kernel = kbit_bulk_gemv_kernel<BITS, T, true, true>;
+    else if (m == 1 && epi != nullptr) kernel = kbit_bulk_gemv_kernel<BITS, T, true>;
+    else if (swi) kernel = kbit_bulk_gemv_kernel<BITS, T, true, true, true>;
+    else if (epi != nullptr) kernel = kbit_bulk_gemv_kernel<BITS, T, true, false, true>;
+    else if (m > 1) kernel = kbit_bulk_gemv_kernel<BITS, T, false, false, true>;
     if (int err = configure(kernel, size_t(dynamic_smem_limit()))) return err;  // one attribute: the most any call takes
     Launch l(ctas, kStreamWarps * 32, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
