@@ -340,6 +340,42 @@ def test_bulk_decode_bound(monkeypatch):
             assert all(tiled._bulk_decode_bound(None, bits, u) == (bits in bound_bits) for u in large), (bw, bits)
 
 
+def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
+    """Which calls the bulk-copy GEMV takes, on a fake 132-SM H200 and a fake library whose ring always fits: plain
+    calls at one token only (bulk_rule's data), the decode layers' calls (epilogue, SwiGLU) up to
+    BULK_LAYER_MAX_M[K] tokens (one where K is not listed), never more than BULK_MAX_M; DENSE_PATH = "bulk" at any
+    1..8 tokens; and the ring is asked with the call's token count."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(multi_processor_count=132, memory_clock_rate=3_201_000, memory_bus_width=6016,
+                            clock_rate=1_980_000)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    asked = []
+
+    class Lib:
+        def symbol(self, op, **sym):
+            return lambda n, ctas, swi, m: asked.append((sym["bits"], n, ctas, swi, m)) or 4
+
+    monkeypatch.setattr(tiled, "_bulk_rings", {})
+    monkeypatch.setattr(tiled, "BULK_LAYER_MAX_M", {4: 8})
+    dev, bf16, lib = torch.device("cuda", 0), torch.bfloat16, Lib()
+
+    def ctas(bits, m, n, k_in, **kw):
+        return tiled.bulk_ctas(lib, dev, bits, bf16, m, n, k_in, **kw)
+
+    for m in (1, 2, 4, 8):  # the layers at K = 4: q|k|v, o_proj, gate|up (tile pairs)
+        assert ctas(4, m, 6144, 4096, epilogue=True) == 132
+        assert ctas(4, m, 4096, 4096, epilogue=True) == 132
+        assert ctas(4, m, 28672, 4096, swiglu=True) == 132
+        assert (4, 28672, 132, 1, m) in asked
+    assert ctas(4, 9, 6144, 4096, epilogue=True) == 0  # past the MMA's N
+    assert ctas(3, 1, 6144, 4096, epilogue=True) == 132 and ctas(3, 2, 6144, 4096, epilogue=True) == 0  # K = 3: one
+    assert ctas(2, 1, 6144, 4096, epilogue=True) == 132 and ctas(2, 4, 6144, 4096, epilogue=True) == 0
+    assert ctas(4, 1, 4096, 4096) == 132 and ctas(4, 2, 4096, 4096) == 0  # plain: bulk_rule, one token
+    monkeypatch.setattr(tiled, "DENSE_PATH", "bulk")
+    assert ctas(3, 8, 4096, 4096) == 132 and ctas(3, 9, 4096, 4096) == 0 and ctas(3, 0, 4096, 4096) == 0
+
+
 def test_constant_result_is_torchs_mark_without_its_import():
     """dispatch marks its file lookups for torch.compile as ``torch.compiler.assume_constant_result`` does, without
     importing ``torch._dynamo`` when lowbit loads (~2 s of every CLI call): the decorator must still set exactly
