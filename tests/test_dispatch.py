@@ -357,18 +357,20 @@ def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
             return lambda n, ctas, swi, m: asked.append((sym["bits"], n, ctas, swi, m)) or 4
 
     monkeypatch.setattr(tiled, "_bulk_rings", {})
-    monkeypatch.setattr(tiled, "BULK_LAYER_MAX_M", {4: 8})
+    monkeypatch.setattr(tiled, "BULK_LAYER_MAX_M", {4: 4})
     dev, bf16, lib = torch.device("cuda", 0), torch.bfloat16, Lib()
 
     def ctas(bits, m, n, k_in, **kw):
         return tiled.bulk_ctas(lib, dev, bits, bf16, m, n, k_in, **kw)
 
-    for m in (1, 2, 4, 8):  # the layers at K = 4: q|k|v, o_proj, gate|up (tile pairs)
+    for m in (1, 2, 4):  # the layers at K = 4: q|k|v, o_proj, gate|up (tile pairs)
         assert ctas(4, m, 6144, 4096, epilogue=True) == 132
         assert ctas(4, m, 4096, 4096, epilogue=True) == 132
         assert ctas(4, m, 28672, 4096, swiglu=True) == 132
         assert (4, 28672, 132, 1, m) in asked
-    assert ctas(4, 9, 6144, 4096, epilogue=True) == 0  # past the MMA's N
+    assert ctas(4, 5, 6144, 4096, epilogue=True) == 0 and ctas(4, 5, 28672, 4096, swiglu=True) == 0
+    monkeypatch.setattr(tiled, "BULK_LAYER_MAX_M", {4: 9})
+    assert ctas(4, 8, 6144, 4096, epilogue=True) == 132 and ctas(4, 9, 6144, 4096, epilogue=True) == 0  # the MMA's N
     assert ctas(3, 1, 6144, 4096, epilogue=True) == 132 and ctas(3, 2, 6144, 4096, epilogue=True) == 0  # K = 3: one
     assert ctas(2, 1, 6144, 4096, epilogue=True) == 132 and ctas(2, 4, 6144, 4096, epilogue=True) == 0
     assert ctas(4, 1, 4096, 4096) == 132 and ctas(4, 2, 4096, 4096) == 0  # plain: bulk_rule, one token

@@ -366,9 +366,10 @@ BULK_MAX_M = 8
 #: Per K, the tokens up to which the decode layers' calls (with an epilogue, or SwiGLU) take it (K not listed: one
 #: token); plain calls take it at one token only (bulk_rule's data). Llama-3-8B decode b4, compiled, H200, rows
 #: alternated in one process, tok/s, with / without (``@bulk-m1``): kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0
-#: (+5.3%), kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE)
-#: (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md).
-BULK_LAYER_MAX_M = {4: 8}
+#: (+5.3%), kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE). Up to 4
+#: tokens, as measured: the partial sums take 1 KB per tile and token, so at 8 the ring of a large gate|up is down to
+#: 2-3 stages (Llama-3-8B: 14 tiles per CTA, 112 KB), unmeasured (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md).
+BULK_LAYER_MAX_M = {4: 4}
 
 
 def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
