@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from . import ops
 from .formats.kbit import rotation as kbit_rotation
-from .kernels import tiled
+from .kernels import picks, tiled
+from .kernels.picks import CROSSOVERS, user_crossover_file  # noqa: F401  (the crossover files' paths)
 from .kernels.library import library_or_none
 from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
 from .ops.common import GEMV_MAX_M  # largest batch of the decode GEMV kernels
@@ -64,16 +64,9 @@ DENSE_GEMV_MAX_M = 4
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 #: largest M for the kbit GEMM on a GPU the crossover file does not list.
 GEMM_MAX_M_DEFAULT = 32
-CROSSOVERS = Path(__file__).parent / "data" / "kbit_dispatch.json"
 PATHS = ("gemv", "gemm", "dequant_matmul")
 #: mean rows per expert from which the grouped GEMM runs, on a GPU the crossover file does not list.
 GROUPED_GEMM_MIN_ROWS_DEFAULT = 16
-
-
-def user_crossover_file() -> Path:
-    """Crossovers measured here (``lowbit tune --kbit-crossover``), overriding the shipped ones per GPU."""
-    env = os.environ.get("LOWBIT_DISPATCH_FILE")
-    return Path(env) if env else Path.home() / ".cache" / "lowbit" / "kbit_dispatch.json"
 
 
 def use_gemv(is_cuda: bool, dtype: torch.dtype, m: int) -> bool:
@@ -86,9 +79,12 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
     rising size, the last one open-ended (None); raises ValueError naming the bad entry. Format::
 
         {"version": 1, "gpus": {"NVIDIA H100 80GB HBM3":
-            {"gemm_max_m": [[20000000, 32], [null, 128]], "grouped_gemm_min_rows": 1.5}}}
+            {"gemm_max_m": [[20000000, 32], [null, 128]], "grouped_gemm_min_rows": 1.5,
+             "gemv_kernels": [[3, 4096, 4096, "local"]]}}}
 
-    (``grouped_gemm_min_rows`` is optional; :func:`load_grouped` reads it.)
+    Every key is optional: a GPU without ``gemm_max_m`` is left out here (it runs GEMM_MAX_M_DEFAULT);
+    :func:`load_grouped` reads ``grouped_gemm_min_rows``, :mod:`lowbit.kernels.picks` ``gemv_kernels``
+    (validated here too).
     """
     if not path.exists():
         return {}
@@ -100,6 +96,10 @@ def load_crossovers(path: Path = CROSSOVERS) -> dict[str, list[tuple[int | None,
         grouped = entry.get("grouped_gemm_min_rows") if isinstance(entry, dict) else None
         if grouped is not None and (not isinstance(grouped, (int, float)) or isinstance(grouped, bool) or not grouped > 0):
             raise ValueError(f"{path}: gpus[{gpu!r}].grouped_gemm_min_rows must be a number > 0, got {grouped!r}")
+        if isinstance(entry, dict) and "gemv_kernels" in entry:
+            picks.parse(entry["gemv_kernels"], f"{path}: gpus[{gpu!r}].gemv_kernels")
+        if isinstance(entry, dict) and entry and "gemm_max_m" not in entry:
+            continue
         classes = entry.get("gemm_max_m") if isinstance(entry, dict) else None
         where = f"{path}: gpus[{gpu!r}].gemm_max_m"
         if not isinstance(classes, list) or not classes:
@@ -195,9 +195,10 @@ def untuned_note(gpu: str) -> str | None:
 
 
 def reload_crossovers() -> None:
-    """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` wrote one)."""
+    """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` or ``--kbit-gemv`` wrote one)."""
     global _crossovers, _grouped_table
     _crossovers = _grouped_table = None
+    picks.reload()
     _classes.clear()
     _grouped.clear()
 

@@ -1,5 +1,6 @@
 """``lowbit tune --kbit-crossover``: measure where the kbit GEMM stops beating dequantize + cuBLAS,
-and from how many rows per expert the grouped GEMM beats the grouped GEMV.
+and from how many rows per expert the grouped GEMM beats the grouped GEMV; ``lowbit tune --kbit-gemv``:
+which GEMV kernel runs a plain one-token call fastest per shape (:mod:`lowbit.kernels.picks`).
 
 For each shape and each M above the GEMV's 8 rows, both paths are timed the way the benchmarks time
 (cold L2: one CUDA graph over rotating weight copies >= 4x L2, median of replays), K=4, fp16. Per
@@ -83,14 +84,23 @@ def derive_classes(per_shape: dict[int, int]) -> list[tuple[int | None, int]]:
 def save(path: Path, gpu: str, classes: list[tuple[int | None, int]], grouped_min_rows: float | None = None) -> None:
     """Write (atomically) ``classes`` (and the grouped crossover, if given) for ``gpu`` into the
     crossover file, keeping other GPUs and keys."""
+
+    def update(entry: dict) -> None:  # other keys (grouped_gemm_min_rows, gemv_kernels) are kept
+        entry["gemm_max_m"] = [[u, m] for u, m in classes]
+        if grouped_min_rows is not None:
+            entry["grouped_gemm_min_rows"] = grouped_min_rows
+
+    _update_entry(path, gpu, update)
+
+
+def _update_entry(path: Path, gpu: str, update) -> None:
+    """Apply ``update`` to ``gpu``'s entry of the crossover file at ``path`` (created if missing) and write it
+    atomically, other GPUs kept; the file must load before and after."""
     data = {"version": 1, "gpus": {}}
     if path.exists():
         data = json.loads(path.read_text())
         dispatch.load_crossovers(path)  # refuse to extend a broken file
-    entry = data["gpus"].setdefault(gpu, {})  # other keys (grouped_gemm_min_rows) are kept
-    entry["gemm_max_m"] = [[u, m] for u, m in classes]
-    if grouped_min_rows is not None:
-        entry["grouped_gemm_min_rows"] = grouped_min_rows
+    update(data["gpus"].setdefault(gpu, {}))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -177,3 +187,94 @@ def measure_grouped(rows_per_expert=GROUPED_ROWS, block=GROUPED_BLOCK, bits: int
     best = grouped_crossover(times)
     log(f"  grouped GEMM from {best:g} rows per expert")
     return best
+
+
+#: A kernel replaces the rules' pick for a shape (``lowbit tune --kbit-gemv``) where it is faster by more than this
+#: share: ties and noise leave the rules in charge.
+GEMV_PICK_MARGIN = 0.02
+
+
+def gemv_pick(times: dict[str, float], rules_kernel: str, margin: float = GEMV_PICK_MARGIN) -> str | None:
+    """The kernel to record for a shape from ``times`` (kernel -> us; ``rules_kernel`` is the rules' pick, timed
+    among them): the fastest, where it beats the rules' pick by more than ``margin``; None otherwise."""
+    best = min(times, key=times.get)
+    if best == rules_kernel or times[best] >= times[rules_kernel] * (1 - margin):
+        return None
+    return best
+
+
+def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 2, replays: int = 5, log=print):
+    """GPU: ({(bits, n, k_in): pick or None}, rows) for each (N, K_in) of ``shapes`` and each K: every GEMV kernel
+    that can take a plain one-token call, cold, best of ``rounds``, beside the rules' own pick (picks off)."""
+    import torch
+
+    import lowbit
+    from lowbit.formats.kbit import KbitWeight
+
+    from ..kernels import picks, tiled
+    from ..kernels.library import get_library
+    from .timing import copies_for_cold, graph_time, l2_bytes
+
+    dtype = dtype or torch.bfloat16
+    dev = torch.device("cuda", torch.cuda.current_device())
+    lib = get_library()
+    out, rows = {}, []
+    saved = tiled.DENSE_PATH, picks.USE
+    try:
+        picks.USE = False
+        for n, k_in in shapes:
+            if k_in % 32:
+                log(f"  skip {k_in}x{n}: K_in % 32 != 0 (no kbit GEMV)")
+                continue
+            w = torch.randn(n, k_in, device=dev, dtype=torch.float16)
+            x = torch.randn(1, k_in, device=dev, dtype=dtype)
+            for bits in bits_list:
+                q = lowbit.quantize_kbit(w, bits=bits)
+                copies = [q] + [KbitWeight(*(t.clone() for t in q.tensors()), bits)
+                                for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
+                for c in copies:
+                    c.tiled()
+                tiled.DENSE_PATH = "auto"
+                rules = ("bulk" if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in)
+                         else tiled.dense_path(lib, dev, bits, dtype, n, k_in))
+                tiled.DENSE_PATH = "bulk"
+                kernels = ["auto"] + [k for k in picks.KERNELS if k != "bulk" or tiled.bulk_ctas(lib, dev, bits, dtype, 1,
+                                                                                                  n, k_in)]
+                times = {}
+                for _ in range(rounds):
+                    for kernel in kernels:
+                        tiled.DENSE_PATH = kernel
+                        for c in copies:
+                            c._launcher = None  # the plan is made again under this DENSE_PATH
+                        t = graph_time([lambda c=c: lowbit.kbit_linear(x, c) for c in copies], replays=replays,
+                                       warmup=2).median_us
+                        times[kernel] = min(t, times.get(kernel, float("inf")))
+                times[rules] = min(times[rules], times.pop("auto"))  # the same kernel, timed twice
+                pick = gemv_pick(times, rules)
+                out[(bits, n, k_in)] = pick
+                rows.append({"bits": bits, "n": n, "k_in": k_in, "rules": rules, "pick": pick, "us": times})
+                log(f"  K={bits} {k_in}x{n}: " + "  ".join(f"{k} {t:.2f}" for k, t in times.items()) +
+                    f" us; rules: {rules}" + (f" -> {pick} ({times[rules] / times[pick] - 1:+.1%})" if pick else ""))
+                del copies, q
+    finally:
+        tiled.DENSE_PATH, picks.USE = saved
+    return out, rows
+
+
+def save_gemv_kernels(path: Path, gpu: str, measured: dict) -> None:
+    """Write ``gpu``'s measured picks (``{(bits, n, k_in): kernel or None}``) into the crossover file's
+    ``gemv_kernels``: a shape measured again takes its new pick (None: the rules; its entry removed); other shapes,
+    GPUs and keys are kept."""
+    from ..kernels import picks
+
+    def update(entry: dict) -> None:
+        table = picks.parse(entry.get("gemv_kernels", []), f"{path}: gpus[{gpu!r}].gemv_kernels")
+        for key, kernel in measured.items():
+            if kernel is None:
+                table.pop(key, None)
+            else:
+                table[key] = kernel
+        entry["gemv_kernels"] = [[*key, kernel] for key, kernel in sorted(table.items())]
+
+    _update_entry(path, gpu, update)
+    picks.reload()

@@ -38,6 +38,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "
                         "size (--shape adds shapes to the default set) and the grouped GEMV / GEMM crossover (on a whole "
                         "MoE expert block, as models run it), and write them for lowbit.dispatch")
+    p.add_argument("--kbit-gemv", action="store_true",
+                   help="instead of the fp16 GEMV: time every kbit GEMV kernel on one-token plain calls of the shapes "
+                        "(--preset / --shape; default every preset's) at each --bits, and record in the crossover file "
+                        "the shapes where one beats the dispatcher's rules by more than 2%% (lowbit.kernels.picks)")
+    p.add_argument("--bits", type=_int_list, default=[2, 3, 4], help="with --kbit-gemv: kbit K values (default 2,3,4)")
     p.set_defaults(func=run)
     return p
 
@@ -94,8 +99,13 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: lowbit tune needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.kbit_crossover and args.kbit_gemv:
+        print("error: --kbit-crossover and --kbit-gemv are separate runs; pass one", file=sys.stderr)
+        return 2
     if args.kbit_crossover:
         return run_crossover(args)
+    if args.kbit_gemv:
+        return run_kbit_gemv(args)
     if any(not 1 <= m <= 4 for m in args.m):
         print(f"error: --m values must be in 1..4, got {args.m}", file=sys.stderr)
         return 2
@@ -158,4 +168,29 @@ def run_crossover(args: argparse.Namespace) -> int:
     dispatch.reload_crossovers()
     print(f"classes (max weights, max M): {classes}; grouped GEMM from {grouped:g} rows per expert")
     print(f"wrote {out} ({time.time() - start:.0f} s)")
+    return 0
+
+
+def run_kbit_gemv(args: argparse.Namespace) -> int:
+    from .. import dispatch
+    from ..kernels.device import gpu_name
+    from . import crossover
+
+    if not args.bits or any(not 2 <= b <= 5 for b in args.bits):
+        print(f"error: --bits takes kbit K values in 2..5, got {args.bits}", file=sys.stderr)
+        return 2
+    try:
+        shapes = shapes_for(args.preset, args.shape)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or dispatch.user_crossover_file()
+    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    print(f"kbit GEMV kernels on {gpu}: {len(shapes)} shapes x K={args.bits}, M = 1, cold (us)")
+    start = time.time()
+    measured, _ = crossover.measure_gemv_kernels(shapes, args.bits, replays=args.replays)
+    crossover.save_gemv_kernels(out, gpu, measured)
+    picked = sum(p is not None for p in measured.values())
+    print(f"{picked} of {len(measured)} shape x K cases run another kernel than the rules' pick; wrote {out} "
+          f"({time.time() - start:.0f} s)")
     return 0

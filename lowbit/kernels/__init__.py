@@ -1,12 +1,13 @@
 """Compiled CUDA kernels: the nvcc build and its cache (``build``), the ctypes loader (``library``),
-device facts (``device``), the launch planning of the shared tiled kernels (``tiled``), and one module
+device facts (``device``), the launch planning of the shared tiled kernels (``tiled``) and its measured picks
+(``picks``), and one module
 per format that registers its CUDA implementations on the ``lowbit::`` ops when imported."""
 
 import importlib
 import pkgutil
 
 #: the modules that are not a format's kernels
-INFRASTRUCTURE = ("build", "library", "device", "tiled")
+INFRASTRUCTURE = ("build", "library", "device", "tiled", "picks")
 
 
 def register_all() -> None:

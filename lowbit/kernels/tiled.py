@@ -18,7 +18,8 @@ import torch
 
 from ..formats.kbit import tiled as kbit_tiled  # the tile geometry every tiled format shares
 from ..ops.common import GEMV_MAX_M, swiglu_reference
-from .device import pdl_enabled, pdl_supported
+from . import picks
+from .device import gpu_name, pdl_enabled, pdl_supported
 from .library import ptr, stream_of
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -338,8 +339,19 @@ def use_split(lib, device, fmt, dtype, n, k_in) -> bool:
 USE_LOCAL = True
 
 
-def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
-    """The dense GEMV kernel for a shape: "split", "streamk" or "local" (stream-K, CTA-local).
+def plain_pick(device, fmt, m: int, n: int, k_in: int, flags: int = 0) -> str | None:
+    """The kernel ``lowbit tune --kbit-gemv`` measured fastest for a plain call (no epilogue) of this shape on this GPU
+    where the rules below pick another (:mod:`lowbit.kernels.picks`): one token of unrotated kbit under DENSE_PATH
+    "auto"; None elsewhere."""
+    fmt = tiled_format(fmt)
+    if DENSE_PATH != "auto" or m != 1 or flags or fmt.name != "kbit":
+        return None
+    return picks.pick(gpu_name(device), dict(fmt.params)["bits"], n, k_in)
+
+
+def dense_path(lib, device, fmt, dtype, n, k_in, pick: str | None = None) -> str:
+    """The dense GEMV kernel for a shape: "split", "streamk" or "local" (stream-K, CTA-local); ``pick``
+    (:func:`plain_pick`), where it names one of them, instead of the rules.
 
     The split kernel where it would run in one wave of CTAs (its lowest fixed cost); with
     USE_LOCAL, the CTA-local stream-K where every CTA of a one-per-SM grid gets whole tiles;
@@ -350,6 +362,8 @@ def dense_path(lib, device, fmt, dtype, n, k_in) -> str:
     50.7; 8192x29568 K=2: 35.7 vs 38.2)."""
     if DENSE_PATH != "auto":
         return DENSE_PATH
+    if pick in ("split", "streamk", "local"):
+        return pick
     split = use_split(lib, device, fmt, dtype, n, k_in)
     if split and split_items(n, k_in) <= split_max_ctas(lib, device, fmt, dtype, 1):
         return "split"
@@ -364,12 +378,15 @@ USE_BULK = True
 #: Tokens the bulk-copy GEMV takes at most (the MMA's N: csrc/tiled/bulk_gemv.cuh, kBulkMaxM).
 BULK_MAX_M = 8
 #: Per K, the tokens up to which the decode layers' calls (with an epilogue, or SwiGLU) take it (K not listed: one
-#: token); plain calls take it at one token only (bulk_rule's data). Llama-3-8B decode b4, compiled, H200, rows
-#: alternated in one process, tok/s, with / without (``@bulk-m1``): kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0
-#: (+5.3%), kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE). Up to 4
-#: tokens, as measured: the partial sums take 1 KB per tile and token, so at 8 the ring of a large gate|up is down to
-#: 2-3 stages (Llama-3-8B: 14 tiles per CTA, 112 KB), unmeasured (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md).
-BULK_LAYER_MAX_M = {4: 4}
+#: token); plain calls take it at one token only (bulk_rule's data). Llama-3-8B decode, compiled, H200, rows
+#: alternated in one process, tok/s, with / without (``@bulk-m1``, or the default's one token):
+#:   b4 kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0 (+5.3%); kbit2 1912.2 / 1912.0 against 1869.3 / 1880.5 (+2.0%);
+#:   kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE);
+#:   b8 kbit4 2825.1 / 2827.8 against 3110.8 / 3097.2 (-9%: the partial sums take 1 KB per tile and token, and at 8
+#:   tokens the ring of a large gate|up is down to 2-3 stages; Llama-3-8B: 14 tiles per CTA, 112 KB).
+#: So up to 4 tokens, as measured (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md,
+#: benchmarks/journal/2026-11-28_bulk_k2_tokens.md).
+BULK_LAYER_MAX_M = {2: 4, 4: 4}
 
 
 def bulk_rule(bits: int, n: int, k_in: int, sms: int) -> bool:
@@ -470,7 +487,7 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
               epilogue: bool = False) -> int:
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
     or 0 where the call takes another kernel: more than BULK_MAX_M tokens, rotated weights, not kbit, DENSE_PATH /
-    USE_BULK, bulk_rule (plain calls, one token), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the
+    USE_BULK, bulk_rule or a measured pick (plain calls, one token: plain_pick), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the
     residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a
     shape where its decode would bound it), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
@@ -480,14 +497,16 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     ctas = min(n // 32 if swiglu else -(-n // 16), sms)
     if DENSE_PATH == "auto":
+        pick = None
         if swiglu:
             picked = bits in BULK_SWIGLU_BITS and m <= BULK_LAYER_MAX_M.get(bits, 1)
         elif epilogue:
             picked = bits in BULK_EPILOGUE_BITS and m <= BULK_LAYER_MAX_M.get(bits, 1)
         else:
-            picked = m == 1 and bulk_rule(bits, n, k_in, sms)
+            pick = plain_pick(device, fmt, m, n, k_in, flags)
+            picked = m == 1 and (pick == "bulk" if pick else bulk_rule(bits, n, k_in, sms))
         if not (USE_BULK and picked) or ((BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
-                device, bits, -(-n // 16) * -(-k_in // 256) / ctas)):
+                device, bits, -(-n // 16) * -(-k_in // 256) / ctas) and pick is None):
             return 0
     elif DENSE_PATH != "bulk":
         return 0
@@ -577,7 +596,8 @@ class GemvLauncher(_Launcher):
             plan = ("streamk", fn, (qw, qa, cb, sc), fixed, 0, flags)
             self._plans[(dtype, m, True, epi)] = plan
             return plan
-        path = dense_path(lib, self.device, fmt, dtype, n, k_in)
+        path = dense_path(lib, self.device, fmt, dtype, n, k_in, None if epi else plain_pick(self.device, fmt, m, n, k_in,
+                                                                                             self.flags))
         if path == "bulk":  # DENSE_PATH = "bulk" on a call it cannot take
             path = "local"
         if path == "split":

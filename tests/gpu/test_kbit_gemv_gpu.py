@@ -316,6 +316,8 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 1, 6144, 4096) == 0
     assert tiled.bulk_ctas(lib, dev, 4, torch.bfloat16, 4, 6144, 4096, epilogue=True) > 0  # the layers: BULK_LAYER_MAX_M
     assert tiled.bulk_ctas(lib, dev, 3, torch.bfloat16, 4, 6144, 4096, epilogue=True) == 0
+    assert tiled.bulk_ctas(lib, dev, 2, torch.bfloat16, 4, 6144, 4096, epilogue=True) > 0
+    assert tiled.bulk_ctas(lib, dev, 2, torch.bfloat16, 5, 6144, 4096, epilogue=True) == 0
     assert tiled.bulk_ctas(lib, dev, 4, torch.bfloat16, 2, 4096, 4096) == 0  # plain calls: one token (bulk_rule)
     bw, cycles = tiled.hbm_bandwidth(dev), tiled.sm_cycles(dev)  # BULK_DECODE_RATE's inputs: plausible, or none
     assert bw is None or 1e12 < bw < 2e13
@@ -755,3 +757,58 @@ def test_routed_swiglu_down(bits, routes, dtype, gen):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, lowbit.ops.kbit_routed_gemv(gu, ids, *args, 1, True))
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypatch):
+    """A user crossover file's gemv_kernels (lowbit tune --kbit-gemv) picks a plain one-token call's kernel, each pick
+    gives the reference's result, and the decode layers' calls (an epilogue) keep their rules."""
+    from lowbit.kernels import picks
+    from lowbit.kernels.device import gpu_name
+
+    user = tmp_path / "kbit_dispatch.json"
+    monkeypatch.setenv("LOWBIT_DISPATCH_FILE", str(user))
+    n, k_in = 4096, 4096
+    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+    x = torch.randn(1, k_in, generator=gen).bfloat16().cuda()
+    qw, qa = q.tiled()
+    gpu = gpu_name(x.device)
+    lib = get_library()
+
+    def launcher():
+        return tiled.GemvLauncher(lib, qw, qa, q.codebook, q.scale, tiled.kbit_format(bits), n, k_in)
+
+    rules = [launcher()._plan(torch.bfloat16, m, epi=epi)[0] for m, epi in ((2, False), (1, True))]
+    try:
+        for kernel in picks.KERNELS:
+            user.write_text(f'{{"version": 1, "gpus": {{"{gpu}": {{"gemv_kernels": [[{bits}, {n}, {k_in}, "{kernel}"]]}}}}}}')
+            picks.reload()
+            launch = launcher()
+            plan = launch._plan(torch.bfloat16, 1)
+            assert plan[0] == {"bulk": "bulk", "split": "split"}.get(kernel, "streamk"), kernel
+            if plan[0] == "streamk":
+                assert bool(plan[-1] & tiled.FLAG_LOCAL) == (kernel == "local"), kernel
+            y = torch.full((1, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            launch(x, 1, (1, n), y=y)
+            err = _rel(y, _ref(x, q))
+            assert err <= BOUND[torch.bfloat16], f"{kernel}: rel err {err:.2e}"
+            # two tokens and the decode layers' calls keep the rules
+            assert [launch._plan(torch.bfloat16, m, epi=epi)[0] for m, epi in ((2, False), (1, True))] == rules
+    finally:
+        picks.reload()
+
+
+def test_tune_kbit_gemv_cli_writes_picks(tmp_path):
+    """``lowbit tune --kbit-gemv`` as a user types it: times the kernels of one shape and writes a loadable file."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "d.json"
+    r = subprocess.run([sys.executable, "-m", "lowbit", "tune", "--kbit-gemv", "--shape", "2048x2048", "--bits", "4",
+                        "--replays", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "K=4 2048x2048" in r.stdout and "rules:" in r.stdout and "wrote" in r.stdout
+    entry = next(iter(json.loads(out.read_text())["gpus"].values()))
+    assert isinstance(entry["gemv_kernels"], list)
+    dispatch.load_crossovers(out)
