@@ -209,7 +209,6 @@ def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 
     import torch
 
     import lowbit
-    from lowbit.formats.kbit import KbitWeight
 
     from ..kernels import picks, tiled
     from ..kernels.library import get_library
@@ -230,10 +229,9 @@ def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 
             x = torch.randn(1, k_in, device=dev, dtype=dtype)
             for bits in bits_list:
                 q = lowbit.quantize_kbit(w, bits=bits)
-                copies = [q] + [KbitWeight(*(t.clone() for t in q.tensors()), bits)
-                                for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
-                for c in copies:
-                    c.tiled()
+                qw, qa = q.tiled()  # copies of the GPU layout only (a small weight needs thousands of them)
+                copies = [(qw, qa)] + [(qw.clone(), qa.clone())
+                                       for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
                 tiled.DENSE_PATH = "auto"
                 rules = ("bulk" if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in)
                          else tiled.dense_path(lib, dev, bits, dtype, n, k_in))
@@ -243,10 +241,10 @@ def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 
                 times = {}
                 for _ in range(rounds):
                     for kernel in kernels:
-                        tiled.DENSE_PATH = kernel
-                        for c in copies:
-                            c._launcher = None  # the plan is made again under this DENSE_PATH
-                        t = graph_time([lambda c=c: lowbit.kbit_linear(x, c) for c in copies], replays=replays,
+                        tiled.DENSE_PATH = kernel  # new launchers: each makes its plan under this DENSE_PATH
+                        launchers = [tiled.GemvLauncher(lib, a, b, q.codebook, q.scale, tiled.kbit_format(bits), n, k_in)
+                                     for a, b in copies]
+                        t = graph_time([lambda f=f: f(x, 1, (1, n)) for f in launchers], replays=replays,
                                        warmup=2).median_us
                         times[kernel] = min(t, times.get(kernel, float("inf")))
                 times[rules] = min(times[rules], times.pop("auto"))  # the same kernel, timed twice
@@ -255,7 +253,7 @@ def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 
                 rows.append({"bits": bits, "n": n, "k_in": k_in, "rules": rules, "pick": pick, "us": times})
                 log(f"  K={bits} {k_in}x{n}: " + "  ".join(f"{k} {t:.2f}" for k, t in times.items()) +
                     f" us; rules: {rules}" + (f" -> {pick} ({times[rules] / times[pick] - 1:+.1%})" if pick else ""))
-                del copies, q
+                del copies, launchers, q
     finally:
         tiled.DENSE_PATH, picks.USE = saved
     return out, rows
