@@ -49,6 +49,7 @@ import torch
 from . import ops
 from .formats.kbit import rotation as kbit_rotation
 from .kernels import picks, tiled
+from .kernels.device import gpu_name
 from .kernels.picks import CROSSOVERS, user_crossover_file  # noqa: F401  (the crossover files' paths)
 from .kernels.library import library_or_none
 from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
@@ -195,7 +196,7 @@ def untuned_note(gpu: str) -> str | None:
 
 
 def reload_crossovers() -> None:
-    """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` or ``--kbit-gemv`` wrote one)."""
+    """Forget the loaded crossover files (after ``lowbit tune --kbit-crossover`` or ``--gemv-kernels`` wrote one)."""
     global _crossovers, _grouped_table
     _crossovers = _grouped_table = None
     picks.reload()
@@ -263,8 +264,9 @@ def nvfp4_path(x2: torch.Tensor, n: int, k: int) -> str:
     return choose_path(True, x2.dtype, m, gemm_max, _forced)
 
 
-def nvfp4_plain_wins(m: int, n: int, k: int) -> bool:
-    """Whether the checkpoint-layout GEMV takes an M-row NVFP4 call (else the tiled one).
+def nvfp4_plain_wins(m: int, n: int, k: int, device: torch.device | None = None) -> bool:
+    """Whether the checkpoint-layout GEMV takes an M-row NVFP4 call (else the tiled one): at one row, where
+    ``device``'s GPU has a measured pick for the shape (:mod:`lowbit.kernels.picks`), that; otherwise the rule below.
 
     That kernel gives each warp of a CTA 1,024-value steps of K (at M = 1): K of 2,048..8,192 fills 2..8
     warps evenly; longer K leaves a partial last round and shorter K idle warps, and below ~10M weights
@@ -272,15 +274,24 @@ def nvfp4_plain_wins(m: int, n: int, k: int) -> bool:
     (``benchmarks/tools/nvfp4_m1_paths.py``, 29 shapes): inside this rule plain/tiled 0.86-1.00 but for
     8192x28672 (1.10, where plain still matches kbit4's time); outside it tiled is faster by up to 28%
     (14336x4096), or slower by at most 1 us (8192x1024, 4096x1024: 0.86)."""
+    if m == 1 and device is not None:
+        pick = _nvfp4_pick(device.index if device.index is not None else torch.cuda.current_device(), n, k)
+        if pick is not None:
+            return pick == "plain"
     lo, hi = NVFP4_PLAIN_K
     return m <= NVFP4_PLAIN_MAX_M and lo <= k <= hi and n * k >= NVFP4_PLAIN_MIN_WEIGHTS
+
+
+@_constant_result  # a file lookup: traced as a constant, not a graph break
+def _nvfp4_pick(idx: int, n: int, k: int) -> str | None:
+    return picks.pick(gpu_name(torch.device("cuda", idx)), "nvfp4", n, k)
 
 
 def nvfp4_linear_op(x2: torch.Tensor, w) -> torch.Tensor:
     """``x2 [M, K] @ W^T`` for an :class:`~lowbit.formats.nvfp4.NvFp4Weight`, through the custom ops."""
     n, k = w.shape
     path = nvfp4_path(x2, n, k)
-    if path == "gemv" and nvfp4_plain_wins(x2.shape[0], n, k):
+    if path == "gemv" and nvfp4_plain_wins(x2.shape[0], n, k, x2.device):
         return ops.nvfp4_plain_gemv(x2, w.packed, w.scales, w.scale_2)
     if path == "gemv":
         qw, qs = w.tiled()

@@ -1,9 +1,10 @@
-"""Measured GEMV kernel picks (lowbit.kernels.picks, ``lowbit tune --kbit-gemv``): the file format, the user file
+"""Measured GEMV kernel picks (lowbit.kernels.picks, ``lowbit tune --gemv-kernels``): the file format, the user file
 laid over the shipped one shape by shape, the margin a pick must win by, and which calls take a pick."""
 
 import json
 
 import pytest
+import torch
 
 from lowbit import dispatch
 from lowbit.bench import crossover
@@ -26,37 +27,40 @@ def write(path, gpus):
 
 
 def test_parse_accepts_entries_and_names_a_bad_one():
-    assert picks.parse([[3, 4096, 4096, "local"], [4, 28672, 4096, "bulk"]], "w") == {
-        (3, 4096, 4096): "local", (4, 28672, 4096): "bulk"}
+    assert picks.parse([["kbit3", 4096, 4096, "local"], ["kbit4", 28672, 4096, "bulk"], ["nvfp4", 4096, 14336, "tiled"]],
+                       "w") == {("kbit3", 4096, 4096): "local", ("kbit4", 28672, 4096): "bulk",
+                                ("nvfp4", 4096, 14336): "tiled"}
     assert picks.parse([], "w") == {}
-    for bad in ([[6, 4096, 4096, "local"]], [[3, 4096, 4112, "local"]], [[3, 0, 4096, "split"]],
-                [[3, 4096, 4096, "gemm"]], [[True, 4096, 4096, "split"]], [[3, 4096, 4096]], [3, 4096, 4096, "split"],
-                {"3": "split"}):
+    for bad in ([["kbit6", 4096, 4096, "local"]], [["kbit3", 4096, 4112, "local"]], [["kbit3", 0, 4096, "split"]],
+                [["kbit3", 4096, 4096, "gemm"]], [["nvfp4", 4096, 4096, "bulk"]], [["kbit3", 4096, 4096, "plain"]],
+                [[3, 4096, 4096, "split"]], [["kbit3", True, 4096, "split"]], [["kbit3", 4096, 4096]],
+                ["kbit3", 4096, 4096, "split"], {"kbit3": "split"}):
         with pytest.raises(ValueError, match="WHERE"):
             picks.parse(bad, "WHERE")
 
 
 def test_user_picks_lay_over_the_shipped_ones_shape_by_shape(files):
     shipped, user = files
-    write(shipped, {"GPU A": {"gemm_max_m": [[None, 64]], "gemv_kernels": [[3, 4096, 4096, "local"],
-                                                                           [4, 4096, 6144, "bulk"]]}})
-    write(user, {"GPU A": {"gemv_kernels": [[3, 4096, 4096, "split"]]}, "GPU B": {"gemv_kernels": []}})
-    assert picks.pick("GPU A", 3, 4096, 4096) == "split"  # the user's measurement wins
-    assert picks.pick("GPU A", 4, 4096, 6144) == "bulk"  # the shipped one stays where the user measured nothing
-    assert picks.pick("GPU A", 2, 4096, 4096) is None and picks.pick("GPU C", 3, 4096, 4096) is None
+    write(shipped, {"GPU A": {"gemm_max_m": [[None, 64]], "gemv_kernels": [["kbit3", 4096, 4096, "local"],
+                                                                           ["kbit4", 4096, 6144, "bulk"]]}})
+    write(user, {"GPU A": {"gemv_kernels": [["kbit3", 4096, 4096, "split"]]}, "GPU B": {"gemv_kernels": []}})
+    assert picks.pick("GPU A", "kbit3", 4096, 4096) == "split"  # the user's measurement wins
+    assert picks.pick("GPU A", "kbit4", 4096, 6144) == "bulk"  # the shipped one stays where the user measured nothing
+    assert picks.pick("GPU A", "kbit2", 4096, 4096) is None and picks.pick("GPU C", "kbit3", 4096, 4096) is None
+    assert picks.pick("GPU A", "nvfp4", 4096, 4096) is None
     picks.USE = False
     try:
-        assert picks.pick("GPU A", 3, 4096, 4096) is None  # the tuner times the rules' own choice
+        assert picks.pick("GPU A", "kbit3", 4096, 4096) is None  # the tuner times the rules' own choice
     finally:
         picks.USE = True
 
 
 def test_crossover_file_keys_are_each_optional_and_validated(tmp_path):
     p = tmp_path / "c.json"
-    write(p, {"G": {"gemv_kernels": [[2, 2048, 2048, "streamk"]]}, "H": {"grouped_gemm_min_rows": 2.0}})
+    write(p, {"G": {"gemv_kernels": [["kbit2", 2048, 2048, "streamk"]]}, "H": {"grouped_gemm_min_rows": 2.0}})
     assert dispatch.load_crossovers(p) == {}  # no gemm_max_m: the GEMM's default crossover
     assert dispatch.load_grouped(p) == {"H": 2.0}
-    write(p, {"G": {"gemm_max_m": [[None, 64]], "gemv_kernels": [[2, 2048, 2048, "cublas"]]}})
+    write(p, {"G": {"gemm_max_m": [[None, 64]], "gemv_kernels": [["kbit2", 2048, 2048, "cublas"]]}})
     with pytest.raises(ValueError, match="gemv_kernels"):
         dispatch.load_crossovers(p)
 
@@ -74,23 +78,23 @@ def test_a_pick_must_beat_the_rules_by_the_margin(times, rules, expected):
 def test_saving_picks_replaces_measured_shapes_and_keeps_the_rest(tmp_path, files):
     _, user = files
     crossover.save(user, "GPU A", [(None, 64)], 1.5)
-    crossover.save_gemv_kernels(user, "GPU A", {(3, 4096, 4096): "local", (4, 4096, 6144): "bulk"})
-    assert picks.pick("GPU A", 3, 4096, 4096) == "local"  # saving reloads the table
-    crossover.save_gemv_kernels(user, "GPU A", {(3, 4096, 4096): None, (2, 2048, 5120): "split"})
+    crossover.save_gemv_kernels(user, "GPU A", {("kbit3", 4096, 4096): "local", ("kbit4", 4096, 6144): "bulk"})
+    assert picks.pick("GPU A", "kbit3", 4096, 4096) == "local"  # saving reloads the table
+    crossover.save_gemv_kernels(user, "GPU A", {("kbit3", 4096, 4096): None, ("nvfp4", 2048, 5120): "tiled"})
     entry = json.loads(user.read_text())["gpus"]["GPU A"]
-    assert entry["gemv_kernels"] == [[2, 2048, 5120, "split"], [4, 4096, 6144, "bulk"]]
+    assert entry["gemv_kernels"] == [["kbit4", 4096, 6144, "bulk"], ["nvfp4", 2048, 5120, "tiled"]]
     assert entry["gemm_max_m"] == [[None, 64]] and entry["grouped_gemm_min_rows"] == 1.5
     assert dispatch.crossover_table()["GPU A"] == [(None, 64)]
-    crossover.save_gemv_kernels(user, "GPU B", {(4, 1024, 1024): "local"})  # a GPU with nothing else measured
-    assert picks.pick("GPU B", 4, 1024, 1024) == "local" and "GPU B" not in dispatch.crossover_table()
-    user.write_text('{"version": 1, "gpus": {"G": {"gemv_kernels": [[9, 1, 1, "x"]]}}}')
+    crossover.save_gemv_kernels(user, "GPU B", {("kbit4", 1024, 1024): "local"})  # a GPU with nothing else measured
+    assert picks.pick("GPU B", "kbit4", 1024, 1024) == "local" and "GPU B" not in dispatch.crossover_table()
+    user.write_text('{"version": 1, "gpus": {"G": {"gemv_kernels": [["kbit9", 1, 1, "x"]]}}}')
     with pytest.raises(ValueError):
-        crossover.save_gemv_kernels(user, "GPU A", {(3, 4096, 4096): "local"})  # never extends a broken file
+        crossover.save_gemv_kernels(user, "GPU A", {("kbit3", 4096, 4096): "local"})  # never extends a broken file
 
 
 def test_only_plain_one_token_kbit_calls_take_a_pick(monkeypatch):
     monkeypatch.setattr(tiled, "gpu_name", lambda device: "GPU A")
-    monkeypatch.setattr(picks, "pick", lambda gpu, bits, n, k_in: "local" if (gpu, bits) == ("GPU A", 3) else None)
+    monkeypatch.setattr(picks, "pick", lambda gpu, fmt, n, k_in: "local" if (gpu, fmt) == ("GPU A", "kbit3") else None)
     assert tiled.plain_pick("cuda:0", 3, 1, 4096, 4096) == "local"
     assert tiled.plain_pick("cuda:0", 4, 1, 4096, 4096) is None  # no entry: the rules
     assert tiled.plain_pick("cuda:0", 3, 2, 4096, 4096) is None  # measured at one token only
@@ -101,3 +105,16 @@ def test_only_plain_one_token_kbit_calls_take_a_pick(monkeypatch):
     assert tiled.dense_path(None, None, 3, None, 4096, 4096, "local") == "split"
     monkeypatch.setattr(tiled, "DENSE_PATH", "auto")
     assert tiled.dense_path(None, None, 3, None, 4096, 4096, "local") == "local"
+
+
+def test_nvfp4_picks_choose_between_its_two_gemvs(files, monkeypatch):
+    """NVFP4's one-token calls: a measured pick decides plain against tiled, at one row only; elsewhere the rule."""
+    shipped, _ = files
+    write(shipped, {"GPU A": {"gemv_kernels": [["nvfp4", 14336, 4096, "tiled"], ["nvfp4", 1024, 4096, "plain"]]}})
+    monkeypatch.setattr(dispatch, "gpu_name", lambda device: "GPU A")
+    dev = torch.device("cuda", 0)
+    wins = dispatch.nvfp4_plain_wins
+    assert wins(1, 14336, 4096) and not wins(1, 14336, 4096, dev)  # the rule says plain, the pick tiled
+    assert not wins(1, 1024, 4096) and wins(1, 1024, 4096, dev)  # the rule says tiled (4M weights), the pick plain
+    assert not wins(2, 1024, 4096, dev)  # measured at one row only
+    assert wins(1, 8192, 4096, dev) == wins(1, 8192, 4096)  # no entry: the rule

@@ -1,6 +1,6 @@
 """``lowbit tune --kbit-crossover``: measure where the kbit GEMM stops beating dequantize + cuBLAS,
-and from how many rows per expert the grouped GEMM beats the grouped GEMV; ``lowbit tune --kbit-gemv``:
-which GEMV kernel runs a plain one-token call fastest per shape (:mod:`lowbit.kernels.picks`).
+and from how many rows per expert the grouped GEMM beats the grouped GEMV; ``lowbit tune --gemv-kernels``:
+which GEMV kernel runs a plain one-token call fastest per format and shape (:mod:`lowbit.kernels.picks`).
 
 For each shape and each M above the GEMV's 8 rows, both paths are timed the way the benchmarks time
 (cold L2: one CUDA graph over rotating weight copies >= 4x L2, median of replays), K=4, fp16. Per
@@ -189,9 +189,11 @@ def measure_grouped(rows_per_expert=GROUPED_ROWS, block=GROUPED_BLOCK, bits: int
     return best
 
 
-#: A kernel replaces the rules' pick for a shape (``lowbit tune --kbit-gemv``) where it is faster by more than this
+#: A kernel replaces the rules' pick for a shape (``lowbit tune --gemv-kernels``) where it is faster by more than this
 #: share: ties and noise leave the rules in charge.
 GEMV_PICK_MARGIN = 0.02
+#: The formats ``lowbit tune --gemv-kernels`` measures by default.
+GEMV_PICK_FORMATS = ("kbit2", "kbit3", "kbit4", "nvfp4")
 
 
 def gemv_pick(times: dict[str, float], rules_kernel: str, margin: float = GEMV_PICK_MARGIN) -> str | None:
@@ -203,16 +205,70 @@ def gemv_pick(times: dict[str, float], rules_kernel: str, margin: float = GEMV_P
     return best
 
 
-def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 2, replays: int = 5, log=print):
-    """GPU: ({(bits, n, k_in): pick or None}, rows) for each (N, K_in) of ``shapes`` and each K: every GEMV kernel
-    that can take a plain one-token call, cold, best of ``rounds``, beside the rules' own pick (picks off)."""
+def _gemv_calls(fmt: str, w, x, lib, dtype):
+    """For one format: (the rules' kernel, {kernel: a function making the cold-timing calls under that kernel}). Each
+    copies only the GPU layout (a small weight needs thousands of copies) and makes new launchers, which make their
+    plans under the kernel's DENSE_PATH."""
     import torch
 
     import lowbit
 
+    from .. import ops
+    from ..kernels import picks, tiled
+    from .timing import copies_for_cold, l2_bytes
+
+    n, k_in = w.shape
+    dev = x.device
+    if fmt == "nvfp4":
+        from ..kernels.nvfp4 import e2m1_codebook
+
+        q = lowbit.quantize_nvfp4(w)
+        qw, qs = q.tiled()
+        count = copies_for_cold(q.nbytes(), l2_bytes())
+        plain = [(q.packed, q.scales)] + [(q.packed.clone(), q.scales.clone()) for _ in range(count - 1)]
+        tiled_copies = [(qw, qs)] + [(qw.clone(), qs.clone()) for _ in range(count - 1)]
+        cb = e2m1_codebook(dev)
+
+        def tiled_calls():
+            tiled.DENSE_PATH = "auto"
+            launchers = [tiled.GemvLauncher(lib, a, b, cb, q.scale_2, tiled.NVFP4, n, k_in) for a, b in tiled_copies]
+            return [lambda f=f: f(x, 1, (1, n)) for f in launchers]
+
+        calls = {"plain": lambda: [lambda c=c: ops.nvfp4_plain_gemv(x, c[0], c[1], q.scale_2) for c in plain],
+                 "tiled": tiled_calls}
+        from .. import dispatch
+
+        return ("plain" if dispatch.nvfp4_plain_wins(1, n, k_in) else "tiled"), calls
+    bits = int(fmt.removeprefix("kbit"))
+    q = lowbit.quantize_kbit(w, bits=bits)
+    qw, qa = q.tiled()
+    copies = [(qw, qa)] + [(qw.clone(), qa.clone()) for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
+    tiled.DENSE_PATH = "auto"
+    rules = "bulk" if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in) else tiled.dense_path(lib, dev, bits, dtype,
+                                                                                               n, k_in)
+    tiled.DENSE_PATH = "bulk"
+    kernels = [k for k in picks.KERNELS[fmt] if k != "bulk" or tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in)]
+
+    def calls_under(kernel):
+        def make():
+            tiled.DENSE_PATH = kernel
+            launchers = [tiled.GemvLauncher(lib, a, b, q.codebook, q.scale, tiled.kbit_format(bits), n, k_in)
+                         for a, b in copies]
+            return [lambda f=f: f(x, 1, (1, n)) for f in launchers]
+        return make
+
+    return rules, {k: calls_under(k) for k in kernels}
+
+
+def measure_gemv_kernels(shapes, formats=GEMV_PICK_FORMATS, dtype=None, rounds: int = 2, replays: int = 5, log=print):
+    """GPU: ({(format, n, k_in): pick or None}, rows) for each (N, K_in) of ``shapes`` and each format: every GEMV
+    kernel that can take a plain one-token call, cold, best of ``rounds``, and the rules' pick among them (picks
+    off while timing)."""
+    import torch
+
     from ..kernels import picks, tiled
     from ..kernels.library import get_library
-    from .timing import copies_for_cold, graph_time, l2_bytes
+    from .timing import graph_time
 
     dtype = dtype or torch.bfloat16
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -223,44 +279,30 @@ def measure_gemv_kernels(shapes, bits_list=(2, 3, 4), dtype=None, rounds: int = 
         picks.USE = False
         for n, k_in in shapes:
             if k_in % 32:
-                log(f"  skip {k_in}x{n}: K_in % 32 != 0 (no kbit GEMV)")
+                log(f"  skip {k_in}x{n}: K_in % 32 != 0 (no quantized GEMV)")
                 continue
             w = torch.randn(n, k_in, device=dev, dtype=torch.float16)
             x = torch.randn(1, k_in, device=dev, dtype=dtype)
-            for bits in bits_list:
-                q = lowbit.quantize_kbit(w, bits=bits)
-                qw, qa = q.tiled()  # copies of the GPU layout only (a small weight needs thousands of them)
-                copies = [(qw, qa)] + [(qw.clone(), qa.clone())
-                                       for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
-                tiled.DENSE_PATH = "auto"
-                rules = ("bulk" if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in)
-                         else tiled.dense_path(lib, dev, bits, dtype, n, k_in))
-                tiled.DENSE_PATH = "bulk"
-                kernels = ["auto"] + [k for k in picks.KERNELS if k != "bulk" or tiled.bulk_ctas(lib, dev, bits, dtype, 1,
-                                                                                                  n, k_in)]
+            for fmt in formats:
+                rules, calls = _gemv_calls(fmt, w, x, lib, dtype)
                 times = {}
                 for _ in range(rounds):
-                    for kernel in kernels:
-                        tiled.DENSE_PATH = kernel  # new launchers: each makes its plan under this DENSE_PATH
-                        launchers = [tiled.GemvLauncher(lib, a, b, q.codebook, q.scale, tiled.kbit_format(bits), n, k_in)
-                                     for a, b in copies]
-                        t = graph_time([lambda f=f: f(x, 1, (1, n)) for f in launchers], replays=replays,
-                                       warmup=2).median_us
+                    for kernel, make in calls.items():
+                        t = graph_time(make(), replays=replays, warmup=2).median_us
                         times[kernel] = min(t, times.get(kernel, float("inf")))
-                times[rules] = min(times[rules], times.pop("auto"))  # the same kernel, timed twice
                 pick = gemv_pick(times, rules)
-                out[(bits, n, k_in)] = pick
-                rows.append({"bits": bits, "n": n, "k_in": k_in, "rules": rules, "pick": pick, "us": times})
-                log(f"  K={bits} {k_in}x{n}: " + "  ".join(f"{k} {t:.2f}" for k, t in times.items()) +
+                out[(fmt, n, k_in)] = pick
+                rows.append({"format": fmt, "n": n, "k_in": k_in, "rules": rules, "pick": pick, "us": times})
+                log(f"  {fmt} {k_in}x{n}: " + "  ".join(f"{k} {t:.2f}" for k, t in times.items()) +
                     f" us; rules: {rules}" + (f" -> {pick} ({times[rules] / times[pick] - 1:+.1%})" if pick else ""))
-                del copies, launchers, q
+                del calls
     finally:
         tiled.DENSE_PATH, picks.USE = saved
     return out, rows
 
 
 def save_gemv_kernels(path: Path, gpu: str, measured: dict) -> None:
-    """Write ``gpu``'s measured picks (``{(bits, n, k_in): kernel or None}``) into the crossover file's
+    """Write ``gpu``'s measured picks (``{(format, n, k_in): kernel or None}``) into the crossover file's
     ``gemv_kernels``: a shape measured again takes its new pick (None: the rules; its entry removed); other shapes,
     GPUs and keys are kept."""
     from ..kernels import picks

@@ -19,6 +19,7 @@ import torch
 
 from .. import tuning
 from .cli import _int_list
+from .crossover import GEMV_PICK_FORMATS
 
 DEFAULT_TUNE_MS = (1, 2, 3, 4)
 
@@ -38,11 +39,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "
                         "size (--shape adds shapes to the default set) and the grouped GEMV / GEMM crossover (on a whole "
                         "MoE expert block, as models run it), and write them for lowbit.dispatch")
-    p.add_argument("--kbit-gemv", action="store_true",
-                   help="instead of the fp16 GEMV: time every kbit GEMV kernel on one-token plain calls of the shapes "
-                        "(--preset / --shape; default every preset's) at each --bits, and record in the crossover file "
-                        "the shapes where one beats the dispatcher's rules by more than 2%% (lowbit.kernels.picks)")
-    p.add_argument("--bits", type=_int_list, default=[2, 3, 4], help="with --kbit-gemv: kbit K values (default 2,3,4)")
+    p.add_argument("--gemv-kernels", action="store_true",
+                   help="instead of the fp16 GEMV: time every quantized GEMV kernel on one-token plain calls of the "
+                        "shapes (--preset / --shape; default every preset's) in each --formats, and record in the "
+                        "crossover file the shapes where one beats the dispatcher's rules by more than 2%% "
+                        "(lowbit.kernels.picks)")
+    p.add_argument("--formats", default=",".join(GEMV_PICK_FORMATS),
+                   help=f"with --gemv-kernels: formats to measure (default {','.join(GEMV_PICK_FORMATS)}; kbit5 too)")
     p.set_defaults(func=run)
     return p
 
@@ -99,13 +102,13 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("error: lowbit tune needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.kbit_crossover and args.kbit_gemv:
-        print("error: --kbit-crossover and --kbit-gemv are separate runs; pass one", file=sys.stderr)
+    if args.kbit_crossover and args.gemv_kernels:
+        print("error: --kbit-crossover and --gemv-kernels are separate runs; pass one", file=sys.stderr)
         return 2
     if args.kbit_crossover:
         return run_crossover(args)
-    if args.kbit_gemv:
-        return run_kbit_gemv(args)
+    if args.gemv_kernels:
+        return run_gemv_kernels(args)
     if any(not 1 <= m <= 4 for m in args.m):
         print(f"error: --m values must be in 1..4, got {args.m}", file=sys.stderr)
         return 2
@@ -171,13 +174,15 @@ def run_crossover(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_kbit_gemv(args: argparse.Namespace) -> int:
+def run_gemv_kernels(args: argparse.Namespace) -> int:
     from .. import dispatch
+    from ..kernels import picks
     from ..kernels.device import gpu_name
     from . import crossover
 
-    if not args.bits or any(not 2 <= b <= 5 for b in args.bits):
-        print(f"error: --bits takes kbit K values in 2..5, got {args.bits}", file=sys.stderr)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if not formats or any(f not in picks.KERNELS for f in formats):
+        print(f"error: --formats takes some of {', '.join(picks.KERNELS)}, got {args.formats!r}", file=sys.stderr)
         return 2
     try:
         shapes = shapes_for(args.preset, args.shape)
@@ -186,11 +191,11 @@ def run_kbit_gemv(args: argparse.Namespace) -> int:
         return 2
     out = args.out or dispatch.user_crossover_file()
     gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
-    print(f"kbit GEMV kernels on {gpu}: {len(shapes)} shapes x K={args.bits}, M = 1, cold (us)")
+    print(f"GEMV kernels on {gpu}: {len(shapes)} shapes x {formats}, M = 1, cold (us)")
     start = time.time()
-    measured, _ = crossover.measure_gemv_kernels(shapes, args.bits, replays=args.replays)
+    measured, _ = crossover.measure_gemv_kernels(shapes, formats, replays=args.replays)
     crossover.save_gemv_kernels(out, gpu, measured)
     picked = sum(p is not None for p in measured.values())
-    print(f"{picked} of {len(measured)} shape x K cases run another kernel than the rules' pick; wrote {out} "
+    print(f"{picked} of {len(measured)} shape x format cases run another kernel than the rules' pick; wrote {out} "
           f"({time.time() - start:.0f} s)")
     return 0

@@ -340,13 +340,13 @@ USE_LOCAL = True
 
 
 def plain_pick(device, fmt, m: int, n: int, k_in: int, flags: int = 0) -> str | None:
-    """The kernel ``lowbit tune --kbit-gemv`` measured fastest for a plain call (no epilogue) of this shape on this GPU
-    where the rules below pick another (:mod:`lowbit.kernels.picks`): one token of unrotated kbit under DENSE_PATH
+    """The kernel ``lowbit tune --gemv-kernels`` measured fastest for a plain call (no epilogue) of this shape on this
+    GPU where the rules below pick another (:mod:`lowbit.kernels.picks`): one token of unrotated kbit under DENSE_PATH
     "auto"; None elsewhere."""
     fmt = tiled_format(fmt)
     if DENSE_PATH != "auto" or m != 1 or flags or fmt.name != "kbit":
         return None
-    return picks.pick(gpu_name(device), dict(fmt.params)["bits"], n, k_in)
+    return picks.pick(gpu_name(device), f"kbit{dict(fmt.params)['bits']}", n, k_in)
 
 
 def dense_path(lib, device, fmt, dtype, n, k_in, pick: str | None = None) -> str:

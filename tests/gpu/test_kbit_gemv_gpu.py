@@ -5,6 +5,7 @@ fp16 <= 1e-3 and bf16 <= 8e-3 (the output's own rounding is ~2.4e-4 / ~2e-3 rms)
 default codebook is exact in fp16/bf16, so nothing else is rounded before fp32 accumulation.
 """
 
+import json
 import warnings
 
 import pytest
@@ -761,7 +762,7 @@ def test_routed_swiglu_down(bits, routes, dtype, gen):
 
 @pytest.mark.parametrize("bits", [3, 4])
 def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypatch):
-    """A user crossover file's gemv_kernels (lowbit tune --kbit-gemv) picks a plain one-token call's kernel, each pick
+    """A user crossover file's gemv_kernels (lowbit tune --gemv-kernels) picks a plain one-token call's kernel, each pick
     gives the reference's result, and the decode layers' calls (an epilogue) keep their rules."""
     from lowbit.kernels import picks
     from lowbit.kernels.device import gpu_name
@@ -780,8 +781,8 @@ def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypat
 
     rules = [launcher()._plan(torch.bfloat16, m, epi=epi)[0] for m, epi in ((2, False), (1, True))]
     try:
-        for kernel in picks.KERNELS:
-            user.write_text(f'{{"version": 1, "gpus": {{"{gpu}": {{"gemv_kernels": [[{bits}, {n}, {k_in}, "{kernel}"]]}}}}}}')
+        for kernel in picks.KERNELS[f"kbit{bits}"]:
+            user.write_text(json.dumps({"version": 1, "gpus": {gpu: {"gemv_kernels": [[f"kbit{bits}", n, k_in, kernel]]}}}))
             picks.reload()
             launch = launcher()
             plan = launch._plan(torch.bfloat16, 1)
@@ -798,17 +799,45 @@ def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypat
         picks.reload()
 
 
-def test_tune_kbit_gemv_cli_writes_picks(tmp_path):
-    """``lowbit tune --kbit-gemv`` as a user types it: times the kernels of one shape and writes a loadable file."""
-    import json
+def test_tune_gemv_kernels_cli_writes_picks(tmp_path):
+    """``lowbit tune --gemv-kernels`` as a user types it: times the kernels of one shape and writes a loadable file."""
     import subprocess
     import sys
 
     out = tmp_path / "d.json"
-    r = subprocess.run([sys.executable, "-m", "lowbit", "tune", "--kbit-gemv", "--shape", "2048x2048", "--bits", "4",
-                        "--replays", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "lowbit", "tune", "--gemv-kernels", "--shape", "2048x2048", "--formats",
+                        "kbit4,nvfp4", "--replays", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "K=4 2048x2048" in r.stdout and "rules:" in r.stdout and "wrote" in r.stdout
+    assert "kbit4 2048x2048" in r.stdout and "nvfp4 2048x2048" in r.stdout and "plain" in r.stdout
+    assert "rules:" in r.stdout and "wrote" in r.stdout
     entry = next(iter(json.loads(out.read_text())["gpus"].values()))
     assert isinstance(entry["gemv_kernels"], list)
     dispatch.load_crossovers(out)
+    bad = subprocess.run([sys.executable, "-m", "lowbit", "tune", "--gemv-kernels", "--formats", "kbit4,int4"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--formats" in bad.stderr
+
+
+@pytest.mark.parametrize("kernel", ["plain", "tiled"])
+def test_nvfp4_picks_choose_its_gemv(kernel, gen, tmp_path, monkeypatch):
+    """NVFP4 at one row: a measured pick runs the checkpoint-layout or the tiled GEMV, both the reference's result."""
+    from lowbit.kernels import picks
+    from lowbit.kernels.device import gpu_name
+
+    user = tmp_path / "kbit_dispatch.json"
+    monkeypatch.setenv("LOWBIT_DISPATCH_FILE", str(user))
+    n, k_in = 1024, 4096
+    dev = torch.device("cuda", torch.cuda.current_device())
+    user.write_text(json.dumps({"version": 1, "gpus": {gpu_name(dev): {"gemv_kernels": [["nvfp4", n, k_in, kernel]]}}}))
+    picks.reload()
+    try:
+        assert dispatch.nvfp4_plain_wins(1, n, k_in, dev) == (kernel == "plain")
+        w = torch.randn(n, k_in, generator=gen)
+        q = lowbit.quantize_nvfp4(w.cuda().half())
+        x = torch.randn(1, k_in, generator=gen).bfloat16().cuda()
+        y = lowbit.nvfp4_linear(x, q).cpu().double()
+        ref = x.cpu().double() @ q.dequantize(torch.float32).cpu().double().t()
+        assert not y.isnan().any()
+        assert ((y - ref).norm() / ref.norm()).item() <= BOUND[torch.bfloat16]
+    finally:
+        picks.reload()
