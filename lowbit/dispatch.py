@@ -186,7 +186,8 @@ def untuned_note(gpu: str) -> str | None:
 
     missing = []
     if gpu not in crossover_table():
-        missing.append("the kbit GEMM / grouped GEMM crossovers: `lowbit tune --kbit-crossover`")
+        missing.append("the kbit GEMM / grouped GEMM crossovers: `lowbit tune --kbit-crossover` (and the GEMV kernels "
+                       "of your shapes: `lowbit tune --gemv-kernels`)")
     if gpu not in tuning.table():
         missing.append("the fp16/bf16 GEMV configurations: `lowbit tune`")
     if not missing:

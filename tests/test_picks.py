@@ -27,9 +27,9 @@ def write(path, gpus):
 
 
 def test_parse_accepts_entries_and_names_a_bad_one():
-    assert picks.parse([["kbit3", 4096, 4096, "local"], ["kbit4", 28672, 4096, "bulk"], ["nvfp4", 4096, 14336, "tiled"]],
-                       "w") == {("kbit3", 4096, 4096): "local", ("kbit4", 28672, 4096): "bulk",
-                                ("nvfp4", 4096, 14336): "tiled"}
+    entries = [["kbit3", 4096, 4096, "local"], ["kbit4", 28672, 4096, "bulk"], ["nvfp4", 4096, 14336, "tiled"]]
+    assert picks.parse(entries, "w") == {("kbit3", 4096, 4096): "local", ("kbit4", 28672, 4096): "bulk",
+                                         ("nvfp4", 4096, 14336): "tiled"}
     assert picks.parse([], "w") == {}
     for bad in ([["kbit6", 4096, 4096, "local"]], [["kbit3", 4096, 4112, "local"]], [["kbit3", 0, 4096, "split"]],
                 [["kbit3", 4096, 4096, "gemm"]], [["nvfp4", 4096, 4096, "bulk"]], [["kbit3", 4096, 4096, "plain"]],

@@ -58,7 +58,8 @@ def parse(value: object, where: str) -> dict[tuple[str, int, int], str]:
 
 
 def load(path: Path) -> dict[str, dict[tuple[str, int, int], str]]:
-    """{GPU name: {(format, n, k_in): kernel}} from a crossover file's ``gemv_kernels`` keys ({} where it is missing)."""
+    """{GPU name: {(format, n, k_in): kernel}} from a crossover file's ``gemv_kernels`` keys ({} where there are
+    none)."""
     if not path.exists():
         return {}
     raw = json.loads(path.read_text())

@@ -382,10 +382,11 @@ BULK_MAX_M = 8
 #: alternated in one process, tok/s, with / without (``@bulk-m1``, or the default's one token):
 #:   b4 kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0 (+5.3%); kbit2 1912.2 / 1912.0 against 1869.3 / 1880.5 (+2.0%);
 #:   kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE);
-#:   b8 kbit4 2825.1 / 2827.8 against 3110.8 / 3097.2 (-9%: the partial sums take 1 KB per tile and token, and at 8
-#:   tokens the ring of a large gate|up is down to 2-3 stages; Llama-3-8B: 14 tiles per CTA, 112 KB).
+#:   b8 kbit4 2825.1 / 2827.8 against 3110.8 / 3097.2 (-9%; not profiled. The partial sums take 1 KB per tile and
+#:   token: at 8 tokens Llama-3-8B's gate|up, 14 tiles per CTA, leaves too little shared memory for a ring and takes
+#:   another kernel, so the loss is in the other projections).
 #: So up to 4 tokens, as measured (benchmarks/journal/2026-11-28_bulk_gemv_tokens.md,
-#: benchmarks/journal/2026-11-28_bulk_k2_tokens.md).
+#: benchmarks/journal/2026-11-28_gemv_picks.md).
 BULK_LAYER_MAX_M = {2: 4, 4: 4}
 
 
@@ -487,8 +488,8 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
               epilogue: bool = False) -> int:
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
     or 0 where the call takes another kernel: more than BULK_MAX_M tokens, rotated weights, not kbit, DENSE_PATH /
-    USE_BULK, bulk_rule or a measured pick (plain calls, one token: plain_pick), BULK_EPILOGUE_BITS (calls with ``epilogue``: the norm's factor, the
-    residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a
+    USE_BULK, bulk_rule or a measured pick (plain calls, one token: plain_pick), BULK_EPILOGUE_BITS (calls with
+    ``epilogue``: the norm's factor, the residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a
     shape where its decode would bound it), or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
     if not 1 <= m <= BULK_MAX_M or flags or fmt.name != "kbit" or (swiglu and n % 32):
@@ -596,8 +597,8 @@ class GemvLauncher(_Launcher):
             plan = ("streamk", fn, (qw, qa, cb, sc), fixed, 0, flags)
             self._plans[(dtype, m, True, epi)] = plan
             return plan
-        path = dense_path(lib, self.device, fmt, dtype, n, k_in, None if epi else plain_pick(self.device, fmt, m, n, k_in,
-                                                                                             self.flags))
+        pick = None if epi else plain_pick(self.device, fmt, m, n, k_in, self.flags)  # the layers keep the rules
+        path = dense_path(lib, self.device, fmt, dtype, n, k_in, pick)
         if path == "bulk":  # DENSE_PATH = "bulk" on a call it cannot take
             path = "local"
         if path == "split":

@@ -762,8 +762,8 @@ def test_routed_swiglu_down(bits, routes, dtype, gen):
 
 @pytest.mark.parametrize("bits", [3, 4])
 def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypatch):
-    """A user crossover file's gemv_kernels (lowbit tune --gemv-kernels) picks a plain one-token call's kernel, each pick
-    gives the reference's result, and the decode layers' calls (an epilogue) keep their rules."""
+    """A user crossover file's gemv_kernels (lowbit tune --gemv-kernels) picks a plain one-token call's kernel, each
+    pick gives the reference's result, and the decode layers' calls (an epilogue) keep their rules."""
     from lowbit.kernels import picks
     from lowbit.kernels.device import gpu_name
 
@@ -782,7 +782,8 @@ def test_measured_picks_choose_plain_calls_kernel(bits, gen, tmp_path, monkeypat
     rules = [launcher()._plan(torch.bfloat16, m, epi=epi)[0] for m, epi in ((2, False), (1, True))]
     try:
         for kernel in picks.KERNELS[f"kbit{bits}"]:
-            user.write_text(json.dumps({"version": 1, "gpus": {gpu: {"gemv_kernels": [[f"kbit{bits}", n, k_in, kernel]]}}}))
+            entry = {"gemv_kernels": [[f"kbit{bits}", n, k_in, kernel]]}
+            user.write_text(json.dumps({"version": 1, "gpus": {gpu: entry}}))
             picks.reload()
             launch = launcher()
             plan = launch._plan(torch.bfloat16, 1)
@@ -806,7 +807,8 @@ def test_tune_gemv_kernels_cli_writes_picks(tmp_path):
 
     out = tmp_path / "d.json"
     r = subprocess.run([sys.executable, "-m", "lowbit", "tune", "--gemv-kernels", "--shape", "2048x2048", "--formats",
-                        "kbit4,nvfp4", "--replays", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "kbit4,nvfp4", "--replays", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "kbit4 2048x2048" in r.stdout and "nvfp4 2048x2048" in r.stdout and "plain" in r.stdout
     assert "rules:" in r.stdout and "wrote" in r.stdout
