@@ -236,16 +236,16 @@ def _gemv_calls(fmt: str, w, x, lib, dtype):
 
         calls = {"plain": lambda: [lambda c=c: ops.nvfp4_plain_gemv(x, c[0], c[1], q.scale_2) for c in plain],
                  "tiled": tiled_calls}
-        from .. import dispatch
-
         return ("plain" if dispatch.nvfp4_plain_wins(1, n, k_in) else "tiled"), calls
     bits = int(fmt.removeprefix("kbit"))
     q = lowbit.quantize_kbit(w, bits=bits)
     qw, qa = q.tiled()
     copies = [(qw, qa)] + [(qw.clone(), qa.clone()) for _ in range(copies_for_cold(q.nbytes(), l2_bytes()) - 1)]
     tiled.DENSE_PATH = "auto"
-    rules = "bulk" if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in) else tiled.dense_path(lib, dev, bits, dtype,
-                                                                                               n, k_in)
+    if tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in):
+        rules = "bulk"
+    else:
+        rules = tiled.dense_path(lib, dev, bits, dtype, n, k_in)
     tiled.DENSE_PATH = "bulk"
     kernels = [k for k in picks.KERNELS[fmt] if k != "bulk" or tiled.bulk_ctas(lib, dev, bits, dtype, 1, n, k_in)]
 

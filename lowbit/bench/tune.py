@@ -33,7 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, default=5, help="graph replays per configuration (default 5)")
     p.add_argument("--out", type=Path, default=None, help="tuning file to update (default: $LOWBIT_TUNING_FILE or "
                    "~/.cache/lowbit/tuning.json; pass lowbit/data/tuning.json to refresh the shipped defaults); "
-                   "with --kbit-crossover the crossover file (default $LOWBIT_DISPATCH_FILE or "
+                   "with --kbit-crossover or --gemv-kernels the crossover file (default $LOWBIT_DISPATCH_FILE or "
                    "~/.cache/lowbit/kbit_dispatch.json; lowbit/data/kbit_dispatch.json is the shipped one)")
     p.add_argument("--kbit-crossover", action="store_true",
                    help="instead of the fp16 GEMV: measure the kbit GEMM vs dequantize + cuBLAS crossover per weight "

@@ -1,7 +1,7 @@
 """Compiled CUDA kernels: the nvcc build and its cache (``build``), the ctypes loader (``library``),
-device facts (``device``), the launch planning of the shared tiled kernels (``tiled``) and its measured picks
-(``picks``), and one module
-per format that registers its CUDA implementations on the ``lowbit::`` ops when imported."""
+device facts (``device``), the launch planning of the shared tiled kernels (``tiled``), the kernels measured
+fastest per GPU and shape (``picks``), and one module per format that registers its CUDA implementations on
+the ``lowbit::`` ops when imported."""
 
 import importlib
 import pkgutil

@@ -489,8 +489,9 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
     """CTAs of the bulk-copy GEMV for this call (one per SM, at most one per tile, or per tile pair with ``swiglu``),
     or 0 where the call takes another kernel: more than BULK_MAX_M tokens, rotated weights, not kbit, DENSE_PATH /
     USE_BULK, bulk_rule or a measured pick (plain calls, one token: plain_pick), BULK_EPILOGUE_BITS (calls with
-    ``epilogue``: the norm's factor, the residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a
-    shape where its decode would bound it), or a shape whose ring does not fit in shared memory."""
+    ``epilogue``: the norm's factor, the residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and
+    BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a shape where its decode would bound it; not for a measured pick), or a
+    shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
     if not 1 <= m <= BULK_MAX_M or flags or fmt.name != "kbit" or (swiglu and n % 32):
         return 0
