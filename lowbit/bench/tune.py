@@ -69,6 +69,30 @@ def shapes_for(presets: list[str] | None, extra: list[str] | None) -> list[tuple
     return list(dict.fromkeys(out))
 
 
+def _shapes(args: argparse.Namespace) -> list[tuple[int, int]] | None:
+    """The shapes of --preset / --shape (:func:`shapes_for`), or None after printing why they are bad."""
+    try:
+        return shapes_for(args.preset, args.shape)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def _choices(text: str, allowed, flag: str) -> list[str] | None:
+    """The comma-separated values of ``flag``, or None after printing why they are bad."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in allowed for v in values):
+        print(f"error: {flag} takes some of {', '.join(allowed)}, got {text!r}", file=sys.stderr)
+        return None
+    return values
+
+
+def _this_gpu() -> str:
+    from ..kernels.device import gpu_name
+
+    return gpu_name(torch.device("cuda", torch.cuda.current_device()))
+
+
 def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> tuple[tuning.GemvConfig, float, list]:
     """Check and time every candidate; returns (best config, its us, [(config, us)])."""
     from ..kernels.dense import launch
@@ -96,7 +120,6 @@ def tune_one(lib, dtype: torch.dtype, m: int, n: int, k: int, replays: int) -> t
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..kernels.device import gpu_name
     from ..kernels.library import get_library
 
     if not torch.cuda.is_available():
@@ -113,18 +136,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --m values must be in 1..4, got {args.m}", file=sys.stderr)
         return 2
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    names = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    if not names or any(d not in dtypes for d in names):
-        print(f"error: --dtype takes fp16 and/or bf16, got {args.dtype!r}", file=sys.stderr)
+    names = _choices(args.dtype, dtypes, "--dtype")
+    if names is None:
         return 2
-    try:
-        shapes = shapes_for(args.preset, args.shape)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    shapes = _shapes(args)
+    if shapes is None:
         return 2
     out = args.out or tuning.user_file()
     table = tuning.load(out)
-    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    gpu = _this_gpu()
     lib = get_library()
     print(f"tuning {len(shapes)} shapes x M={args.m} x {names} on {gpu}: {len(tuning.candidates())} configs each")
     start = time.time()
@@ -151,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_crossover(args: argparse.Namespace) -> int:
     from .. import dispatch
-    from ..kernels.device import gpu_name
     from . import crossover
     from .presets import parse_shape
 
@@ -162,7 +181,7 @@ def run_crossover(args: argparse.Namespace) -> int:
         return 2
     shapes = list(dict.fromkeys(list(crossover.DEFAULT_SHAPES) + [(lin.k_in, lin.n) for lin in extra]))
     out = args.out or dispatch.user_crossover_file()
-    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    gpu = _this_gpu()
     print(f"kbit GEMM crossover on {gpu}: {len(shapes)} shapes x M={list(crossover.SWEEP_MS)}")
     start = time.time()
     classes = crossover.derive_classes(crossover.measure(shapes, replays=args.replays))
@@ -177,20 +196,16 @@ def run_crossover(args: argparse.Namespace) -> int:
 def run_gemv_kernels(args: argparse.Namespace) -> int:
     from .. import dispatch
     from ..kernels import picks
-    from ..kernels.device import gpu_name
     from . import crossover
 
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    if not formats or any(f not in picks.KERNELS for f in formats):
-        print(f"error: --formats takes some of {', '.join(picks.KERNELS)}, got {args.formats!r}", file=sys.stderr)
+    formats = _choices(args.formats, picks.KERNELS, "--formats")
+    if formats is None:
         return 2
-    try:
-        shapes = shapes_for(args.preset, args.shape)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    shapes = _shapes(args)
+    if shapes is None:
         return 2
     out = args.out or dispatch.user_crossover_file()
-    gpu = gpu_name(torch.device("cuda", torch.cuda.current_device()))
+    gpu = _this_gpu()
     print(f"GEMV kernels on {gpu}: {len(shapes)} shapes x {formats}, M = 1, cold (us)")
     start = time.time()
     measured, _ = crossover.measure_gemv_kernels(shapes, formats, replays=args.replays)
