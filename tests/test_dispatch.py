@@ -376,7 +376,7 @@ def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
     assert ctas(3, 1, 6144, 4096, epilogue=True) == 132 and ctas(3, 2, 6144, 4096, epilogue=True) == 0  # K = 3: one
     assert ctas(2, 1, 6144, 4096, epilogue=True) == 132 and ctas(2, 4, 6144, 4096, epilogue=True) == 0
     assert ctas(4, 1, 4096, 4096) == 132 and ctas(4, 2, 4096, 4096) == 0  # plain: bulk_rule, one token
-    # a measured pick (lowbit tune --kbit-gemv) replaces bulk_rule and the decode-rate rule, for plain calls only
+    # a measured pick (lowbit tune --gemv-kernels) replaces bulk_rule and the decode-rate rule, for plain calls only
     monkeypatch.setattr(picks, "pick", lambda gpu, fmt, n, k_in: {"kbit3": "bulk", "kbit4": "split"}.get(fmt))
     assert ctas(3, 1, 4096, 4096) == 132 and ctas(3, 1, 29568, 8192) == 132 and ctas(3, 2, 4096, 4096) == 0
     assert ctas(4, 1, 4096, 4096) == 0 and ctas(4, 1, 4096, 4096, epilogue=True) == 132

@@ -70,6 +70,8 @@ def test_crossover_file_keys_are_each_optional_and_validated(tmp_path):
     ({"split": 10.0, "local": 9.9}, "split", None),  # 1%: within the margin
     ({"split": 9.0, "local": 10.0}, "split", None),  # the rules' pick is the fastest
     ({"split": 10.0, "local": float("nan")}, "split", None),  # a NaN time never wins
+    ({"local": float("nan"), "split": 10.0}, "split", None),  # wherever it stands
+    ({"local": 5.0, "split": float("nan")}, "split", None),  # nor does anything beside a failed rules' time
 ])
 def test_a_pick_must_beat_the_rules_by_the_margin(times, rules, expected):
     assert crossover.gemv_pick(times, rules) == expected

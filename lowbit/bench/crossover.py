@@ -26,6 +26,7 @@ the shipped ``lowbit/data/kbit_dispatch.json`` per GPU.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .. import dispatch
@@ -198,9 +199,13 @@ GEMV_PICK_FORMATS = ("kbit2", "kbit3", "kbit4", "nvfp4")
 
 def gemv_pick(times: dict[str, float], rules_kernel: str, margin: float = GEMV_PICK_MARGIN) -> str | None:
     """The kernel to record for a shape from ``times`` (kernel -> us; ``rules_kernel`` is the rules' pick, timed
-    among them): the fastest, where it beats the rules' pick by more than ``margin``; None otherwise."""
-    best = min(times, key=times.get)
-    if best == rules_kernel or times[best] >= times[rules_kernel] * (1 - margin):
+    among them): the fastest, where it beats the rules' pick by more than ``margin``; None otherwise (a time that is
+    not a finite number never wins, and without the rules' own time nothing does)."""
+    valid = {k: t for k, t in times.items() if math.isfinite(t)}
+    if rules_kernel not in valid:
+        return None
+    best = min(valid, key=valid.get)
+    if best == rules_kernel or valid[best] >= valid[rules_kernel] * (1 - margin):
         return None
     return best
 
