@@ -120,3 +120,31 @@ def test_nvfp4_picks_choose_between_its_two_gemvs(files, monkeypatch):
     assert not wins(1, 1024, 4096) and wins(1, 1024, 4096, dev)  # the rule says tiled (4M weights), the pick plain
     assert not wins(2, 1024, 4096, dev)  # measured at one row only
     assert wins(1, 8192, 4096, dev) == wins(1, 8192, 4096)  # no entry: the rule
+
+
+def test_tuner_times_both_nvfp4_gemvs_on_copies_of_the_weight(monkeypatch):
+    """``lowbit tune --gemv-kernels``'s NVFP4 calls, built without a GPU: the rules' pick, the checkpoint-layout GEMV
+    and the tiled one (through launchers made fresh each time), each over its own copies of the weight."""
+    from lowbit.bench import timing
+
+    made = []
+
+    class Launcher:
+        def __init__(self, lib, qweight, qscales, codebook, scale_2, fmt, n, k_in):
+            made.append((qweight.data_ptr(), fmt.name, n, k_in))
+
+        def __call__(self, x, m, shape):
+            raise AssertionError("built, not run")
+
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 4 << 20)  # a 4 MB L2: 7 copies of the 2.4 MB weight
+    monkeypatch.setattr(tiled, "GemvLauncher", Launcher)
+    w = torch.randn(1024, 4096, dtype=torch.float16)
+    rules, calls = crossover._gemv_calls("nvfp4", w, torch.randn(1, 4096, dtype=torch.bfloat16), None, torch.bfloat16)
+    assert rules == ("plain" if dispatch.nvfp4_plain_wins(1, 1024, 4096) else "tiled") == "tiled"  # 4M weights
+    assert sorted(calls) == ["plain", "tiled"]
+    plain, tiled_calls = calls["plain"](), calls["tiled"]()
+    assert len(plain) == len(tiled_calls) == len(made) >= 2
+    assert len({p for p, *_ in made}) == len(made)  # every launcher on a copy of its own
+    assert {m[1:] for m in made} == {("nvfp4", 1024, 4096)}
+    calls["tiled"]()
+    assert len(made) == 2 * len(plain)  # new launchers each time: their plans follow DENSE_PATH
