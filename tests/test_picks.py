@@ -148,3 +148,36 @@ def test_tuner_times_both_nvfp4_gemvs_on_copies_of_the_weight(monkeypatch):
     assert {m[1:] for m in made} == {("nvfp4", 1024, 4096)}
     calls["tiled"]()
     assert len(made) == 2 * len(plain)  # new launchers each time: their plans follow DENSE_PATH
+
+
+@pytest.mark.parametrize("bulk_fits", [True, False])
+def test_tuner_times_every_kbit_gemv_under_its_own_dense_path(bulk_fits, monkeypatch):
+    """The kbit side, built without a GPU: the rules' pick (bulk_ctas, else dense_path, under "auto"), then one set of
+    calls per kernel that can take the call (bulk only where its ring fits), each made under that DENSE_PATH."""
+    from lowbit.bench import timing
+
+    made = []
+
+    class Launcher:
+        def __init__(self, lib, qweight, qabsmax, codebook, scale, fmt, n, k_in):
+            made.append((tiled.DENSE_PATH, qweight.data_ptr(), fmt.name, n, k_in))
+
+    def bulk_ctas(lib, dev, bits, dtype, m, n, k_in):
+        return 132 if bulk_fits and (tiled.DENSE_PATH == "bulk" or bits == 4) else 0
+
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 4 << 20)
+    monkeypatch.setattr(tiled, "GemvLauncher", Launcher)
+    monkeypatch.setattr(tiled, "bulk_ctas", bulk_ctas)
+    monkeypatch.setattr(tiled, "dense_path", lambda lib, dev, bits, dtype, n, k_in: "split")
+    monkeypatch.setattr(tiled, "DENSE_PATH", "auto")
+    w, x = torch.randn(1024, 4096, dtype=torch.float16), torch.randn(1, 4096, dtype=torch.bfloat16)
+    for fmt, expected_rules in (("kbit4", "bulk" if bulk_fits else "split"), ("kbit3", "split")):
+        made.clear()
+        rules, calls = crossover._gemv_calls(fmt, w, x, None, torch.bfloat16)
+        assert rules == expected_rules
+        assert list(calls) == (["bulk"] if bulk_fits else []) + ["split", "local", "streamk"]
+        for kernel, make in calls.items():
+            before = len(made)
+            assert len(make()) == len(made) - before >= 2
+            assert {m[0] for m in made[before:]} == {kernel} and {m[2:] for m in made[before:]} == {("kbit", 1024, 4096)}
+            assert len({m[1] for m in made[before:]}) == len(made) - before  # a copy each
