@@ -214,8 +214,6 @@ def _gemv_calls(fmt: str, w, x, lib, dtype):
     """For one format: (the rules' kernel, {kernel: a function making the cold-timing calls under that kernel}). Each
     copies only the GPU layout (a small weight needs thousands of copies) and makes new launchers, which make their
     plans under the kernel's DENSE_PATH."""
-    import torch
-
     import lowbit
 
     from .. import ops
