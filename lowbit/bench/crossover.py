@@ -264,7 +264,7 @@ def _gemv_calls(fmt: str, w, x, lib, dtype):
 
 
 def measure_gemv_kernels(shapes, formats=GEMV_PICK_FORMATS, dtype=None, rounds: int = 2, replays: int = 5, log=print):
-    """GPU: ({(format, n, k_in): pick or None}, rows) for each (N, K_in) of ``shapes`` and each format: every GEMV
+    """GPU: {(format, n, k_in): pick or None} for each (N, K_in) of ``shapes`` and each format: every GEMV
     kernel that can take a plain one-token call, cold, best of ``rounds``, and the rules' pick among them (picks
     off while timing)."""
     import torch
@@ -276,7 +276,7 @@ def measure_gemv_kernels(shapes, formats=GEMV_PICK_FORMATS, dtype=None, rounds: 
     dtype = dtype or torch.bfloat16
     dev = torch.device("cuda", torch.cuda.current_device())
     lib = get_library()
-    out, rows = {}, []
+    out = {}
     saved = tiled.DENSE_PATH, picks.USE
     try:
         picks.USE = False
@@ -295,13 +295,12 @@ def measure_gemv_kernels(shapes, formats=GEMV_PICK_FORMATS, dtype=None, rounds: 
                         times[kernel] = min(t, times.get(kernel, float("inf")))
                 pick = gemv_pick(times, rules)
                 out[(fmt, n, k_in)] = pick
-                rows.append({"format": fmt, "n": n, "k_in": k_in, "rules": rules, "pick": pick, "us": times})
                 log(f"  {fmt} {k_in}x{n}: " + "  ".join(f"{k} {t:.2f}" for k, t in times.items()) +
                     f" us; rules: {rules}" + (f" -> {pick} ({times[rules] / times[pick] - 1:+.1%})" if pick else ""))
                 del calls
     finally:
         tiled.DENSE_PATH, picks.USE = saved
-    return out, rows
+    return out
 
 
 def save_gemv_kernels(path: Path, gpu: str, measured: dict) -> None:

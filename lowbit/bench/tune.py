@@ -208,7 +208,7 @@ def run_gemv_kernels(args: argparse.Namespace) -> int:
     gpu = _this_gpu()
     print(f"GEMV kernels on {gpu}: {len(shapes)} shapes x {formats}, M = 1, cold (us)")
     start = time.time()
-    measured, _ = crossover.measure_gemv_kernels(shapes, formats, replays=args.replays)
+    measured = crossover.measure_gemv_kernels(shapes, formats, replays=args.replays)
     crossover.save_gemv_kernels(out, gpu, measured)
     picked = sum(p is not None for p in measured.values())
     print(f"{picked} of {len(measured)} shape x format cases run another kernel than the rules' pick; wrote {out} "
