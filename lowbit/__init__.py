@@ -191,8 +191,8 @@ def quantize_nvfp4_experts(weights: torch.Tensor) -> "nvfp4.NvFp4Experts":
 
 def nvfp4_grouped_linear(x: torch.Tensor, expert_offsets: torch.Tensor, experts: "nvfp4.NvFp4Experts") -> torch.Tensor:
     """MoE rows ``x [tokens, K]`` sorted by expert (``expert_offsets`` int64 [E + 1]) times their NVFP4
-    experts, one launch on CUDA fp16/bf16 (the grouped decode GEMV; rows beyond 8 per expert are taken
-    8 at a time), the reference elsewhere."""
+    experts, one launch on CUDA fp16/bf16 (the grouped decode GEMV at a few rows per expert, the grouped
+    tensor-core GEMM from the measured crossover on: prefill, large batches), the reference elsewhere."""
     if not isinstance(experts, nvfp4.NvFp4Experts):
         raise TypeError(f"experts must be an NvFp4Experts (lowbit.quantize_nvfp4_experts), got {type(experts).__name__}")
     check_x(x, experts.k, experts.qweight.device, what="K")

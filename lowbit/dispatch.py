@@ -22,7 +22,8 @@ checkpoint-layout GEMV (csrc/nvfp4/gemv.cu, no repack) at M = 1 on the shapes :f
 gives it, the kbit GEMV's NVFP4 instance on the tiled layout otherwise (measured: the checkpoint-layout
 kernel is the faster one at M = 1 only, and there only for mid-size K); ``"gemm"``
 -- the kbit GEMM's NVFP4 instance up to kbit K=4's crossover (the same kernel); ``"dequant_matmul"`` --
-the NVFP4 dequantize kernel + cuBLAS; the reference on CPU, for fp32 and for K % 32 != 0. The tiled
+the NVFP4 dequantize kernel + cuBLAS; the reference on CPU, for fp32 and for K % 32 != 0. NVFP4 expert stacks
+(:func:`nvfp4_grouped_op`) take the grouped GEMV or GEMM by the same rows-per-expert crossover. The tiled
 layout is built on first use and kept on the weight (a second copy of it). An sm_100 (tcgen05 block-
 scaled MMA) kernel would be one more path here, chosen by the device's compute capability.
 
@@ -433,10 +434,11 @@ def dense_linear_op(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def nvfp4_grouped_op(x2, offsets, experts, check_offsets: bool = True) -> torch.Tensor:
-    """MoE rows sorted by expert times :class:`~lowbit.formats.nvfp4.NvFp4Experts`: the grouped GEMV (one
-    launch; rows beyond 8 per expert taken 8 at a time) on CUDA fp16/bf16, the reference elsewhere."""
-    return ops.nvfp4_grouped_gemv(x2, offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n, experts.k,
-                                  check_offsets)
+    """MoE rows sorted by expert times :class:`~lowbit.formats.nvfp4.NvFp4Experts`: the grouped GEMV or the
+    grouped GEMM (one launch each) on CUDA fp16/bf16, by kbit's grouped crossover (:func:`grouped_path`: the
+    same kernels, NVFP4's instances), the reference elsewhere."""
+    op = ops.nvfp4_grouped_gemm if grouped_path(x2, experts.qweight.shape[0]) == "grouped_gemm" else ops.nvfp4_grouped_gemv
+    return op(x2, offsets, experts.qweight, experts.qscales, experts.scale_2, experts.n, experts.k, check_offsets)
 
 
 def kbit_tiled_linear_op(x2, qweight, qabsmax, codebook, scale, bits: int, n: int, k_in: int,

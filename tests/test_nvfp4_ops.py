@@ -138,3 +138,19 @@ def test_nvfp4_grouped_cpu_reference_and_checks(gen):
         lowbit.nvfp4_grouped_linear(x, torch.tensor([0, 7]), experts)
     with pytest.raises(TypeError, match="NvFp4Experts"):
         lowbit.nvfp4_grouped_linear(x, off, [experts.weight(0)])
+
+
+def test_nvfp4_grouped_gemm_op_cpu_is_reference_and_checks(gen):
+    """The grouped GEMM's op (CUDA: the tensor-core kernel) is the reference on CPU, with the GEMV op's checks."""
+    experts = lowbit.quantize_nvfp4_experts(torch.randn(3, 40, 64, generator=gen))
+    args = (experts.qweight, experts.qscales, experts.scale_2, 40, 64)
+    off = torch.tensor([0, 2, 2, 7])
+    x = torch.randn(7, 64, generator=gen)
+    assert torch.equal(ops.nvfp4_grouped_gemm(x, off, *args), ops.nvfp4_grouped_reference(x, off, *args))
+    assert torch.equal(ops.nvfp4_grouped_gemm(x, off, *args), ops.nvfp4_grouped_gemv(x, off, *args))
+    with pytest.raises(ValueError, match="expert_offsets"):
+        ops.nvfp4_grouped_gemm(x, off[:3], *args)
+    with pytest.raises(ValueError, match="expert_offsets must rise"):
+        ops.nvfp4_grouped_gemm(x, torch.tensor([0, 5, 2, 7]), *args)
+    with pytest.raises(ValueError, match=r"x must have shape \[tokens, K=64\]"):
+        ops.nvfp4_grouped_gemm(x[:, :32].contiguous(), off, *args)

@@ -19,7 +19,8 @@
 // an atomic counter, sums them in split order (deterministic) and writes y.
 // NVFP4 (FP4 = true, K = 4 code layout, lowbit/formats/nvfp4/tiled.py): the codebook is the 16 E2M1
 // values and each lane scales its fragments by an E4M3 byte per row and block (its 8 columns lie in
-// one 16-column NVFP4 block); E2M1 x E4M3 is exact in fp16/bf16, so only the MMA sums round.
+// one 16-column NVFP4 block); E2M1 x E4M3 is exact in fp16/bf16, so only the MMA sums round. The
+// grouped kernel takes NVFP4 expert stacks the same way (scales[e] = each expert's scale_2).
 // Grouped (MoE): tokens sorted by expert; every CTA scans the expert offsets into chunks of MT
 // tokens and walks (chunk, row block) items, so empty experts cost nothing and one launch serves
 // any distribution; the table is built once per CTA (a persistent grid).
@@ -346,7 +347,7 @@ __host__ __device__ constexpr size_t grouped_smem(int n_experts) {
 
 // grid: any number of CTAs (the host launches one full wave); item = chunk * row blocks + row block,
 // so the CTAs working on one chunk of tokens at a time cover an expert's rows together (x from L2).
-template <int BITS, typename T, int NT>
+template <int BITS, typename T, int NT, bool FP4 = false>
 __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, 1>()) kbit_grouped_gemm_kernel(
     const T* __restrict__ x, const int64_t* __restrict__ offsets, const uint4* __restrict__ qweight,
     const uint4* __restrict__ qabsmax, const float* __restrict__ codebook, const float* __restrict__ scales,
@@ -354,7 +355,7 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, 1>()) 
     constexpr int MT = 8 * NT;
     int* chunk_begin = reinterpret_cast<int*>(g_table + gemm_smem<BITS, NT>());
     const int warp = threadIdx.x >> 5;
-    const Ctx c = make_ctx<BITS, NT>(qweight, qabsmax);
+    const Ctx c = make_ctx<BITS, NT, FP4>(qweight, qabsmax);
     GemmLut<BITS>::template build<kWarps * 32, T>(codebook);
     const int total = scan_chunks<MT>(chunk_begin, offsets, n_experts);
     const int n_rb = (n_tiles + kWarps - 1) / kWarps;
@@ -373,9 +374,9 @@ __global__ void __launch_bounds__(kWarps * 32, gemm_ctas_per_sm<BITS, NT, 1>()) 
         const int has_r = tile0 < n_tiles ? 1 : 0;
         __syncthreads();  // every warp is done with the previous item's x stages
         float acc[1][NT][4];
-        gemm_item<BITS, T, NT, 1, false>(acc, c, x, tok0, tok_end, k_in, (int64_t(e) * n_tiles + tile0) * n_groups, has_r,
-                                  n_groups, 0, n_groups, [] {});
-        store_acc<T, NT, 1>(acc, y, bias == nullptr ? nullptr : bias + int64_t(e) * n, scales[e], tile0,
+        gemm_item<BITS, T, NT, 1, FP4>(acc, c, x, tok0, tok_end, k_in, (int64_t(e) * n_tiles + tile0) * n_groups, has_r,
+                                       n_groups, 0, n_groups, [] {});
+        store_acc<T, NT, 1>(acc, y, bias == nullptr ? nullptr : bias + int64_t(e) * n, scales[e] * kOutFix<FP4>, tile0,
                             has_r, tok0, tok_end, n);
     }
 }
@@ -398,7 +399,7 @@ int launch(const void* x, const void* qweight, const void* qabsmax, const float*
     return static_cast<int>(cudaGetLastError());
 }
 
-template <int BITS, typename T, int NT>
+template <int BITS, typename T, int NT, bool FP4 = false>
 int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, const void* qabsmax,
                    const float* codebook, const float* scales, void* y, const void* bias, int n_experts, int n,
                    int k_in, int ctas, void* stream) {
@@ -406,7 +407,7 @@ int launch_grouped(const void* x, const int64_t* offsets, const void* qweight, c
     if (n_experts < 1 || ctas < 1 || grouped_smem<BITS, NT>(n_experts) > size_t(dynamic_smem_limit()))
         return static_cast<int>(cudaErrorInvalidValue);
     const size_t smem = grouped_smem<BITS, NT>(n_experts);
-    auto kernel = kbit_grouped_gemm_kernel<BITS, T, NT>;
+    auto kernel = kbit_grouped_gemm_kernel<BITS, T, NT, FP4>;
     if (int err = configure(kernel, smem)) return err;
     kernel<<<ctas, kWarps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), offsets, static_cast<const uint4*>(qweight), static_cast<const uint4*>(qabsmax),

@@ -1,4 +1,4 @@
-"""CUDA implementations of the NVFP4 ops: the kbit tensor-core GEMV and GEMM instantiated for NVFP4
+"""CUDA implementations of the NVFP4 ops: the kbit tensor-core GEMV, GEMM and grouped GEMM instantiated for NVFP4
 weights (``csrc/tiled/gemv.cuh`` / ``gemm.cuh``, instances in ``csrc/nvfp4/tiled_*.cu``, FP4 = true: E2M1 lookup table, E4M3 fragment
 scales; layout ``lowbit/formats/nvfp4/tiled.py``), and the kernels on the checkpoint layout itself
 (``csrc/nvfp4/gemv.cu``: W4A16 GEMV and GPU MODE's W4A4 batched GEMV; ``csrc/nvfp4/quantize.cu``:
@@ -13,12 +13,12 @@ import torch
 from .. import ops
 from ..formats import nvfp4
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedLauncher, check_offsets_on_device, run_gemv_epilogue,
-                    tiled_signatures, with_bias)
+from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, check_offsets_on_device,
+                    run_gemv_epilogue, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
-    **tiled_signatures("nvfp4"),  # qscales = nvfp4/tiled.py scales, values = the E2M1 values, scale = scale_2
+    **tiled_signatures("nvfp4", grouped_gemm=True),  # qscales = nvfp4/tiled.py scales, values = the E2M1 values, scale = scale_2
     # the checkpoint layout (csrc/nvfp4/gemv.cu): x, packed, scales, packed row stride, scales row stride
     # (bytes), scale_2, y, m (1..8), n, k, stream
     "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
@@ -182,4 +182,17 @@ def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     if check_offsets:
         check_offsets_on_device(lib, offsets, x.shape[0])
     launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
+    return launch(x.contiguous(), offsets)
+
+
+@ops.nvfp4_grouped_gemm.register_kernel("cuda")
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
+    ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32:
+        return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    offsets = expert_offsets.contiguous()
+    if check_offsets:
+        check_offsets_on_device(lib, offsets, x.shape[0])
+    launch = GroupedGemmLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
     return launch(x.contiguous(), offsets)

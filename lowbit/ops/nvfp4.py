@@ -149,6 +149,21 @@ def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     return x.new_empty((x.shape[0], n))
 
 
+@torch.library.custom_op("lowbit::nvfp4_grouped_gemm", mutates_args=())
+def nvfp4_grouped_gemm(x: Tensor, expert_offsets: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor,
+                       n: int, k: int, check_offsets: bool = True) -> Tensor:
+    """MoE experts in one call on tensor cores (prefill, large decode batches): the kbit grouped GEMM's NVFP4
+    instance; same contract as :func:`nvfp4_grouped_gemv`. CPU and fp32: the reference."""
+    check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    return nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+
+
+@nvfp4_grouped_gemm.register_fake
+def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
+    check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+    return x.new_empty((x.shape[0], n))
+
+
 # ------------------------------------------------------------------ NVFP4 on the checkpoint layout
 #: K granularity of the checkpoint-layout kernels (a lane's 32 values; the format needs 16)
 PLAIN_K_MULTIPLE = 32

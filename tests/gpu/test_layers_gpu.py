@@ -5,8 +5,11 @@ model's own layers.
 Bound (the epilogue): relative norm error of y vs the fp64 definition (product, RMS factor, bias, residual)
 <= 1e-3 fp16 / 8e-3 bf16 (kbit_check.BOUND: the output's own rounding dominates); yw is exactly
 round(y * norm_weight) of the kernel's own y; NaN never passes. An all-zero residual changes nothing: y is
-bit-identical to the plain GEMV's. SwiGLU (``swiglu=True``): silu(g) * u of the fp64 definition's halves, same
-bound."""
+bit-identical to the plain GEMV's. SwiGLU (``swiglu=True``): silu(g) * u of the fp64 definition's halves, within
+SWIGLU_BOUND: four units of the dtype's rounding. The op rounds g, u and the product (three roundings of <= one unit
+each), and an error in g reaches silu(g) * u amplified by |g silu'(g) / silu(g)| <= 1.9 where silu(g) is not
+negligible; at one token and 16 outputs a few elements carry the norm, and the plain BOUND is passed about once in a
+few thousand draws (2026-11-28: 0.0076 of 0.008 in 3,000 CPU draws of the roundings alone)."""
 
 import pytest
 import torch
@@ -19,6 +22,8 @@ from .kbit_check import BOUND, DTYPES, rel
 from .kbit_check import dtype_id as ids
 
 pytestmark = pytest.mark.gpu
+
+SWIGLU_BOUND = {torch.float16: 4 * 2.0**-11, torch.bfloat16: 4 * 2.0**-8}
 
 
 
@@ -109,13 +114,13 @@ def test_swiglu_epilogue(bits, m, dtype, path, gen, monkeypatch):
         for r in (rms_x, None):
             y, yw = ops.kbit_gemv_epilogue(*args, r, 1e-5, swiglu=True)
             assert y.shape == (m, half) and yw.numel() == 0
-            assert rel(y, _want_swiglu(_want(q, x, r, None, bias, 1e-5))) <= BOUND[dtype], (n, k, r is None)
+            assert rel(y, _want_swiglu(_want(q, x, r, None, bias, 1e-5))) <= SWIGLU_BOUND[dtype], (n, k, r is None)
         launch = tiled.GemvLauncher(get_library(), q.qweight, q.qabsmax, q.codebook, q.scale, bits, n, k)
         assert launch.swiglu_ok(dtype, m)
         y = torch.full((m, half), float("nan"), dtype=dtype, device="cuda")
         launch(x, m, y.shape, bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True), y=y)
         assert not y.isnan().any()
-        assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
+        assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= SWIGLU_BOUND[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -139,7 +144,7 @@ def test_nvfp4_epilogue_through_every_kernel(m, dtype, dense_path, gen):
         want = prod * torch.rsqrt(rms_x.double().cpu().pow(2).mean(-1, keepdim=True) + 1e-5) + bias.double().cpu()
         assert yw.numel() == 0 and rel(y, want) <= BOUND[dtype], (n, k)
         s, _ = ops.nvfp4_gemv_epilogue(*args, rms_x, 1e-5, swiglu=True)
-        assert s.shape == (m, n // 2) and rel(s, _want_swiglu(want)) <= BOUND[dtype], (n, k)
+        assert s.shape == (m, n // 2) and rel(s, _want_swiglu(want)) <= SWIGLU_BOUND[dtype], (n, k)
         y, yw = ops.nvfp4_gemv_epilogue(*args, None, 1e-6, res, nw)
         assert rel(y, prod + bias.double().cpu() + res.double().cpu()) <= BOUND[dtype]
         assert torch.equal(yw, (y.float() * nw.float()).to(dtype))
@@ -176,13 +181,13 @@ def test_nvfp4_swiglu_epilogue(m, dtype, gen):
         for r, key in ((rms_x, "rms"), (None, None)):
             y, yw = ops.nvfp4_gemv_epilogue(*args, r, 1e-5, swiglu=True)
             assert y.shape == (m, half) and yw.numel() == 0
-            assert rel(y, _want_swiglu(want[key])) <= BOUND[dtype], (n, k, key)
+            assert rel(y, _want_swiglu(want[key])) <= SWIGLU_BOUND[dtype], (n, k, key)
         launch = nvfp4_kernels.gemv_launcher(get_library(), qw, qs, w.scale_2.reshape(()).contiguous(), n, k)
         assert launch.swiglu_ok(dtype, m)
         y = torch.full((m, half), float("nan"), dtype=dtype, device="cuda")
         launch(x, m, y.shape, bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True), y=y)
         assert not y.isnan().any()
-        assert rel(y, _want_swiglu(want["rms"])) <= BOUND[dtype]
+        assert rel(y, _want_swiglu(want["rms"])) <= SWIGLU_BOUND[dtype]
 
 
 def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
@@ -198,7 +203,7 @@ def test_swiglu_epilogue_where_pairs_do_not_fit(gen):
     assert not launch.swiglu_ok(dtype, m)
     y, _ = ops.kbit_gemv_epilogue(x, q.qweight, q.qabsmax, q.codebook, q.scale, 4, 2 * half, 64, bias, rms_x, 1e-5,
                                   swiglu=True)
-    assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= BOUND[dtype]
+    assert rel(y, _want_swiglu(_want(q, x, rms_x, None, bias, 1e-5))) <= SWIGLU_BOUND[dtype]
     launch._plans[(dtype, m, True, True)] = launch._plan(dtype, m, epi=True)  # force the kernel: refused, not run
     with pytest.raises(RuntimeError):
         launch(x, m, (m, half), bias, epilogue=tiled.epilogue(rms_x, 1e-5, swiglu=True),

@@ -246,6 +246,72 @@ def test_nvfp4_grouped_gemv(dtype, gen):
     assert torch.equal(y, lowbit.nvfp4_grouped_linear(x, off, experts))  # deterministic
 
 
+# ------------------------------------------------------------------ grouped (MoE) NVFP4 GEMM
+def _experts(e, n, k, gen):
+    w = torch.randn(e, n, k, generator=gen) * 0.02 * torch.exp(torch.randn(e, n, 1, generator=gen))
+    return lowbit.quantize_nvfp4_experts(w).to("cuda")
+
+
+def _grouped_ref(x, off, experts):
+    return torch.cat([_ref(x[a:b], experts.weight(i)) for i, (a, b) in enumerate(zip(off[:-1], off[1:]))])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("nt", [2, 4, 8])
+def test_nvfp4_grouped_gemm_every_instance(dtype, nt, gen):
+    """The grouped GEMM's NVFP4 instances, called directly with nt token tiles: empty first/last experts, a 1-row
+    expert, one over three chunks of 8 nt rows, odd N (a partial row block), K % 256 != 0; into a NaN-poisoned
+    output with a guard tail (every row written, nothing past it)."""
+    from lowbit.kernels import tiled
+    from lowbit.kernels.library import get_library, ptr, stream_of
+    from lowbit.kernels.nvfp4 import e2m1_codebook
+
+    e, n, k = 7, 16 * 9 - 5, 32 * 27
+    experts = _experts(e, n, k, gen)
+    counts = torch.randint(0, 30, (e,), generator=gen)
+    counts[0], counts[2], counts[3], counts[e - 1] = 0, 1, 8 * nt * 2 + 3, 0
+    off = [0] + counts.cumsum(0).tolist()
+    x = torch.randn(off[-1], k, generator=gen).to(dtype).cuda()
+    lib = get_library()
+    cb, s2 = e2m1_codebook(x.device), experts.scale_2.contiguous()
+    launch = tiled.GroupedGemmLauncher(lib, experts.qweight, experts.qscales, cb, s2, tiled.NVFP4, n, k)
+    _, ctas = launch.plan(dtype, nt)
+    rows = x.shape[0]
+    buf = torch.full((rows * n + 64,), float("nan"), dtype=dtype, device="cuda")
+    offsets = torch.tensor(off, device="cuda")
+    lib.call("nvfp4_grouped_gemm", [ptr(x), ptr(offsets), ptr(experts.qweight), ptr(experts.qscales), ptr(cb), ptr(s2),
+                                    ptr(buf), ptr(None), e, n, k, ctas, stream_of(x.device)], dtype=dtype, nt=nt)
+    torch.cuda.synchronize()
+    assert buf[rows * n:].isnan().all(), "wrote past the output"
+    assert _rel(buf[: rows * n].view(rows, n), _grouped_ref(x, off, experts)) <= BOUND[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_nvfp4_grouped_linear_takes_the_gemm_from_the_crossover(dtype, gen):
+    """lowbit.nvfp4_grouped_linear at and above the grouped crossover runs the grouped GEMM (and below it the GEMV),
+    each against the fp64 reference; reruns are bit-identical, and the op agrees with the GEMV on the same rows
+    within the bound (two kernels, one definition)."""
+    from lowbit import dispatch
+
+    e, n, k = 16, 200, 1024
+    experts = _experts(e, n, k, gen)
+    min_rows = dispatch.grouped_gemm_min_rows(torch.device("cuda"))
+    for rows in (int(max(min_rows, 4) * e) + 3, 300):
+        cut = torch.sort(torch.randint(0, rows + 1, (e - 1,), generator=gen)).values.tolist()
+        off = [0] + cut + [rows]
+        x = torch.randn(rows, k, generator=gen).to(dtype).cuda()
+        assert dispatch.grouped_path(x, e) == "grouped_gemm"
+        offsets = torch.tensor(off, device="cuda")
+        y = lowbit.nvfp4_grouped_linear(x, offsets, experts)
+        ref = _grouped_ref(x, off, experts)
+        assert _rel(y, ref) <= BOUND[dtype], rows
+        assert torch.equal(y, lowbit.nvfp4_grouped_linear(x, offsets, experts))
+        gemv = ops.nvfp4_grouped_gemv(x, offsets, experts.qweight, experts.qscales, experts.scale_2, n, k)
+        assert _rel(gemv, ref) <= BOUND[dtype]
+    few = x[: max(1, int(min_rows * e) - 1)]
+    assert dispatch.grouped_path(few, e) == "grouped_gemv"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_nvfp4_linear_module_on_cuda(dtype, gen):
     """lowbit.nn.NvFp4Linear on the GPU: the checkpoint-layout GEMV at M = 1, the tiled kernels above it."""
