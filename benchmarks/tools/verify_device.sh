@@ -2,8 +2,8 @@
 # One device call that re-checks a library built here and carried:
 #   LIB=.lowbit_cache/liblowbit-<key>.so[.xz] [SUITE=1 | TESTS="pytest args"] [SWEEP="gemv_sweep.py args"]
 #   [ROWS="tag:e2e_gpu.py args;..."] bash benchmarks/tools/verify_device.sh
-# SUITE: the whole GPU suite (6 workers; ~290 s on an H100 before the tensor-core attention tests; SUITE_TIMEOUT,
-# default 420); TESTS: some of it (TESTS_TIMEOUT, default 260); both logged with -v, each finished test by name;
+# SUITE: the whole GPU suite (6 workers; 380 s on an H200 with 1,519 tests, 2026-11-28; SUITE_TIMEOUT,
+# default 560); TESTS: some of it (TESTS_TIMEOUT, default 260); both logged with -v, each finished test by name;
 # SWEEP: benchmarks/gemv_sweep.py ($OUT/sweep.txt);
 # ROWS: e2e_gpu.py calls, each logged as $OUT/<tag>.{log,json}.
 set -uo pipefail
@@ -16,7 +16,7 @@ OUT=${OUT:-/tmp/lowbit_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/device.txt"
 if [ -n "${SUITE:-}" ]; then
   # -v: every finished test by name, so a run the timeout stops still says which tests never finished
-  timeout "${SUITE_TIMEOUT:-420}" python3 -m pytest -m gpu tests -n 6 -v -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
+  timeout "${SUITE_TIMEOUT:-560}" python3 -m pytest -m gpu tests -n 6 -v -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
   echo "suite exit $?"; tail -n 2 "$OUT/gpu_suite.log"; grep -E "^FAILED|^ERROR| FAILED | ERROR " "$OUT/gpu_suite.log" | head
   grep -cE " (PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS) " "$OUT/gpu_suite.log" | sed 's/^/tests finished: /'
 fi

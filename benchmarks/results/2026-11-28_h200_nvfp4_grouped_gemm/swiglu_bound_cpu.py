@@ -1,9 +1,14 @@
-# CPU emulation: the bf16 SwiGLU epilogue's roundings (gate, up, output) against the fp64 definition, rel as the test
-import sys, torch
-sys.path.insert(0, "/work/main")
+# CPU emulation: the SwiGLU epilogue's roundings (gate, up, output) against the fp64 definition, rel as the GPU test
+# computes it (tests/gpu/test_layers_gpu.py), over seeded draws of the test's weights and inputs. No GPU.
+#   python3 benchmarks/results/2026-11-28_h200_nvfp4_grouped_gemm/swiglu_bound_cpu.py 1500
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import lowbit
 from lowbit.formats.kbit import tiled as kt
-torch.manual_seed(0)
 def one(gen, half, k, m, bits, dtype, rms):
     n = 2 * half
     w = torch.randn(n, k, generator=gen)
@@ -21,7 +26,6 @@ def one(gen, half, k, m, bits, dtype, rms):
     gk, uk = g.to(dtype).float(), u.to(dtype).float()
     got = (torch.nn.functional.silu(gk) * uk).to(dtype).double()
     return ((got - want).norm() / want.norm()).item()
-import sys
 trials = int(sys.argv[1])
 for dtype, bound in ((torch.bfloat16, 8e-3), (torch.float16, 1e-3)):
   for (half, k, m) in ((16, 256, 1), (16, 256, 3), (64, 512, 1)):
