@@ -49,6 +49,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "kbit_gemv_swiglu_pairs", "kbit_routed_act_fits", "nvfp4_gemv_swiglu_pairs",
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
                                "kbit_routed_gemv", "kbit_bulk_gemv", "kbit_bulk_gemv_ring", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
+                               "nvfp4_grouped_gemm", "nvfp4_grouped_gemm_occupancy",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
@@ -77,6 +78,9 @@ def test_library_builds_and_exports_symbols(built_library):
         for nt, r in GEMM_INSTANCES:
             assert hasattr(lib, f"lowbit_nvfp4_gemm_{dt}_t{nt}_r{r}")
             assert hasattr(lib, f"lowbit_nvfp4_gemm_occupancy_{dt}_t{nt}_r{r}")
+        for nt in GEMM_TOKEN_TILES:
+            assert hasattr(lib, f"lowbit_nvfp4_grouped_gemm_{dt}_t{nt}")
+            assert hasattr(lib, f"lowbit_nvfp4_grouped_gemm_occupancy_{dt}_t{nt}")
         assert hasattr(lib, f"lowbit_nvfp4_split_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_split_gemv_occupancy_{dt}")
         assert hasattr(lib, f"lowbit_nvfp4_plain_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_quantize_{dt}")
         assert hasattr(lib, f"lowbit_nvfp4_dequant_{dt}")

@@ -117,9 +117,10 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
                              fuse=case.endswith("compiled"))
     if case.startswith("fused_decode"):
         return _fused_decode(paths["wide"], tp, fmt="nvfp4" if case.endswith("nvfp4") else "kbit")
-    if case in ("kbit", "nvfp4", "head", "moe"):
-        opts = {"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe" else {"format": case}
-        src = paths["moe" if case == "moe" else "dense"]
+    if case in ("kbit", "nvfp4", "head", "moe", "moe_nvfp4"):
+        opts = ({"bits_for": {"lm_head": 4}} if case == "head" else {} if case == "moe"
+                else {"format": "nvfp4"} if case == "moe_nvfp4" else {"format": case})
+        src = paths["moe" if case.startswith("moe") else "dense"]
         m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
         ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         lowbit.quantize_model(ref, progress=False, **opts)
@@ -237,7 +238,7 @@ def paths(tmp_path_factory):
 
 
 FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "refusals", "auto", "dense_head",
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "moe_nvfp4", "refusals", "auto", "dense_head",
          "localize_head", *FUSED_CASES]
 
 
@@ -274,14 +275,15 @@ def test_sharded_forward_equals_unsharded(case, ranks):
             assert 0 < res["read"]["read_bytes"] == res["read"]["stored_bytes"] // WORLD, res
 
 
-@pytest.mark.parametrize("case", ["moe", "moe_saved"])
+@pytest.mark.parametrize("case", ["moe", "moe_saved", "moe_nvfp4"])
 def test_sharded_moe_forward_equals_unsharded(case, ranks):
-    """A Qwen3-MoE quantized while loading under TP, or saved and loaded under TP: each rank's kbit expert block
-    holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
+    """A Qwen3-MoE quantized while loading under TP (kbit, NVFP4), or saved and loaded under TP: each rank's expert
+    block holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
     outputs are summed, and the logits are the unsharded model's."""
     for res in _run(case, ranks):
         assert res["finite"] and res["err"] <= BOUND, res
-        assert res["experts"] == ["KbitMoeExperts", 128 // WORLD, "KbitMoeExperts"], res
+        cls = "NvFp4MoeExperts" if case == "moe_nvfp4" else "KbitMoeExperts"
+        assert res["experts"] == [cls, 128 // WORLD, cls], res
         assert "split for tensor parallelism" in res["save"], res  # one rank's parts are no checkpoint
         assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
         if case == "moe_saved":  # slices of the split weights: gate|up rows and q|k|v rows halved; down and o

@@ -189,13 +189,12 @@ def test_nvfp4_save_load_round_trip_bit_exact(name, tmp_path, gen):
     seed = _seed(gen)
     model = build(name, seed, dtype=torch.bfloat16)
     report = lowbit.quantize_model(model, format="nvfp4", fuse=False, progress=False)
-    assert report.format == "nvfp4" and all(isinstance(model.get_submodule(x.name), lowbit.nn.NvFp4Linear)
-                                            for x in report.layers)
-    if name == "qwen3_moe":  # no NVFP4 experts module: the expert blocks stay, listed
-        assert any("no NVFP4 experts module" in why for _, why in report.skipped)
+    want = {"linear": lowbit.nn.NvFp4Linear, "experts": lowbit.nn.NvFp4MoeExperts}
+    assert report.format == "nvfp4" and all(isinstance(model.get_submodule(x.name), want[x.kind]) for x in report.layers)
     lowbit.save_quantized(model, tmp_path, max_shard_bytes=60_000)
     index = json.loads((tmp_path / INDEX_FILE).read_text())
-    assert {cfg["type"] for cfg in index["modules"].values()} == {"NvFp4Linear"}
+    types = {"NvFp4Linear", "NvFp4MoeExperts"} if name == "qwen3_moe" else {"NvFp4Linear"}
+    assert {cfg["type"] for cfg in index["modules"].values()} == types
     skeleton = build(name, seed + 1, dtype=torch.bfloat16)
     lowbit.load_quantized(skeleton, tmp_path)
     assert _state_equal(model, skeleton)
@@ -203,7 +202,7 @@ def test_nvfp4_save_load_round_trip_bit_exact(name, tmp_path, gen):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, skeleton(ids).logits)
     # a block scale made NaN on disk (checksum updated to match) is refused by the value check
-    key = f"{report.layers[0].name}.weight_scale"
+    key = f"{next(x.name for x in report.layers if x.kind == 'linear')}.weight_scale"
     from safetensors.torch import load_file, save_file
 
     shard = tmp_path / index["tensors"][key]["file"]

@@ -95,3 +95,83 @@ def test_quantize_model_nvfp4_refuses_kbit_options():
         quantize_model(_mlp(torch.Generator().manual_seed(0)), format="sbvr", fuse=True)
     with pytest.raises(ValueError, match="format must be one of kbit, nvfp4"):
         quantize_model(_mlp(torch.Generator().manual_seed(0)), format="int4")
+
+
+@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral"])
+def test_moe_expert_blocks_in_nvfp4(model, tmp_path, gen):
+    """quantize_model(format="nvfp4") replaces fused expert blocks (NvFp4MoeExperts): the block equals the original
+    with its decoded weights, each expert quantized as lowbit.quantize_nvfp4 would; a checkpoint round trip is
+    bit-exact and a NaN block scale on disk is refused; method="gptq" rounds the expert blocks to nearest; tensor
+    parallel parts sum to the block."""
+    import json
+    import zlib
+
+    from safetensors.torch import load_file, save_file
+
+    from lowbit.model.checkpoint import INDEX_FILE, LoadError
+    from lowbit.nn import NvFp4MoeExperts
+
+    from .tiny_models import build, rel_err
+
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+    kw = {"moe_inter": 128} if model == "qwen3_moe" else {}  # I = 128 splits in two parts of whole 32-blocks
+    m, orig = build(model, seed, **kw), build(model, seed, **kw)
+    report = lowbit.quantize_model(m, format="nvfp4", progress=False)
+    names = [lay.name for lay in report.layers if lay.kind == "experts"]
+    assert names and not any("expert block" in why for _, why in report.skipped)
+    h = torch.randn(5, 128, generator=gen)
+    for name in names:
+        ex, blk = m.get_submodule(name), orig.get_submodule(name)
+        assert isinstance(ex, NvFp4MoeExperts)
+        want = nvfp4.quantize(blk.gate_up_proj.detach()[1])
+        assert torch.equal(ex.experts("gate_up").weight(1).packed, want.packed)
+        top = torch.stack([torch.randperm(ex.num_experts, generator=gen)[:2] for _ in range(5)])
+        w = torch.rand(5, 2, generator=gen)
+        blk.gate_up_proj.data, blk.down_proj.data = ex.dequantize()
+        y = ex(h, top, w)
+        assert torch.isfinite(y).all() and rel_err(y, blk(h, top, w)) < 1e-5
+        if ex.intermediate_dim % 64 == 0:
+            parts = [ex.tp_shard("experts", r, 2) for r in range(2)]
+            assert rel_err(parts[0](h, top, w) + parts[1](h, top, w), y) < 1e-5
+        else:
+            with pytest.raises(ValueError, match="whole 32-element blocks"):
+                ex.tp_shard("experts", 0, 2)
+    ids = torch.randint(0, 300, (2, 9), generator=gen)
+    with torch.no_grad():
+        logits = m(ids).logits
+    lowbit.save_quantized(m, tmp_path / "ck")
+    with torch.no_grad():
+        assert torch.equal(lowbit.load_quantized(build(model, seed + 1, **kw), tmp_path / "ck")(ids).logits, logits)
+    index = json.loads((tmp_path / "ck" / INDEX_FILE).read_text())
+    key = f"{names[0]}.down_qscales"
+    shard = tmp_path / "ck" / index["tensors"][key]["file"]
+    tensors = load_file(shard)
+    bad = tensors[key].clone()
+    bad.view(-1)[0] = 0x7F  # E4M3 NaN
+    tensors[key] = bad
+    save_file(tensors, shard, metadata={"format": "lowbit", "format_version": "2"})
+    index["tensors"][key]["crc32"] = zlib.crc32(bad.numpy().tobytes())
+    (tmp_path / "ck" / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(LoadError, match="block scales must be finite"):
+        lowbit.load_quantized(build(model, seed + 2, **kw), tmp_path / "ck")
+    g = build(model, seed, **kw)
+    lowbit.quantize_model(g, format="nvfp4", method="gptq", calibration=torch.randint(0, 300, (2, 16), generator=gen),
+                          progress=False)
+    for name in names:
+        assert torch.equal(g.get_submodule(name).down_qweight, m.get_submodule(name).down_qweight)
+
+
+def test_moe_expert_module_bad_input(gen):
+    from lowbit.nn import NvFp4MoeExperts
+
+    with pytest.raises(ValueError, match="intermediate_dim % 32 == 0"):
+        NvFp4MoeExperts(4, 64, 48)
+    with pytest.raises(ValueError, match="num_experts must be a positive int"):
+        NvFp4MoeExperts(0, 64, 64)
+    with pytest.raises(TypeError, match="not a fused expert block"):
+        NvFp4MoeExperts.from_experts(nn.Linear(64, 64))
+    ex = NvFp4MoeExperts(4, 64, 64)
+    with pytest.raises(ValueError, match=r"hidden_states must be \[tokens, 64\]"):
+        ex(torch.randn(3, 32), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="style"):
+        ex.tp_shard("colwise", 0, 2)

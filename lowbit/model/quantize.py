@@ -311,8 +311,8 @@ def quantize_model(
 
     ``format="kbit"`` (default): every ``nn.Linear`` -> :class:`KbitLinear` (K = ``bits``), every fused MoE
     expert block (transformers 5.x) -> :class:`KbitMoeExperts`. ``format="nvfp4"``: every ``nn.Linear`` ->
-    :class:`NvFp4Linear` (4 bits: ``bits``, ``codebook`` and ``bits_for`` are kbit's; MoE expert blocks stay as
-    they are and are listed in the report).
+    :class:`NvFp4Linear` and every fused MoE expert block -> :class:`NvFp4MoeExperts` (4 bits: ``bits``,
+    ``codebook`` and ``bits_for`` are kbit's).
 
     * ``skip``: fnmatch patterns on module names (default: ``lm_head``; the model's output
       embedding is recognised by identity too), or a callable ``(name, module) -> bool``. Pass

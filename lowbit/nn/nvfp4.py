@@ -1,6 +1,7 @@
 """``NvFp4Linear``: a drop-in for ``nn.Linear`` with an NVFP4 weight. Models of them come from
 ``lowbit.quantize_model(model, format="nvfp4")`` or ``lowbit.load_nvfp4_checkpoint`` (the NVFP4 tensors of
-a ModelOpt or compressed-tensors checkpoint).
+a ModelOpt or compressed-tensors checkpoint). ``NvFp4MoeExperts``: transformers' fused MoE expert blocks in
+NVFP4 (the tiled layout, the grouped kernels).
 
 The module keeps the checkpoint layout itself (ModelOpt's names: ``weight`` packed uint8 [N, K/2],
 ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32), so ``state_dict`` / ``load_state_dict``
@@ -17,7 +18,8 @@ from torch import nn
 from .. import dispatch
 from ..formats import nvfp4
 from ..formats.nvfp4 import columns as nvfp4_columns
-from .base import QuantizedModule, check_input, describe
+from ..formats.nvfp4 import tiled as nvfp4_tiled
+from .base import QuantizedModule, check_input, describe, tp_split_problem
 from .fused import FusedParts, check_fusable
 from .linear import apply_keeping_dtypes
 
@@ -223,3 +225,172 @@ NvFp4Linear.fused_class = FusedNvFp4Linear
 # fused by default, as kbit: Llama-3-8B decode on an H100 312 -> 345 tok/s, the same KL
 # (benchmarks/journal/2026-11-26_nvfp4_fused_by_default.md)
 NvFp4Linear.fuse_by_default = True
+
+
+class NvFp4MoeExperts(QuantizedModule):
+    """A transformers fused MoE expert block (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; see
+    :func:`lowbit.nn.experts.fused_experts_layout`) in NVFP4, every expert quantized alone (its own tensor scale).
+    It holds, stores and computes on the tiled GPU layout (:class:`lowbit.formats.nvfp4.NvFp4Experts`; per
+    projection ``{p}_qweight``, ``{p}_qscales``, ``{p}_scale_2``). Its two products are
+    :func:`lowbit.dispatch.nvfp4_grouped_op`: the grouped GEMV at decode, the grouped tensor-core GEMM from the
+    rows-per-expert crossover, the reference on CPU. Round to nearest only (``method="gptq"`` calibrates the linears
+    and rounds these). Build with :meth:`from_experts`."""
+
+    PROJECTIONS = ("gate_up", "down")
+    calibrated = False
+    k_multiple = 32  # the tiled layout's lookup block: both projections' inputs (H and I)
+    tp_experts = True
+
+    def __init__(self, num_experts: int, hidden_dim: int, intermediate_dim: int, act_fn: nn.Module | None = None, *,
+                 device=None):
+        super().__init__()
+        for name, v in (("num_experts", num_experts), ("hidden_dim", hidden_dim), ("intermediate_dim", intermediate_dim)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, v in (("hidden_dim", hidden_dim), ("intermediate_dim", intermediate_dim)):
+            if v % self.k_multiple:
+                raise ValueError(f"NVFP4 expert blocks need {name} % {self.k_multiple} == 0, got {v}")
+        self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden_dim, intermediate_dim
+        self.act_fn = act_fn if act_fn is not None else nn.SiLU()
+        for p in self.PROJECTIONS:
+            t, g = nvfp4_tiled.tiled_shape(*self._shape(p))
+            self.register_buffer(f"{p}_qweight", torch.zeros((num_experts, t, g, 4, 32, 4), dtype=torch.int32, device=device))
+            self.register_buffer(f"{p}_qscales", torch.zeros((num_experts, t, g, nvfp4_tiled.SCALE_BYTES), dtype=torch.uint8,
+                                                             device=device))
+            self.register_buffer(f"{p}_scale_2", torch.ones((num_experts,), dtype=torch.float32, device=device))
+        self.register_buffer("expert_range", torch.arange(num_experts + 1, device=device), persistent=False)
+        self.tensors_changed()
+
+    def _shape(self, p: str) -> tuple[int, int]:
+        return (2 * self.intermediate_dim, self.hidden_dim) if p == "gate_up" else (self.hidden_dim, self.intermediate_dim)
+
+    def experts(self, p: str) -> nvfp4.NvFp4Experts:
+        """The projection's :class:`~lowbit.formats.nvfp4.NvFp4Experts` over the buffers (rebuilt when they change;
+        made when they are set, so that a traced forward only reads it)."""
+        have = self._experts.get(p)
+        if torch.compiler.is_compiling() and have is not None:
+            return have[1]
+        b = self._buffers
+        src = (b[f"{p}_qweight"], b[f"{p}_qscales"], b[f"{p}_scale_2"])
+        if have is None or any(a is not c for a, c in zip(have[0], src)):
+            have = self._experts[p] = (src, nvfp4.NvFp4Experts(*src, *self._shape(p)))
+        return have[1]
+
+    @classmethod
+    def from_experts(cls, module: nn.Module, bits: int = 4, codebook=None, quantized=None) -> "NvFp4MoeExperts":
+        """Quantize a transformers fused expert block on its device: each expert's gate|up and down weights with
+        :func:`lowbit.quantize_nvfp4`, then stacked in the tiled layout."""
+        from .experts import fused_experts_layout
+
+        NvFp4Linear.check_options(bits, codebook)
+        if quantized is not None:
+            raise ValueError("NVFP4 expert blocks are quantized round-to-nearest only (no GPTQ for them)")
+        layout = fused_experts_layout(module)
+        if layout is None:
+            raise TypeError(f"{type(module).__name__} is not a fused expert block lowbit knows "
+                            "(gate_up_proj [E, 2I, H], down_proj [E, H, I], act(gate) * up)")
+        e, h, i = layout
+        mod = cls(e, h, i, module.act_fn, device="meta")
+        for p in cls.PROJECTIONS:
+            stack = getattr(module, f"{p}_proj").detach()
+            ex = nvfp4.NvFp4Experts.from_weights(nvfp4.quantize(w) for w in stack)
+            mod._buffers.update({f"{p}_qweight": ex.qweight, f"{p}_qscales": ex.qscales, f"{p}_scale_2": ex.scale_2})
+        mod._buffers["expert_range"] = torch.arange(e + 1, device=module.gate_up_proj.device)
+        mod.tensors_changed()
+        return mod
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        from .experts import moe_forward
+
+        # the offsets are built by moe_forward (valid by construction): no device-side check
+        return moe_forward(self, hidden_states, top_k_index, top_k_weights,
+                           lambda x, off: dispatch.nvfp4_grouped_op(x, off, self.experts("gate_up"), False),
+                           lambda x, off: dispatch.nvfp4_grouped_op(x, off, self.experts("down"), False))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [E, 2I, H], down [E, H, I]) as the reference decodes them."""
+        out = []
+        for p in self.PROJECTIONS:
+            ex = self.experts(p)
+            out.append(torch.stack([ex.weight(e).dequantize(dtype) for e in range(self.num_experts)]))
+        return out[0], out[1]
+
+    def format_bytes(self) -> int:
+        """4.5 bits per weight + one fp32 tensor scale per expert and projection."""
+        return self.num_experts * (3 * self.hidden_dim * self.intermediate_dim * 9 // 16 + 8)
+
+    def tensors_changed(self) -> None:
+        self._experts = {}
+        if self.gate_up_qweight.device.type != "meta":
+            for p in self.PROJECTIONS:
+                self.experts(p)
+
+    def _apply(self, fn, recurse=True):
+        apply_keeping_dtypes(self, super()._apply, fn, recurse, ("gate_up_scale_2", "down_scale_2"))
+        self.tensors_changed()
+        return self
+
+    def install(self, model: nn.Module, name: str, device: torch.device | None = None) -> None:
+        super().install(model, name, device)
+        self._buffers["expert_range"] = torch.arange(self.num_experts + 1, device=device or self.gate_up_scale_2.device)
+
+    # -- checkpoints (lowbit.model.checkpoint): the tiled layout is what is stored
+    def checkpoint_config(self) -> dict:
+        return {"num_experts": self.num_experts, "hidden_dim": self.hidden_dim, "intermediate_dim": self.intermediate_dim}
+
+    @classmethod
+    def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "NvFp4MoeExperts":
+        from .experts import saved_experts_shape
+
+        return cls(*saved_experts_shape(cls, cfg, old), act_fn=old.act_fn, device="meta")
+
+    def check_checkpoint_values(self, name: str, staged: dict) -> None:
+        for p in self.PROJECTIONS:
+            scales = staged[f"{name}.{p}_qscales"].view(torch.float8_e4m3fn).to(torch.float32)
+            s2 = staged[f"{name}.{p}_scale_2"]
+            if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+                raise ValueError(f"tensor {name + '.' + p + '_qscales'!r}: NVFP4 block scales must be finite and >= 0")
+            if not bool(torch.isfinite(s2).all()) or bool((s2 <= 0).any()):
+                raise ValueError(f"tensor {name + '.' + p + '_scale_2'!r}: NVFP4 tensor scales must be finite and > 0")
+
+    # -- tensor parallelism (transformers' "moe_tp_experts": every rank runs every expert on its slice of I)
+    def tp_shard(self, style: str, rank: int, world: int) -> "NvFp4MoeExperts":
+        """Rank ``rank`` of ``world``'s part (``style="experts"``): every expert's intermediate features split in
+        ``world`` equal parts of whole 32-column blocks -- gate and up rows ``[r I/world, (r+1) I/world)`` of each
+        half, down's columns the same; the tensor scales are shared, so the parts are exact slices and their outputs
+        sum to the block's (the caller all-reduces them)."""
+        if style != "experts":
+            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
+        problem = tp_split_problem("experts", [], self.intermediate_dim, world, self.k_multiple)
+        if problem:
+            raise ValueError(f"{type(self).__name__}: {problem}")
+        i, part = self.intermediate_dim, self.intermediate_dim // world
+        lo, hi = rank * part, (rank + 1) * part
+        new = type(self)(self.num_experts, self.hidden_dim, part, self.act_fn, device="meta")
+        for p in self.PROJECTIONS:
+            ex, parts = self.experts(p), []
+            for e in range(self.num_experts):
+                w = ex.weight(e)
+                if p == "gate_up":
+                    rows = torch.cat([torch.arange(lo, hi), torch.arange(i + lo, i + hi)]).to(w.device)
+                    packed, scales = w.packed[rows], w.scales[rows]
+                else:
+                    packed, scales = w.packed[:, lo // 2:hi // 2], w.scales[:, lo // nvfp4.BLOCK:hi // nvfp4.BLOCK]
+                parts.append(nvfp4.NvFp4Weight(packed.contiguous(), scales.contiguous(), w.scale_2))
+            stacked = nvfp4.NvFp4Experts.from_weights(parts)
+            new._buffers.update({f"{p}_qweight": stacked.qweight, f"{p}_qscales": stacked.qscales,
+                                 f"{p}_scale_2": ex.scale_2})
+        new._buffers["expert_range"] = self.expert_range
+        new.tensors_changed()
+        new.train(self.training)
+        new.tp_part = ("experts", rank, world)
+        return new
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}, "
+                f"format=nvfp4")
+
+
+NvFp4Linear.experts_class = NvFp4MoeExperts

@@ -327,3 +327,45 @@ def test_decode_profile_breakdown(profile_graph, gen):
     cats = r.breakdown["ms_per_step_by_category"]
     assert cats.get("kbit GEMV (lowbit)", 0) > 0, cats
     assert r.breakdown["source"] == ("graph replays" if profile_graph else "eager steps")
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_nvfp4_moe_model_on_cuda(name, gen):
+    """quantize_model(format="nvfp4") on a MoE model on the GPU (NvFp4Linear + NvFp4MoeExperts: the grouped GEMV at
+    decode, the grouped GEMM at 11 tokens x top-2 over 8 experts) against the same quantized model on the CPU (the
+    reference); a captured CUDA graph replays it bit-exactly and torch.compile(fullgraph=True) traces it."""
+    seed = _seed(gen)
+    model = build(name, seed, dtype=torch.bfloat16, device="cuda")
+    report = lowbit.quantize_model(model, format="nvfp4", progress=False)
+    assert any(lay.kind == "experts" for lay in report.layers)
+    assert all(isinstance(m, lowbit.nn.NvFp4MoeExperts) for n, m in model.named_modules() if n.endswith("mlp.experts"))
+    cpu = copy.deepcopy(model).float().cpu()
+    flips = 0
+    for batch, seq in [(1, 1), (3, 1), (1, 11), (2, 6)]:
+        ids = torch.randint(0, 320, (batch, seq), generator=gen)
+        with torch.no_grad(), RoutingRecorder(model) as r_got, RoutingRecorder(cpu) as r_want:
+            got = model(ids.cuda()).logits.float().cpu()
+            want = cpu(ids).logits
+        flips += _check_rows(got, want, r_got, r_want, batch, BOUND[torch.bfloat16], (batch, seq))
+    assert flips <= 3, f"{flips} of 7 sequences routed differently: more than near-ties"
+    static = torch.randint(0, 320, (2, 1), device="cuda")
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                model(static, use_cache=False)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(static, use_cache=False).logits
+        static.copy_(torch.randint(0, 320, (2, 1), generator=gen))
+        graph.replay()
+        assert torch.equal(out, model(static, use_cache=False).logits)
+    ids = _clear_routing_token(model, gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        got = compiled(ids, use_cache=False).logits
+    assert rel_err(got.float(), want.float()) < 1e-2
