@@ -53,6 +53,7 @@ from .kernels import picks, tiled
 from .kernels.device import gpu_name
 from .kernels.picks import CROSSOVERS, user_crossover_file  # noqa: F401  (the crossover files' paths)
 from .kernels.library import library_or_none
+from .kernels.nvfp4 import e2m1_codebook
 from .kernels.tiled import fusable_bias  # noqa: F401  (modules ask dispatch whether a bias fuses)
 from .ops.common import GEMV_MAX_M  # largest batch of the decode GEMV kernels
 
@@ -486,6 +487,19 @@ def eager_launcher(kind: str, buffers: dict, bits: int, n: int, k_in: int, x: to
     extra = (rotation,) if rotation else ()
     return cls(lib, buffers["qweight"], buffers["qabsmax"], buffers["codebook"], scale, tiled.kbit_format(bits), n, k_in,
                *extra)
+
+
+def nvfp4_routed_launcher(experts, x: torch.Tensor):
+    """The routed GEMV's NVFP4 launcher (``tiled.RoutedLauncher``) for an
+    :class:`~lowbit.formats.nvfp4.NvFp4Experts` stack, or None where the compiled library is unavailable (the op
+    path then runs)."""
+    if experts.qweight.device != x.device:
+        raise ValueError(f"x is on {x.device} but the module's weights are on {experts.qweight.device}")
+    lib = library_or_none(x.device)
+    if lib is None:
+        return None
+    return tiled.RoutedLauncher(lib, experts.qweight, experts.qscales, e2m1_codebook(x.device),
+                                experts.scale_2.contiguous(), tiled.NVFP4, experts.n, experts.k)
 
 
 #: the module formats whose GEMV has the epilogue (:func:`gemv_epilogue_op`)

@@ -49,7 +49,8 @@ def test_library_builds_and_exports_symbols(built_library):
                                "kbit_gemv_swiglu_pairs", "kbit_routed_act_fits", "nvfp4_gemv_swiglu_pairs",
                                "kbit_gemm", "kbit_gemm_occupancy", "kbit_split_gemv", "kbit_split_gemv_occupancy",
                                "kbit_routed_gemv", "kbit_bulk_gemv", "kbit_bulk_gemv_ring", "kbit_grouped_gemm", "kbit_grouped_gemm_occupancy", "nvfp4_gemm", "nvfp4_gemm_occupancy",
-                               "nvfp4_grouped_gemm", "nvfp4_grouped_gemm_occupancy",
+                               "nvfp4_grouped_gemm", "nvfp4_grouped_gemm_occupancy", "nvfp4_routed_gemv",
+                               "nvfp4_routed_act_fits",
                                "nvfp4_gemv", "nvfp4_gemv_occupancy", "nvfp4_split_gemv", "nvfp4_split_gemv_occupancy",
                                "nvfp4_plain_gemv", "nvfp4_w4a4_gemv", "nvfp4_quantize", "nvfp4_dequant", "dense_gemv", "dense_gemv_scalar",
                                "check_expert_offsets", "sbvr_encode_x", "sbvr_gemv", "sbvr_grouped_gemv", "sbvr_dequant",
@@ -57,7 +58,7 @@ def test_library_builds_and_exports_symbols(built_library):
                                "decode_attention_mma", "decode_attention_mma_occupancy", "moe_router"}
     assert hasattr(lib, "lowbit_read_bw") and hasattr(lib, "lowbit_copy_bw") and hasattr(lib, "lowbit_nvfp4_w4a4_gemv")
     assert hasattr(lib, "lowbit_check_expert_offsets") and hasattr(lib, "lowbit_clear_error")
-    assert hasattr(lib, "lowbit_nvfp4_gemv_swiglu_pairs")
+    assert hasattr(lib, "lowbit_nvfp4_gemv_swiglu_pairs") and hasattr(lib, "lowbit_nvfp4_routed_act_fits")
     from lowbit.kernels.tiled import GEMM_INSTANCES, GEMM_TOKEN_TILES
     from lowbit.tuning import ROWS_UNROLL
 
@@ -82,6 +83,7 @@ def test_library_builds_and_exports_symbols(built_library):
             assert hasattr(lib, f"lowbit_nvfp4_grouped_gemm_{dt}_t{nt}")
             assert hasattr(lib, f"lowbit_nvfp4_grouped_gemm_occupancy_{dt}_t{nt}")
         assert hasattr(lib, f"lowbit_nvfp4_split_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_split_gemv_occupancy_{dt}")
+        assert hasattr(lib, f"lowbit_nvfp4_routed_gemv_{dt}")
         assert hasattr(lib, f"lowbit_nvfp4_plain_gemv_{dt}") and hasattr(lib, f"lowbit_nvfp4_quantize_{dt}")
         assert hasattr(lib, f"lowbit_nvfp4_dequant_{dt}")
         for m in (1, 2, 3, 4, 8):

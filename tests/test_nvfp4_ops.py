@@ -154,3 +154,30 @@ def test_nvfp4_grouped_gemm_op_cpu_is_reference_and_checks(gen):
         ops.nvfp4_grouped_gemm(x, torch.tensor([0, 5, 2, 7]), *args)
     with pytest.raises(ValueError, match=r"x must have shape \[tokens, K=64\]"):
         ops.nvfp4_grouped_gemm(x[:, :32].contiguous(), off, *args)
+
+
+def test_nvfp4_routed_op_cpu_reference_and_checks(gen):
+    """The routed GEMV's op on CPU: row r is x row r // rows_per_x times expert ids[r] (the reference, expert by
+    expert, fp32), ids outside [0, E) give exact zero rows; swiglu=True takes silu(gate) * up of x [rows, 2 K]; bad input refused."""
+    experts = lowbit.quantize_nvfp4_experts(torch.randn(3, 40, 64, generator=gen))
+    args = (experts.qweight, experts.qscales, experts.scale_2, 40, 64)
+    x = torch.randn(2, 64, generator=gen)
+    ids = torch.tensor([2, 0, 3, 2])  # rows_per_x = 2; 3 is a sentinel
+    y = ops.nvfp4_routed_gemv(x, ids, *args, 2)
+    for r, e in enumerate(ids.tolist()):
+        if e >= 3:
+            assert torch.equal(y[r], torch.zeros(40))
+            continue
+        want = nvfp4.linear_reference(x[r // 2:r // 2 + 1], experts.weight(e))[0]
+        torch.testing.assert_close(y[r], want, rtol=1e-5, atol=1e-6)  # fp32, rows batched per expert
+    gu = torch.randn(4, 128, generator=gen)
+    ys = ops.nvfp4_routed_gemv(gu, ids, *args, 1, swiglu=True)
+    assert torch.equal(ys, ops.nvfp4_routed_gemv(ops.swiglu_reference(gu), ids, *args, 1))
+    with pytest.raises(ValueError, match="route_ids must have"):
+        ops.nvfp4_routed_gemv(x, ids[:3], *args, 2)
+    with pytest.raises(ValueError, match="rows_per_x must be a positive int"):
+        ops.nvfp4_routed_gemv(x, ids, *args, 0)
+    with pytest.raises(ValueError, match=r"swiglu=True: x must be \[rows, 2 x K = 128\]"):
+        ops.nvfp4_routed_gemv(x, ids[:2], *args, 1, swiglu=True)
+    with pytest.raises(TypeError, match="route_ids"):
+        ops.nvfp4_routed_gemv(x, ids.int(), *args, 2)

@@ -1181,11 +1181,11 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     if (FP4 && (flags & kFlagRot32)) return static_cast<int>(cudaErrorInvalidValue);
     const int pdl = flags & kFlagPdl;
     const bool routed = routes.ids != nullptr;
-    if (routed && (FP4 || (flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
+    if (routed && ((flags & kFlagRot32) || offsets != nullptr || routes.count < 1 || routes.count > kMaxRoutes ||
                    routes.x_div < 1 || routes.count % routes.x_div))
         return static_cast<int>(cudaErrorInvalidValue);
-    const bool act = flags & kFlagAct;  // routed, unrotated kbit, one route per x row
-    if (act && (!routed || FP4 || (flags & kFlagRot32) || routes.x_div != 1)) return static_cast<int>(cudaErrorInvalidValue);
+    const bool act = flags & kFlagAct;  // routed, unrotated, one route per x row
+    if (act && (!routed || (flags & kFlagRot32) || routes.x_div != 1)) return static_cast<int>(cudaErrorInvalidValue);
     // items of the experts that can be active (routed: at most one per route)
     const int max_active = routed && routes.count < n_experts ? routes.count : n_experts;
     auto items_of = [&](int s) { return int64_t(max_active) * ((n_tiles + kWarps / s - 1) / (kWarps / s)); };
@@ -1213,12 +1213,10 @@ int launch_split(const void* x, const int64_t* offsets, int m_dense, const void*
     // the general instance (PDL-aware; its waits are no-ops in a plain launch), ONE (plain only) and ROUTED
     auto kernel = pick_instance<FP4>(flags, [one, routed, with_epi, act](auto rot_) {
         constexpr bool R = decltype(rot_)::value;
-        if constexpr (!R) {
+        if constexpr (!R) {  // kbit and NVFP4 alike: the routes and the activation are the rows', not the format's
             if (with_epi) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, false, true>;
-        }
-        if constexpr (!FP4 && !R) {
-            if (act) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true, false, true>;
-            if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, false, false, true>;
+            if (act) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, true, false, true>;
+            if (routed) return kbit_split_gemv_kernel<BITS, T, true, false, FP4, false, true>;
         }
         return one ? kbit_split_gemv_kernel<BITS, T, false, true, FP4, R> : kbit_split_gemv_kernel<BITS, T, true, false, FP4, R>;
     });

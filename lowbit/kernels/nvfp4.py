@@ -13,12 +13,12 @@ import torch
 from .. import ops
 from ..formats import nvfp4
 from .library import library_or_none, ptr, register_signatures, stream_of
-from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, check_offsets_on_device,
-                    run_gemv_epilogue, tiled_signatures, with_bias)
+from .tiled import (NVFP4, GemmLauncher, GemvLauncher, GroupedGemmLauncher, GroupedLauncher, RoutedLauncher,
+                    check_offsets_on_device, run_gemv_epilogue, tiled_signatures, with_bias)
 
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 register_signatures({
-    **tiled_signatures("nvfp4", grouped_gemm=True),  # qscales = nvfp4/tiled.py scales, values = the E2M1 values, scale = scale_2
+    **tiled_signatures("nvfp4", grouped_gemm=True, routed=True),  # qscales = nvfp4/tiled.py scales, values = the E2M1 values, scale = scale_2
     # the checkpoint layout (csrc/nvfp4/gemv.cu): x, packed, scales, packed row stride, scales row stride
     # (bytes), scale_2, y, m (1..8), n, k, stream
     "nvfp4_plain_gemv": [_P, _P, _P, _I64, _I64, _P, _P, _I, _I, _I, _P],
@@ -196,3 +196,13 @@ def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
         check_offsets_on_device(lib, offsets, x.shape[0])
     launch = GroupedGemmLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
     return launch(x.contiguous(), offsets)
+
+
+@ops.nvfp4_routed_gemv.register_kernel("cuda")
+def _(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x=1, swiglu=False):
+    ops.check_nvfp4_routed_args(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu)
+    lib = library_or_none(x.device)
+    if lib is None or x.dtype == torch.float32 or route_ids.shape[0] > ops.ROUTED_MAX_ROUTES:
+        return ops.nvfp4_routed_reference(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu)
+    launch = RoutedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
+    return launch(x.contiguous(), route_ids.contiguous(), rows_per_x, swiglu)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import dispatch
+from .. import dispatch, ops
 from ..formats import nvfp4
 from ..formats.nvfp4 import columns as nvfp4_columns
 from ..formats.nvfp4 import tiled as nvfp4_tiled
@@ -232,8 +232,9 @@ class NvFp4MoeExperts(QuantizedModule):
     :func:`lowbit.nn.experts.fused_experts_layout`) in NVFP4, every expert quantized alone (its own tensor scale).
     It holds, stores and computes on the tiled GPU layout (:class:`lowbit.formats.nvfp4.NvFp4Experts`; per
     projection ``{p}_qweight``, ``{p}_qscales``, ``{p}_scale_2``). Its two products are
-    :func:`lowbit.dispatch.nvfp4_grouped_op`: the grouped GEMV at decode, the grouped tensor-core GEMM from the
-    rows-per-expert crossover, the reference on CPU. Round to nearest only (``method="gptq"`` calibrates the linears
+    :func:`lowbit.dispatch.nvfp4_grouped_op` on rows sorted by expert: the grouped GEMV, the grouped tensor-core GEMM
+    from the rows-per-expert crossover, the reference on CPU; at decode sizes (:func:`lowbit.dispatch.moe_routed`) the
+    routed GEMV on the router's ids, with down's SiLU-mul inside it (as :class:`KbitMoeExperts`). Round to nearest only (``method="gptq"`` calibrates the linears
     and rounds these). Build with :meth:`from_experts`."""
 
     PROJECTIONS = ("gate_up", "down")
@@ -299,9 +300,25 @@ class NvFp4MoeExperts(QuantizedModule):
         mod.tensors_changed()
         return mod
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        from .experts import moe_forward
+    def _routed(self, p: str, x: torch.Tensor, ids: torch.Tensor, rows_per_x: int, swiglu: bool = False) -> torch.Tensor:
+        """The routed GEMV's NVFP4 instance on the router's ids (eager: a launcher kept per projection; traced: the op)."""
+        ex = self.experts(p)
+        if not torch.compiler.is_compiling():
+            launch = self._launchers.get(p)
+            if launch is None or launch.tensors[0] is not ex.qweight:
+                launch = self._launchers[p] = dispatch.nvfp4_routed_launcher(ex, x)
+            if launch is not None:
+                return launch(x, ids, rows_per_x, swiglu)
+        return ops.nvfp4_routed_gemv(x, ids, ex.qweight, ex.qscales, ex.scale_2, ex.n, ex.k, rows_per_x, swiglu)
 
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        from .experts import moe_forward, moe_routed_forward
+
+        if dispatch.moe_routed(hidden_states, top_k_index.numel(), self.num_experts):  # decode: no sort
+            return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
+                                      lambda x, ids, d: self._routed("gate_up", x, ids, d),
+                                      lambda x, ids, d: self._routed("down", x, ids, d),
+                                      lambda gu, ids: self._routed("down", gu, ids, 1, swiglu=True))
         # the offsets are built by moe_forward (valid by construction): no device-side check
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, off: dispatch.nvfp4_grouped_op(x, off, self.experts("gate_up"), False),
@@ -320,7 +337,7 @@ class NvFp4MoeExperts(QuantizedModule):
         return self.num_experts * (3 * self.hidden_dim * self.intermediate_dim * 9 // 16 + 8)
 
     def tensors_changed(self) -> None:
-        self._experts = {}
+        self._experts, self._launchers = {}, {}
         if self.gate_up_qweight.device.type != "meta":
             for p in self.PROJECTIONS:
                 self.experts(p)

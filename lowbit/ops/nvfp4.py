@@ -1,4 +1,4 @@
-"""NVFP4's ops: the tiled-layout GEMV / GEMM / grouped GEMV (kbit's tensor-core kernels instantiated for
+"""NVFP4's ops: the tiled-layout GEMV / GEMM / grouped and routed GEMV / grouped GEMM (kbit's kernels instantiated for
 E2M1 + E4M3), the checkpoint-layout GEMV and dequantize, and the W4A4 pieces (GPU MODE's batched GEMV,
 activation quantization)."""
 
@@ -106,11 +106,21 @@ def _(x, qweight, qscales, scale_2, n, k, bias=None, rms_x=None, eps=1e-6, resid
 
 
 def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k) -> int:
+    e = _check_nvfp4_stack(x, qweight, qscales, scale_2, n, k)
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
+    if expert_offsets.shape[0] != e + 1:
+        raise ValueError(f"scale_2 [E={e}] and expert_offsets [E + 1] expected, got {tuple(scale_2.shape)} / "
+                         f"{tuple(expert_offsets.shape)}")
+    check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight, qscales=qscales, scale_2=scale_2)
+    return e
+
+
+def _check_nvfp4_stack(x, qweight, qscales, scale_2, n, k) -> int:
+    """The expert count of a valid NVFP4 expert stack (tiled layout) and x [rows, K]; raises otherwise."""
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
     check_tensor("qweight", qweight, dtypes=(torch.int32,))
     check_tensor("qscales", qscales, dtypes=(torch.uint8,))
     check_tensor("scale_2", scale_2, dtypes=(torch.float32,), dim=1)
-    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
     if not (isinstance(n, int) and isinstance(k, int) and n >= 1 and k >= 32 and k % 32 == 0):
         raise ValueError(f"n >= 1 and k (a multiple of 32) must be ints, got n={n!r}, k={k!r}")
     e = qweight.shape[0] if qweight.dim() == 6 else -1
@@ -118,12 +128,11 @@ def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     if e < 1 or tuple(qweight.shape) != (e, t, g, 4, 32, 4) or tuple(qscales.shape) != (e, t, g, nvfp4_tiled.SCALE_BYTES):
         raise ValueError(f"qweight / qscales must be [E, {t}, {g}, 4, 32, 4] / [E, {t}, {g}, {nvfp4_tiled.SCALE_BYTES}], "
                          f"got {tuple(qweight.shape)} / {tuple(qscales.shape)}")
-    if tuple(scale_2.shape) != (e,) or expert_offsets.shape[0] != e + 1:
-        raise ValueError(f"scale_2 [E={e}] and expert_offsets [E + 1] expected, got {tuple(scale_2.shape)} / "
-                         f"{tuple(expert_offsets.shape)}")
+    if tuple(scale_2.shape) != (e,):
+        raise ValueError(f"scale_2 must be [E={e}], got {tuple(scale_2.shape)}")
     if x.shape[1] != k:
         raise ValueError(f"x must have shape [tokens, K={k}], got {tuple(x.shape)}")
-    check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight, qscales=qscales, scale_2=scale_2)
+    check_same_device(qweight=qweight, qscales=qscales, scale_2=scale_2)
     return e
 
 
@@ -162,6 +171,57 @@ def nvfp4_grouped_gemm(x: Tensor, expert_offsets: Tensor, qweight: Tensor, qscal
 def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
     check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     return x.new_empty((x.shape[0], n))
+
+
+def check_nvfp4_routed_args(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu: bool = False) -> int:
+    """:func:`lowbit.ops.check_kbit_routed_args` for an NVFP4 expert stack."""
+    operand = x
+    if swiglu:  # x holds [gate | up]: the stack is checked against the product silu(gate) * up, [rows, K]
+        check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+        if x.shape[1] != 2 * k:
+            raise ValueError(f"swiglu=True: x must be [rows, 2 x K = {2 * k}] ([gate | up]), got {tuple(x.shape)}")
+        if rows_per_x != 1:
+            raise ValueError(f"swiglu=True takes one route per x row (rows_per_x=1), got {rows_per_x!r}")
+        operand = torch.empty((x.shape[0], k), dtype=x.dtype, device="meta")
+    e = _check_nvfp4_stack(operand, qweight, qscales, scale_2, n, k)
+    check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
+    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
+        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
+    if route_ids.shape[0] != x.shape[0] * rows_per_x:
+        raise ValueError(f"route_ids must have rows x rows_per_x = {x.shape[0]} x {rows_per_x} = "
+                         f"{x.shape[0] * rows_per_x} entries (route r reads x row r // rows_per_x), got {route_ids.shape[0]}")
+    check_same_device(x=x, route_ids=route_ids, qweight=qweight)
+    return e
+
+
+@torch.library.custom_op("lowbit::nvfp4_routed_gemv", mutates_args=())
+def nvfp4_routed_gemv(x: Tensor, route_ids: Tensor, qweight: Tensor, qscales: Tensor, scale_2: Tensor, n: int, k: int,
+                      rows_per_x: int = 1, swiglu: bool = False) -> Tensor:
+    """:func:`lowbit.ops.kbit_routed_gemv` for an NVFP4 expert stack (the routed GEMV's NVFP4 instance): output row r
+    is x row ``r // rows_per_x`` times expert ``route_ids[r]`` -> ``[len(route_ids), n]``; ``swiglu=True``: the operand
+    is ``silu(gate) * up`` of x ``[rows, 2 K]``; ids outside ``[0, E)`` give zero rows. fp16/bf16 x with at most
+    ``ROUTED_MAX_ROUTES`` routes runs the CUDA kernel; fp32 x and CPU the reference."""
+    check_nvfp4_routed_args(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu)
+    return nvfp4_routed_reference(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu)
+
+
+@nvfp4_routed_gemv.register_fake
+def _(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x=1, swiglu=False):
+    check_nvfp4_routed_args(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu)
+    return x.new_empty((route_ids.shape[0], n))
+
+
+def nvfp4_routed_reference(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x=1, swiglu=False) -> Tensor:
+    if swiglu:
+        x = swiglu_reference(x)
+    experts = qweight.shape[0]
+    ids = route_ids.tolist()
+    y = x.new_zeros((len(ids), n))
+    for e in sorted({i for i in ids if 0 <= i < experts}):
+        rows = [r for r, i in enumerate(ids) if i == e]
+        xr = x[torch.tensor([r // rows_per_x for r in rows], device=x.device)]
+        y[torch.tensor(rows, device=x.device)] = nvfp4_tiled_reference(xr, qweight[e], qscales[e], scale_2[e], n, k)
+    return y
 
 
 # ------------------------------------------------------------------ NVFP4 on the checkpoint layout

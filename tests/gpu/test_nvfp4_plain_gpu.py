@@ -326,3 +326,47 @@ def test_nvfp4_linear_module_on_cuda(dtype, gen):
         x = torch.randn(m, 2048, generator=gen).to(dtype).cuda()
         ref = _ref(x, q) + lin.bias.detach().double()
         assert _rel(mod(x), ref) <= BOUND[dtype], f"M={m}"
+
+
+# ------------------------------------------------------------------ routed (MoE, unsorted rows) NVFP4 GEMV
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_nvfp4_experts_module_routed_equals_sorted(dtype, gen, monkeypatch):
+    """NvFp4MoeExperts at decode sizes runs the routed GEMV's NVFP4 instance (no sort): bit-equal to the sorted block
+    for 1-8 tokens with shared experts and a sentinel id when the activation is its own step (ROUTED_SWIGLU off),
+    within the bound when the down GEMV computes it; the op (what torch.compile traces) agrees with the launcher, and
+    with the reference within the bound."""
+    from lowbit import dispatch
+    from lowbit.nn import experts as nn_experts
+
+    e_count, h, inter = 32, 256, 160
+    src = torch.nn.Module()
+    src.gate_up_proj = torch.nn.Parameter(torch.randn(e_count, 2 * inter, h, generator=gen) * 0.1)
+    src.down_proj = torch.nn.Parameter(torch.randn(e_count, h, inter, generator=gen) * 0.1)
+    src.act_fn = torch.nn.SiLU()
+    ex = lowbit.nn.NvFp4MoeExperts.from_experts(src).to(dtype).cuda()
+    with torch.no_grad():
+        for tokens in (1, 3, 8):
+            hs = torch.randn(tokens, h, generator=gen).to(dtype).cuda()
+            idx = torch.randint(0, e_count, (tokens, 4), generator=gen)
+            idx[0, 1] = idx[-1, 0]  # two routes share an expert
+            idx[-1, -1] = e_count  # a sentinel: a zero row of weight 0
+            idx = idx.cuda()
+            w = torch.rand(tokens, 4, generator=gen).to(dtype).cuda()
+            assert dispatch.moe_routed(hs, idx.numel(), e_count)
+            monkeypatch.setattr(dispatch, "MOE_ROUTED", False)
+            sorted_ = ex(hs, idx, w)
+            monkeypatch.setattr(dispatch, "MOE_ROUTED", True)
+            monkeypatch.setattr(nn_experts, "ROUTED_SWIGLU", False)
+            got = ex(hs, idx, w)
+            assert torch.isfinite(got).all() and torch.equal(got, sorted_), f"{tokens} tokens"
+            monkeypatch.setattr(nn_experts, "ROUTED_SWIGLU", True)
+            got = ex(hs, idx, w)
+            assert torch.isfinite(got).all() and _rel(got, sorted_.cpu().double()) <= BOUND[dtype], f"{tokens} tokens"
+            gu = ex.experts("gate_up")
+            ids = idx.reshape(-1).contiguous()
+            args = (gu.qweight, gu.qscales, gu.scale_2, gu.n, gu.k, 4)
+            launched = ex._routed("gate_up", hs, ids, 4)
+            assert torch.equal(ops.nvfp4_routed_gemv(hs, ids, *args), launched)
+            want = ops.nvfp4_routed_reference(hs.float().cpu(), ids.cpu(), *(t.cpu() for t in args[:3]), *args[3:])
+            assert _rel(launched, want.double()) <= BOUND[dtype]
+            assert torch.equal(launched[-1], torch.zeros_like(launched[-1]))  # the sentinel's row
