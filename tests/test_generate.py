@@ -138,6 +138,17 @@ def test_generate_nvfp4_on_cpu():
     assert make_parser().parse_args(["generate", "--format", "nvfp4"]).fmt == "nvfp4"
 
 
+def test_cli_generate_nvfp4_quantizes_moe_expert_blocks():
+    """`lowbit generate --format nvfp4` on a MoE model, as a user types it: the expert blocks are quantized too."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "lowbit", "generate", "--model", "random:tiny-qwen3-moe", "--format",
+                           "nvfp4", "--device", "cpu", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "quantized 8 linear layers and 2 MoE expert blocks to NVFP4" in proc.stdout, proc.stdout
+
+
 def test_generate_formats_side_by_side_on_cpu(capsys):
     """--format kbit,nvfp4: each format quantizes its own copy; one table with a row and a quality per format."""
     from lowbit.hf.generate import generate
