@@ -177,7 +177,7 @@ def test_nvfp4_routed_op_cpu_reference_and_checks(gen):
         ops.nvfp4_routed_gemv(x, ids[:3], *args, 2)
     with pytest.raises(ValueError, match="rows_per_x must be a positive int"):
         ops.nvfp4_routed_gemv(x, ids, *args, 0)
-    with pytest.raises(ValueError, match=r"swiglu=True: x must be \[rows, 2 x K = 128\]"):
+    with pytest.raises(ValueError, match=r"swiglu=True: x must be \[rows, 2 x K_in = 128\]"):
         ops.nvfp4_routed_gemv(x, ids[:2], *args, 1, swiglu=True)
     with pytest.raises(TypeError, match="route_ids"):
         ops.nvfp4_routed_gemv(x, ids.int(), *args, 2)

@@ -172,30 +172,23 @@ def _(packed, scales, scale_2, dtype):
     return out
 
 
-@ops.nvfp4_grouped_gemv.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
-    ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
-    lib = library_or_none(x.device)
-    if lib is None or x.dtype == torch.float32:
-        return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
-    offsets = expert_offsets.contiguous()
-    if check_offsets:
-        check_offsets_on_device(lib, offsets, x.shape[0])
-    launch = GroupedLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
-    return launch(x.contiguous(), offsets)
+def _grouped(launcher_cls):
+    """The CUDA implementation of a grouped op (rows sorted by expert) on ``launcher_cls``'s kernel."""
+    def run(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
+        ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
+        lib = library_or_none(x.device)
+        if lib is None or x.dtype == torch.float32:
+            return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
+        offsets = expert_offsets.contiguous()
+        if check_offsets:
+            check_offsets_on_device(lib, offsets, x.shape[0])
+        launch = launcher_cls(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
+        return launch(x.contiguous(), offsets)
+    return run
 
 
-@ops.nvfp4_grouped_gemm.register_kernel("cuda")
-def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
-    ops.check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
-    lib = library_or_none(x.device)
-    if lib is None or x.dtype == torch.float32:
-        return ops.nvfp4_grouped_reference(x, expert_offsets, qweight, qscales, scale_2, n, k)
-    offsets = expert_offsets.contiguous()
-    if check_offsets:
-        check_offsets_on_device(lib, offsets, x.shape[0])
-    launch = GroupedGemmLauncher(lib, qweight, qscales, e2m1_codebook(x.device), scale_2.contiguous(), NVFP4, n, k)
-    return launch(x.contiguous(), offsets)
+ops.nvfp4_grouped_gemv.register_kernel("cuda")(_grouped(GroupedLauncher))  # 8 rows per expert per weight pass
+ops.nvfp4_grouped_gemm.register_kernel("cuda")(_grouped(GroupedGemmLauncher))  # tensor cores, from the crossover
 
 
 @ops.nvfp4_routed_gemv.register_kernel("cuda")

@@ -38,6 +38,41 @@ def per_expert(x, expert_offsets, n: int, experts: int, linear) -> Tensor:
     return y
 
 
+def routed_operand(x, route_ids, k_in: int, rows_per_x, swiglu: bool) -> Tensor:
+    """The routed GEMVs' row arguments (kbit's and NVFP4's ``*_routed_gemv``): ``route_ids`` int64 [rows x
+    rows_per_x]; ``swiglu``: x is ``[rows, 2 K_in]`` = [gate | up] with one route per row. Returns the operand to check
+    against the expert stack: x itself, or a meta stand-in of the product silu(gate) * up ``[rows, K_in]``."""
+    operand = x
+    if swiglu:  # x holds [gate | up]: the stack is checked against the product silu(gate) * up, [rows, K_in]
+        check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
+        if x.shape[1] != 2 * k_in:
+            raise ValueError(f"swiglu=True: x must be [rows, 2 x K_in = {2 * k_in}] ([gate | up]), got {tuple(x.shape)}")
+        if rows_per_x != 1:
+            raise ValueError(f"swiglu=True takes one route per x row (rows_per_x=1), got {rows_per_x!r}")
+        operand = torch.empty((x.shape[0], k_in), dtype=x.dtype, device="meta")
+    check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
+    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
+        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
+    if route_ids.shape[0] != x.shape[0] * rows_per_x:
+        raise ValueError(f"route_ids must have rows x rows_per_x = {x.shape[0]} x {rows_per_x} = "
+                         f"{x.shape[0] * rows_per_x} entries (route r reads x row r // rows_per_x), got {route_ids.shape[0]}")
+    return operand
+
+
+def per_route(x, route_ids, n: int, experts: int, rows_per_x: int, swiglu: bool, linear) -> Tensor:
+    """The routed references: row r is x row ``r // rows_per_x`` (``swiglu``: silu(gate) * up of it) through
+    ``linear(e, rows)`` for e = ``route_ids[r]``, each expert's rows in one call; ids outside [0, experts): zero rows."""
+    if swiglu:
+        x = swiglu_reference(x)
+    ids = route_ids.tolist()
+    y = x.new_zeros((len(ids), n))
+    for e in sorted({i for i in ids if 0 <= i < experts}):
+        rows = [r for r, i in enumerate(ids) if i == e]
+        xr = x[torch.tensor([r // rows_per_x for r in rows], device=x.device)]
+        y[torch.tensor(rows, device=x.device)] = linear(e, xr)
+    return y
+
+
 # ------------------------------------------------------------------ the GEMV epilogue (a decode step's glue)
 def check_epilogue_parts(x, m: int, n: int, k_in: int, rms_x, residual, norm_weight, swiglu: bool = False) -> None:
     """The epilogue's own arguments of an M-row GEMV ``[M, K_in] -> [M, N]`` (kbit's and NVFP4's

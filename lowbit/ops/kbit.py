@@ -10,8 +10,8 @@ from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import kbit
 from ..formats.kbit import rotation as kbit_rotation
 from ..formats.kbit import tiled as kbit_tiled
-from .common import (GEMV_MAX_M, _check_out_dtype, apply_epilogue, check_bias, check_epilogue_parts, per_expert,
-                     swiglu_reference)
+from .common import (GEMV_MAX_M, _check_out_dtype, apply_epilogue, check_bias, check_epilogue_parts, per_expert, per_route,
+                     routed_operand, swiglu_reference)
 
 def check_kbit_dequantize_args(planes, absmax, codebook, scale, bits, dtype) -> tuple[int, int]:
     kbit.check_kbit_tensors(planes, absmax, codebook, scale, bits)
@@ -304,21 +304,8 @@ ROUTED_MAX_ROUTES = 256
 
 def check_kbit_routed_args(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x,
                            swiglu: bool = False) -> int:
-    operand = x
-    if swiglu:  # x holds [gate | up]: the stack is checked against the product silu(gate) * up, [rows, K_in]
-        check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
-        if x.shape[1] != 2 * k_in:
-            raise ValueError(f"swiglu=True: x must be [rows, 2 x K_in = {2 * k_in}] ([gate | up]), got {tuple(x.shape)}")
-        if rows_per_x != 1:
-            raise ValueError(f"swiglu=True takes one route per x row (rows_per_x=1), got {rows_per_x!r}")
-        operand = torch.empty((x.shape[0], k_in), dtype=x.dtype, device="meta")
+    operand = routed_operand(x, route_ids, k_in, rows_per_x, swiglu)
     experts = _check_expert_stack(operand, qweight, qabsmax, codebook, scales, bits, n, k_in)
-    check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
-    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
-        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
-    if route_ids.shape[0] != x.shape[0] * rows_per_x:
-        raise ValueError(f"route_ids must have rows x rows_per_x = {x.shape[0]} x {rows_per_x} = "
-                         f"{x.shape[0] * rows_per_x} entries (route r reads x row r // rows_per_x), got {route_ids.shape[0]}")
     check_same_device(x=x, route_ids=route_ids, qweight=qweight)
     return experts
 
@@ -352,17 +339,8 @@ def _(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_
 
 
 def routed_reference(x, route_ids, qweight, qabsmax, codebook, scales, bits, n, k_in, rows_per_x=1, swiglu=False):
-    if swiglu:
-        x = swiglu_reference(x)
-    experts = qweight.shape[0]
-    ids = route_ids.tolist()
-    y = x.new_zeros((len(ids), n))
-    for e in sorted({i for i in ids if 0 <= i < experts}):
-        rows = [r for r, i in enumerate(ids) if i == e]
-        xr = x[torch.tensor([r // rows_per_x for r in rows], device=x.device)]
-        y[torch.tensor(rows, device=x.device)] = tiled_linear_reference(xr, qweight[e], qabsmax[e], codebook, scales[e],
-                                                                          bits, n, k_in)
-    return y
+    return per_route(x, route_ids, n, qweight.shape[0], rows_per_x, swiglu,
+                     lambda e, rows: tiled_linear_reference(rows, qweight[e], qabsmax[e], codebook, scales[e], bits, n, k_in))
 
 
 def gemv_reference(x, qweight, qabsmax, codebook, scale, bits, n, k_in, bias=None, rotation=0):

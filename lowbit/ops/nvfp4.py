@@ -10,7 +10,8 @@ from torch import Tensor
 from .._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from ..formats import nvfp4
 from ..formats.nvfp4 import tiled as nvfp4_tiled
-from .common import GEMV_MAX_M, apply_epilogue, check_bias, check_epilogue_parts, per_expert, swiglu_reference
+from .common import (GEMV_MAX_M, apply_epilogue, check_bias, check_epilogue_parts, per_expert, per_route, routed_operand,
+                     swiglu_reference)
 
 def check_nvfp4_gemm_args(x, qweight, qscales, scale_2, n, k) -> int:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
@@ -175,21 +176,7 @@ def _(x, expert_offsets, qweight, qscales, scale_2, n, k, check_offsets=True):
 
 def check_nvfp4_routed_args(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x, swiglu: bool = False) -> int:
     """:func:`lowbit.ops.check_kbit_routed_args` for an NVFP4 expert stack."""
-    operand = x
-    if swiglu:  # x holds [gate | up]: the stack is checked against the product silu(gate) * up, [rows, K]
-        check_tensor("x", x, dtypes=FLOAT_DTYPES, dim=2)
-        if x.shape[1] != 2 * k:
-            raise ValueError(f"swiglu=True: x must be [rows, 2 x K = {2 * k}] ([gate | up]), got {tuple(x.shape)}")
-        if rows_per_x != 1:
-            raise ValueError(f"swiglu=True takes one route per x row (rows_per_x=1), got {rows_per_x!r}")
-        operand = torch.empty((x.shape[0], k), dtype=x.dtype, device="meta")
-    e = _check_nvfp4_stack(operand, qweight, qscales, scale_2, n, k)
-    check_tensor("route_ids", route_ids, dtypes=(torch.int64,), dim=1)
-    if not isinstance(rows_per_x, int) or isinstance(rows_per_x, bool) or rows_per_x < 1:
-        raise ValueError(f"rows_per_x must be a positive int, got {rows_per_x!r}")
-    if route_ids.shape[0] != x.shape[0] * rows_per_x:
-        raise ValueError(f"route_ids must have rows x rows_per_x = {x.shape[0]} x {rows_per_x} = "
-                         f"{x.shape[0] * rows_per_x} entries (route r reads x row r // rows_per_x), got {route_ids.shape[0]}")
+    e = _check_nvfp4_stack(routed_operand(x, route_ids, k, rows_per_x, swiglu), qweight, qscales, scale_2, n, k)
     check_same_device(x=x, route_ids=route_ids, qweight=qweight)
     return e
 
@@ -212,16 +199,8 @@ def _(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x=1, swiglu=False)
 
 
 def nvfp4_routed_reference(x, route_ids, qweight, qscales, scale_2, n, k, rows_per_x=1, swiglu=False) -> Tensor:
-    if swiglu:
-        x = swiglu_reference(x)
-    experts = qweight.shape[0]
-    ids = route_ids.tolist()
-    y = x.new_zeros((len(ids), n))
-    for e in sorted({i for i in ids if 0 <= i < experts}):
-        rows = [r for r, i in enumerate(ids) if i == e]
-        xr = x[torch.tensor([r // rows_per_x for r in rows], device=x.device)]
-        y[torch.tensor(rows, device=x.device)] = nvfp4_tiled_reference(xr, qweight[e], qscales[e], scale_2[e], n, k)
-    return y
+    return per_route(x, route_ids, n, qweight.shape[0], rows_per_x, swiglu,
+                     lambda e, rows: nvfp4_tiled_reference(rows, qweight[e], qscales[e], scale_2[e], n, k))
 
 
 # ------------------------------------------------------------------ NVFP4 on the checkpoint layout
