@@ -134,7 +134,7 @@ def test_nvfp4_grouped_cpu_reference_and_checks(gen):
         assert torch.equal(experts.weight(e).packed, lowbit.quantize_nvfp4(w[e]).packed)
     with pytest.raises(ValueError, match="expert_offsets must rise"):
         lowbit.nvfp4_grouped_linear(x, torch.tensor([0, 3, 2, 7]), experts)
-    with pytest.raises(ValueError, match=r"expert_offsets must have E \+ 1 = 4 entries|scale_2 \[E=3\] and expert_offsets"):
+    with pytest.raises(ValueError, match=r"expert_offsets must have E \+ 1 = 4 entries"):
         lowbit.nvfp4_grouped_linear(x, torch.tensor([0, 7]), experts)
     with pytest.raises(TypeError, match="NvFp4Experts"):
         lowbit.nvfp4_grouped_linear(x, off, [experts.weight(0)])

@@ -234,8 +234,8 @@ class NvFp4MoeExperts(QuantizedModule):
     projection ``{p}_qweight``, ``{p}_qscales``, ``{p}_scale_2``). Its two products are
     :func:`lowbit.dispatch.nvfp4_grouped_op` on rows sorted by expert: the grouped GEMV, the grouped tensor-core GEMM
     from the rows-per-expert crossover, the reference on CPU; at decode sizes (:func:`lowbit.dispatch.moe_routed`) the
-    routed GEMV on the router's ids, with down's SiLU-mul inside it (as :class:`KbitMoeExperts`). Round to nearest only (``method="gptq"`` calibrates the linears
-    and rounds these). Build with :meth:`from_experts`."""
+    routed GEMV on the router's ids, with down's SiLU-mul inside it (as :class:`KbitMoeExperts`). Round to nearest
+    only (``method="gptq"`` calibrates the linears and rounds these). Build with :meth:`from_experts`."""
 
     PROJECTIONS = ("gate_up", "down")
     calibrated = False

@@ -110,8 +110,7 @@ def check_nvfp4_grouped_args(x, expert_offsets, qweight, qscales, scale_2, n, k)
     e = _check_nvfp4_stack(x, qweight, qscales, scale_2, n, k)
     check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int64,), dim=1)
     if expert_offsets.shape[0] != e + 1:
-        raise ValueError(f"scale_2 [E={e}] and expert_offsets [E + 1] expected, got {tuple(scale_2.shape)} / "
-                         f"{tuple(expert_offsets.shape)}")
+        raise ValueError(f"expert_offsets must have E + 1 = {e + 1} entries, got {expert_offsets.shape[0]}")
     check_same_device(x=x, expert_offsets=expert_offsets, qweight=qweight, qscales=qscales, scale_2=scale_2)
     return e
 
