@@ -124,7 +124,7 @@ def _case(case: str, rank: int, paths: dict, out: str) -> dict:
         m = transformers.AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig(**opts), **tp)
         ref = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         lowbit.quantize_model(ref, progress=False, **opts)
-    elif case in ("saved", "nvfp4_saved", "moe_saved"):
+    elif case in ("saved", "nvfp4_saved", "moe_saved", "moe_nvfp4_saved"):
         m = transformers.AutoModelForCausalLM.from_pretrained(paths[case], **tp)
         ref = transformers.AutoModelForCausalLM.from_pretrained(paths[case], dtype=torch.float32)
     else:  # refusals
@@ -231,14 +231,17 @@ def paths(tmp_path_factory):
     from lowbit.hf import LowbitConfig
 
     for src, dst, cfg in (("dense", "saved", LowbitConfig()), ("moe", "moe_saved", LowbitConfig()),
-                          ("dense", "nvfp4_saved", LowbitConfig(format="nvfp4"))):
+                          ("dense", "nvfp4_saved", LowbitConfig(format="nvfp4")),
+                          ("moe", "moe_nvfp4_saved", LowbitConfig(format="nvfp4"))):
         q = transformers.AutoModelForCausalLM.from_pretrained(d / src, dtype=torch.float32, quantization_config=cfg)
         q.save_pretrained(d / dst)
-    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved", "wide")}
+    return {k: str(d / k) for k in ("dense", "odd", "moe", "moe_odd", "saved", "moe_saved", "nvfp4_saved", "moe_nvfp4_saved",
+                                    "wide")}
 
 
 FUSED_CASES = ["fused_decode", "fused_decode_nvfp4", "fused_decode_compiled", "fused_decode_separate"]
-CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "moe_nvfp4", "refusals", "auto", "dense_head",
+CASES = ["kbit", "nvfp4", "saved", "nvfp4_saved", "head", "moe", "moe_saved", "moe_nvfp4", "moe_nvfp4_saved", "refusals",
+         "auto", "dense_head",
          "localize_head", *FUSED_CASES]
 
 
@@ -275,18 +278,18 @@ def test_sharded_forward_equals_unsharded(case, ranks):
             assert 0 < res["read"]["read_bytes"] == res["read"]["stored_bytes"] // WORLD, res
 
 
-@pytest.mark.parametrize("case", ["moe", "moe_saved", "moe_nvfp4"])
+@pytest.mark.parametrize("case", ["moe", "moe_saved", "moe_nvfp4", "moe_nvfp4_saved"])
 def test_sharded_moe_forward_equals_unsharded(case, ranks):
-    """A Qwen3-MoE quantized while loading under TP (kbit, NVFP4), or saved and loaded under TP: each rank's expert
-    block holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
+    """A Qwen3-MoE quantized while loading under TP (kbit, NVFP4), or saved and loaded under TP (each rank reading its
+    slices of the split weights): each rank's expert block holds every expert's half of the intermediate features (gate and up rows, down columns), the ranks' partial
     outputs are summed, and the logits are the unsharded model's."""
     for res in _run(case, ranks):
         assert res["finite"] and res["err"] <= BOUND, res
-        cls = "NvFp4MoeExperts" if case == "moe_nvfp4" else "KbitMoeExperts"
+        cls = "NvFp4MoeExperts" if "nvfp4" in case else "KbitMoeExperts"
         assert res["experts"] == [cls, 128 // WORLD, cls], res
         assert "split for tensor parallelism" in res["save"], res  # one rank's parts are no checkpoint
         assert res["qkv"] == [4 * 32 // WORLD, 2 * 32 // WORLD]
-        if case == "moe_saved":  # slices of the split weights: gate|up rows and q|k|v rows halved; down and o
+        if case.endswith("saved"):  # slices of the split weights: gate|up rows and q|k|v rows halved; down and o
             # (128 columns, one 256-column group) read whole
             assert 0 < res["read"]["read_bytes"] <= 0.8 * res["read"]["stored_bytes"], res
 

@@ -68,6 +68,21 @@ def saved_experts_shape(cls: type, cfg: dict, old: nn.Module) -> tuple[int, int,
     return shape
 
 
+def tiled_expert_slices(style: str, intermediate_dim: int, rank: int, world: int) -> tuple[list, list]:
+    """(gate|up, down) index ranges of a tiled expert stack ``[E, tiles, groups, ...]`` (kbit's and NVFP4's) that
+    rank ``rank``'s part of the intermediate features is cut from: for every expert, whole 16-row tiles around its
+    gate and up rows and whole 256-column groups around its down columns -- what a rank must read of a saved
+    checkpoint, and no more."""
+    if style != "experts":
+        raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
+    tn, gk = kbit_tiled.TILE_N, kbit_tiled.GROUP_K
+    i, part = intermediate_dim, intermediate_dim // world
+    lo, hi = rank * part, (rank + 1) * part
+    gate_up = [(slice(None), slice(a // tn, -(-b // tn))) for a, b in ((lo, hi), (i + lo, i + hi))]
+    down = [(slice(None), slice(None), slice(lo // gk, -(-hi // gk)))]
+    return gate_up, down
+
+
 def _check_block_args(mod: nn.Module, hidden_states, top_k_index, top_k_weights) -> None:
     if hidden_states.dim() != 2 or hidden_states.shape[1] != mod.hidden_dim:
         raise ValueError(f"hidden_states must be [tokens, {mod.hidden_dim}], got {tuple(hidden_states.shape)}")
@@ -376,13 +391,7 @@ class KbitMoeExperts(QuantizedModule):
         """The index ranges of the tiled stacks that rank ``rank``'s part (:meth:`tp_shard`) is cut from: for
         every expert, whole 16-row tiles around its gate and up rows and whole 256-column groups around its
         down columns -- what a rank must read of a saved checkpoint, and no more."""
-        if style != "experts":
-            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
-        tn, gk = kbit_tiled.TILE_N, kbit_tiled.GROUP_K
-        i, part = self.intermediate_dim, self.intermediate_dim // world
-        lo, hi = rank * part, (rank + 1) * part
-        gate_up = [(slice(None), slice(a // tn, -(-b // tn))) for a, b in ((lo, hi), (i + lo, i + hi))]
-        down = [(slice(None), slice(None), slice(lo // gk, -(-hi // gk)))]
+        gate_up, down = tiled_expert_slices(style, self.intermediate_dim, rank, world)
         return {"gate_up_qweight": gate_up, "gate_up_qabsmax": gate_up, "down_qweight": down, "down_qabsmax": down}
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -405,6 +405,15 @@ class NvFp4MoeExperts(QuantizedModule):
         new.tp_part = ("experts", rank, world)
         return new
 
+    def tp_read_slices(self, style: str, rank: int, world: int) -> dict[str, list[tuple]]:
+        """The index ranges of the tiled stacks that rank ``rank``'s part (:meth:`tp_shard`) is cut from (as
+        :class:`KbitMoeExperts`: whole tiles of gate and up rows, whole column groups of down); the tensor scales are
+        read whole."""
+        from .experts import tiled_expert_slices
+
+        gate_up, down = tiled_expert_slices(style, self.intermediate_dim, rank, world)
+        return {"gate_up_qweight": gate_up, "gate_up_qscales": gate_up, "down_qweight": down, "down_qscales": down}
+
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}, "
                 f"format=nvfp4")
