@@ -336,9 +336,9 @@ def test_decode_profile_breakdown(profile_graph, gen):
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
 def test_nvfp4_moe_model_on_cuda(name, gen):
-    """quantize_model(format="nvfp4") on a MoE model on the GPU (NvFp4Linear + NvFp4MoeExperts: the grouped GEMV at
-    decode, the grouped GEMM at 11 tokens x top-2 over 8 experts) against the same quantized model on the CPU (the
-    reference); a captured CUDA graph replays it bit-exactly and torch.compile(fullgraph=True) traces it."""
+    """quantize_model(format="nvfp4") on a MoE model on the GPU (NvFp4Linear + NvFp4MoeExperts: the routed GEMV at
+    decode, the grouped GEMM from 11 tokens x top-2 over 8 or 4 experts) against the same quantized model on the CPU
+    (the reference); a captured CUDA graph replays it bit-exactly and torch.compile(fullgraph=True) traces it."""
     seed = _seed(gen)
     model = build(name, seed, dtype=torch.bfloat16, device="cuda")
     report = lowbit.quantize_model(model, format="nvfp4", progress=False)
