@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     __shared__ __align__(8) uint64_t full[kBulkMaxRing], empty[kBulkMaxRing];
     __shared__ unsigned readers[kBulkMaxRing];  // warps done reading each slot, counted up for good
     __shared__ float rms_part[EPI ? kStreamWarps : 1][kRmsRows];  // EPI: the input norm's per-warp sums of squares
+    __shared__ float rms_f[kRmsRows];  // EPI: the tokens' norm factors (static shared memory must stay under 1 KB)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     static_assert(!SWI || EPI, "SwiGLU is an epilogue");
     if constexpr (!MULTI) m = 1;  // a constant from here on
@@ -239,19 +240,25 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         }
     }
     __syncthreads();  // every partial sum stored (and EPI's sums of squares)
-    auto norm_factor = [&](int tok) {  // the scale, times (EPI, rms_x) the token's norm factor, summed in warp order
-        if (!EPI || epi.rms_x == nullptr) return scale;
-        float ss = 0.f;
-#pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) ss += rms_part[w][tok];
-        return rsqrtf(ss / float(k_in) + epi.eps) * scale;
-    };
-    const float f0 = norm_factor(0);
-    auto factor = [&](int tok) { return MULTI && tok > 0 ? norm_factor(tok) : f0; };
+    // EPI with rms_x: warp 0 sums the tokens' norm factors once (not once per output: the summation and the division
+    // at every store of a MULTI instance were most of its tail), and tile_sum issues its 16 loads together (the loop
+    // ran 4 at a time). H200, Llama-3-8B kbit4 b4 1792 -> 1815 tok/s, b1 534.1 -> 536.5
+    // (benchmarks/journal/2026-11-28_bulk_tail_and_h200_recheck.md).
+    const bool rms = EPI && epi.rms_x != nullptr;
+    if (rms) {
+        if (warp == 0) rms_factors<kStreamWarps>(rms_f, rms_part, m, k_in, epi.eps);
+        __syncthreads();
+    }
+    auto factor = [&](int tok) { return rms ? rms_f[MULTI ? tok : 0] * scale : scale; };  // times the scale
     const int warps_used = n_groups < kStreamWarps ? n_groups : kStreamWarps;  // slice 0 had a group for each
     auto tile_sum = [&](int k, int r, int tok) {  // local tile k's row r for a token, summed in warp order
-        float sum = 0.f;
-        for (int w = 0; w < warps_used; ++w) sum += part[((k * kStreamWarps + w) * 16 + r) * m + tok];
+        const float* p = part + (k * kStreamWarps * 16 + r) * m + tok;
+        float v[kStreamWarps];
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) v[w] = w < warps_used ? p[w * 16 * m] : 0.f;  // every load in flight
+        float sum = 0.f;  // (+0 for absent warps: the same bits)
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) sum += v[w];
         return sum;
     };
     if constexpr (SWI) {  // every row exists (n % 32 == 0); y is [m, n / 2]
