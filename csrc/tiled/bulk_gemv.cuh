@@ -169,20 +169,27 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         if (epi.residual != nullptr) res = epi.residual[int64_t(my_tok) * n + my_row];
         if (epi.yw != nullptr) nw = epi.norm_w[my_row];
     }
-    if (EPI && epi.rms_x != nullptr) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);  // published below
     LaneCtx<T> ctx = lane_ctx<BITS, QUAD, T>(x, k_in, m, k_in);
     if constexpr (K2REG != 0) ctx.cb2 = cb2;
     uint4 xv[kGroupBlocks];
+    auto to_decode_order = [&] {  // K2REG: the register decode's order of x
+#pragma unroll
+        for (int j = 0; j < kGroupBlocks; ++j)
+            if ((K2REG >> j) & 1) xv[j] = cb2_x(xv[j]);
+    };
+    // Slice 0's x is requested before the norm's statistics read rms_x, so that both wait on one L2 round trip (one
+    // after the other, they were two on the path from the previous kernel's end to this one's first decode).
+    if (warp < n_groups) load_x<kXCoherent>(xv, ctx, warp);
+    if (EPI && epi.rms_x != nullptr) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);  // published below
+    to_decode_order();
     int h = 0, k0 = 0, slot = 0;
     uint32_t phase = 0;
     for (int s = 0; s < stages; ++s) {
         const int cnt = min(UPW, cta_tiles - k0), gs = min(kBulkSlice, n_groups - h * kBulkSlice);
         const bool active = warp < gs;  // the last slice may have fewer groups than warps
-        if (k0 == 0 && active) {        // a new slice: this warp's group's x, in the register decode's order
+        if (k0 == 0 && h > 0 && active) {  // a new slice: this warp's group's x
             load_x<kXCoherent>(xv, ctx, h * kBulkSlice + warp);
-#pragma unroll
-            for (int j = 0; j < kGroupBlocks; ++j)
-                if ((K2REG >> j) & 1) xv[j] = cb2_x(xv[j]);
+            to_decode_order();
         }
         mbar_wait(&full[slot], phase);
         const char* st = ring_base + size_t(slot) * kStage;

@@ -341,36 +341,65 @@ constexpr int kRmsRows = 8;  // token rows a GEMV launch normalizes (it takes <=
 // Per-warp sums of squares of rms_x's m rows into part[warp][row], by every thread of the CTA after
 // pdl_wait (rms_x is the previous kernel's output); a barrier publishes them. Fixed order: deterministic.
 // Every row's loads are issued before any is summed: one L2 round trip for the m rows, not m.
-template <int WARPS, typename T>
-__device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* rms_x, int m, int k_in) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float s[kRmsRows];
+template <typename T>
+__device__ __forceinline__ void rms_load(uint4 (&v)[kRmsRows], const T* rms_x, int m, int k_in, int c) {
 #pragma unroll
-    for (int r = 0; r < kRmsRows; ++r) s[r] = 0.f;
-    for (int c = threadIdx.x; c < k_in / 8; c += WARPS * 32) {
-        uint4 v[kRmsRows];
+    for (int r = 0; r < kRmsRows; ++r)
+        if (r < m) v[r] = ld_x(reinterpret_cast<const uint4*>(rms_x + int64_t(r) * k_in) + c);
+}
+template <typename T>
+__device__ __forceinline__ void rms_add(float (&s)[kRmsRows], const uint4 (&v)[kRmsRows], int m) {
 #pragma unroll
-        for (int r = 0; r < kRmsRows; ++r)
-            if (r < m) v[r] = ld_x(reinterpret_cast<const uint4*>(rms_x + int64_t(r) * k_in) + c);
+    for (int r = 0; r < kRmsRows; ++r) {
+        if (r >= m) continue;
+        const uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
 #pragma unroll
-        for (int r = 0; r < kRmsRows; ++r) {
-            if (r >= m) continue;
-            const uint32_t w[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const float2 f = to_float2<T>(w[q]);
-                s[r] = fmaf(f.x, f.x, s[r]);
-                s[r] = fmaf(f.y, f.y, s[r]);
-            }
+        for (int q = 0; q < 4; ++q) {
+            const float2 f = to_float2<T>(w[q]);
+            s[r] = fmaf(f.x, f.x, s[r]);
+            s[r] = fmaf(f.y, f.y, s[r]);
         }
     }
+}
+__device__ __forceinline__ void rms_publish(float (*part)[kRmsRows], float (&s)[kRmsRows], int m) {
 #pragma unroll
     for (int r = 0; r < kRmsRows; ++r) {
         if (r >= m) continue;
 #pragma unroll
         for (int o = 16; o; o >>= 1) s[r] += __shfl_xor_sync(kFullMask, s[r], o);
-        if (lane == 0) part[warp][r] = s[r];
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5][r] = s[r];
     }
+}
+template <int WARPS, typename T>
+__device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* rms_x, int m, int k_in) {
+    float s[kRmsRows];
+#pragma unroll
+    for (int r = 0; r < kRmsRows; ++r) s[r] = 0.f;
+    for (int c = threadIdx.x; c < k_in / 8; c += WARPS * 32) {
+        uint4 v[kRmsRows];
+        rms_load(v, rms_x, m, k_in, c);
+        rms_add<T>(s, v, m);
+    }
+    rms_publish(part, s, m);
+}
+
+// The same (the same sums, in the same order) with `between()` run once in every thread after its first loads are
+// issued and before they are summed: a copy of x there (stage_x) waits on the same L2 round trip instead of one of its
+// own. rms_x null: between() only.
+template <int WARPS, typename T, typename F>
+__device__ __forceinline__ void rms_partials(float (*part)[kRmsRows], const T* rms_x, int m, int k_in, F&& between) {
+    const int chunks = rms_x == nullptr ? 0 : k_in / 8;
+    float s[kRmsRows];
+#pragma unroll
+    for (int r = 0; r < kRmsRows; ++r) s[r] = 0.f;
+    uint4 v[kRmsRows];
+    if (int(threadIdx.x) < chunks) rms_load(v, rms_x, m, k_in, threadIdx.x);
+    between();
+    for (int c = threadIdx.x; c < chunks; c += WARPS * 32) {
+        if (c != int(threadIdx.x)) rms_load(v, rms_x, m, k_in, c);
+        rms_add<T>(s, v, m);
+    }
+    if (rms_x != nullptr) rms_publish(part, s, m);
 }
 
 // The norm's factor of each token from the published partials (warp order), into this warp's own row of
@@ -635,8 +664,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_gemv_kernel(
         pdl_wait();  // x, y, workspace, counters and the epilogue's tensors belong to the stream order
         pdl_launch_dependents();
     }
-    if constexpr (XS) stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? K2REG : 0u>(xs, x, m, k_in);
-    if (rms) rms_partials<kStreamWarps>(rms_part, epi.rms_x, m, k_in);
+    // x's copy between the norm's loads and its sums: one L2 round trip for both
+    if (XS || rms)
+        rms_partials<kStreamWarps>(rms_part, rms ? epi.rms_x : nullptr, m, k_in, [&] {
+            if constexpr (XS) stage_x<kXPerm<BITS, QUAD, kXShared, ROT> ? K2REG : 0u>(xs, x, m, k_in);
+        });
     __syncthreads();
     LOWBIT_TRACE(1);  // table built
     if (w >= n_warps) return;  // global mode only (local: n_warps = kStreamWarps, SWI: kHalfWarps)
