@@ -1,5 +1,7 @@
 """The GPU (tiled) layout: repack/unpack round trips, lane mapping, CPU fallbacks of the GEMV ops."""
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -32,6 +34,27 @@ def test_repack_stacked_experts(gen):
     for e in range(3):
         p, a = kbit_tiled.unpack(qw[e], qa[e], 3, 20, 64)
         assert torch.equal(p, ex.planes[e]) and torch.equal(a, ex.absmax[e])
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_packers_trace_under_compile_without_cache_warnings(bits, gen):
+    """A model's first NVFP4 call may build its tiled layout inside a compiled step: the packers trace whole, with no
+    dynamo warning (their field tables are built at import, not behind an lru_cache), to the eager result."""
+    codes = torch.randint(0, 2**bits, (20, 9, 32), dtype=torch.uint8, generator=gen)
+    amax = torch.randint(1, 255, (20, 9), dtype=torch.uint8, generator=gen)
+
+    def roundtrip(c, a):
+        qw, qa = kbit_tiled.pack_codes(c, a, bits)
+        return qw, qa, kbit_tiled.unpack_codes(qw, bits, 20, 9 * 32)
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = torch.compile(roundtrip, backend="eager", fullgraph=True)(codes, amax)
+    assert not [w for w in seen if "lru_cache" in str(w.message)]
+    want = roundtrip(codes, amax)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert torch.equal(got[2], codes)
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 5])

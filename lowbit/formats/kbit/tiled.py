@@ -44,8 +44,6 @@ The kernels' lookup table has one entry per field value (2^2K entries; K=3: 256,
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import e4m4
@@ -60,7 +58,6 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-@functools.lru_cache(maxsize=None)
 def _field_pieces(bits: int) -> tuple[tuple[int, ...], ...]:
     """Where the bits of a lane's 64 fields sit in its 4*bits words: one row per contiguous piece,
     (field, word, bit offset in the word, width, bit offset in the field)."""
@@ -81,8 +78,13 @@ def _field_pieces(bits: int) -> tuple[tuple[int, ...], ...]:
     return tuple(zip(*rows))
 
 
+# Built once at import, not behind functools.lru_cache: torch.compile traces through the packers (a model's first
+# NVFP4 call may build its tiled layout inside a compiled step), and dynamo warns about, and ignores, a cache wrapper.
+_FIELD_PIECES = {bits: _field_pieces(bits) for bits in kbit.SUPPORTED_BITS}
+
+
 def _pieces(bits: int, device) -> list[torch.Tensor]:
-    return [torch.tensor(col, dtype=torch.int64, device=device) for col in _field_pieces(bits)]
+    return [torch.tensor(col, dtype=torch.int64, device=device) for col in _FIELD_PIECES[bits]]
 
 
 def tiled_shape(n: int, k_in: int) -> tuple[int, int]:
