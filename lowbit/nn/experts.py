@@ -68,6 +68,21 @@ def saved_experts_shape(cls: type, cfg: dict, old: nn.Module) -> tuple[int, int,
     return shape
 
 
+def expert_tp_range(mod: nn.Module, style: str, rank: int, world: int, block: int) -> tuple[int, int]:
+    """Rank ``rank`` of ``world``'s range ``[lo, hi)`` of an expert block's intermediate features for
+    ``tp_shard(style="experts")``: ``world`` equal parts of whole ``block``-column blocks. Raises ValueError for
+    another style, a bad rank or world, or a split the block does not allow."""
+    if style != "experts":
+        raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
+    if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+        raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
+    problem = tp_split_problem("experts", [], mod.intermediate_dim, world, block)
+    if problem:
+        raise ValueError(f"{type(mod).__name__}: {problem}")
+    part = mod.intermediate_dim // world
+    return rank * part, (rank + 1) * part
+
+
 def tiled_expert_slices(style: str, intermediate_dim: int, rank: int, world: int) -> tuple[list, list]:
     """(gate|up, down) index ranges of a tiled expert stack ``[E, tiles, groups, ...]`` (kbit's and NVFP4's) that
     rank ``rank``'s part of the intermediate features is cut from: for every expert, whole 16-row tiles around its
@@ -361,16 +376,9 @@ class KbitMoeExperts(QuantizedModule):
         intermediate features split in ``world`` equal parts of whole 32-element blocks -- gate and up rows
         ``[r I/world, (r+1) I/world)`` of each half, down's columns the same. The parts' outputs sum to the
         block's output (the caller all-reduces them); codebook and per-expert scales are shared."""
-        if style != "experts":
-            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
-        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
-            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
-        problem = tp_split_problem("experts", [], self.intermediate_dim, world, kbit.BLOCK)
-        if problem:
-            raise ValueError(f"{type(self).__name__}: {problem}")
-        i, part = self.intermediate_dim, self.intermediate_dim // world
+        lo, hi = expert_tp_range(self, style, rank, world, kbit.BLOCK)
+        i, part = self.intermediate_dim, hi - lo
         new = type(self)(self.num_experts, self.hidden_dim, part, self.bits, self.act_fn, device="meta")
-        lo, hi = rank * part, (rank + 1) * part
         for prefix, rows, cols in (("gate_up", torch.cat([torch.arange(lo, hi), torch.arange(i + lo, i + hi)]), None),
                                    ("down", None, (lo // kbit.BLOCK, hi // kbit.BLOCK))):
             b = self._buffers

@@ -19,7 +19,7 @@ from .. import dispatch, ops
 from ..formats import nvfp4
 from ..formats.nvfp4 import columns as nvfp4_columns
 from ..formats.nvfp4 import tiled as nvfp4_tiled
-from .base import QuantizedModule, check_input, describe, tp_split_problem
+from .base import QuantizedModule, check_input, describe
 from .fused import FusedParts, check_fusable
 from .linear import apply_keeping_dtypes
 
@@ -376,15 +376,10 @@ class NvFp4MoeExperts(QuantizedModule):
         ``world`` equal parts of whole 32-column blocks -- gate and up rows ``[r I/world, (r+1) I/world)`` of each
         half, down's columns the same; the tensor scales are shared, so the parts are exact slices and their outputs
         sum to the block's (the caller all-reduces them)."""
-        if style != "experts":
-            raise ValueError(f"an expert block splits as 'experts' (its intermediate features), got style {style!r}")
-        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
-            raise ValueError(f"rank must be in [0, world) and world >= 1, got rank={rank}, world={world}")
-        problem = tp_split_problem("experts", [], self.intermediate_dim, world, self.k_multiple)
-        if problem:
-            raise ValueError(f"{type(self).__name__}: {problem}")
-        i, part = self.intermediate_dim, self.intermediate_dim // world
-        lo, hi = rank * part, (rank + 1) * part
+        from .experts import expert_tp_range
+
+        lo, hi = expert_tp_range(self, style, rank, world, self.k_multiple)
+        i, part = self.intermediate_dim, hi - lo
         new = type(self)(self.num_experts, self.hidden_dim, part, self.act_fn, device="meta")
         for p in self.PROJECTIONS:
             ex, parts = self.experts(p), []
