@@ -4,6 +4,7 @@
 #   SHAPES="4096x1024,4096x4096,4096x14336,14336x4096,576x576" BITS=4 [PATHS=split,streamk] bash benchmarks/tools/gemv_ncu.sh
 # PATHS: the kernels per shape (gemv_once.py --paths; e.g. PATHS=bulk,local for the bulk-copy GEMV beside the CTA-local
 # stream-K kernel; the pipe and stall sections say which of the two decodes cheaper per weight and why).
+# M: tokens (default 1).
 # SOURCE=1: also the per-instruction stall samples (SourceCounters), kept as $OUT/gemv.ncu-rep and exported per kernel
 # as $OUT/sass_<id>.csv (the SASS with its samples by stall reason; sass_top.py ranks them).
 set -uo pipefail
@@ -18,7 +19,7 @@ ncu --target-processes all --kernel-name regex:kbit_ --launch-skip 0 --clock-con
     --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
     --csv --page details \
-    python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" --paths "${PATHS:-split,streamk}" \
+    python3 benchmarks/tools/gemv_once.py --shapes "$SHAPES" --bits "$BITS" --m "${M:-1}" --paths "${PATHS:-split,streamk}" \
     > "$OUT/ncu_details.csv" 2> "$OUT/ncu.log"
 tail -3 "$OUT/ncu.log"
 if [[ -n ${SOURCE:-} ]]; then  # with -o the details go to the report: print them from it, then each kernel's SASS

@@ -325,6 +325,26 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert cycles is None or 1e10 < cycles < 1e12
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_bulk_gemv_tokens_equal_one_token_calls(bits, dtype, gen):
+    """m tokens in one call give each token's bits of a one-token call (the tokens are the MMA's columns: the same
+    sums in the same order), over one, two and three slices of x (the last partial) and a padded last group."""
+    lib = get_library()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k_in in ((300, 2048), (1000, 5120), (16 * sms + 48, 12288), (300, 2144)):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=gen), bits=bits).to("cuda")
+        ctas = min(sms, -(-n // 16))
+        for m in (2, 4, 8):
+            x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
+            buf = torch.full((m * n,), float("nan"), dtype=dtype, device="cuda")
+            _bulk_call(lib, x, q, buf, None, n, k_in, ctas, m=m)
+            for r in range(m):
+                one = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
+                _bulk_call(lib, x[r : r + 1].clone(), q, one, None, n, k_in, ctas, m=1)
+                assert torch.equal(buf.view(m, n)[r], one), f"K={bits} N={n} K_in={k_in} M={m} token {r}"
+
+
 @pytest.mark.parametrize("m", [1, 4])
 def test_bulk_gemv_deterministic_and_in_a_graph(m, gen, monkeypatch):
     """The bulk-copy GEMV gives the same bits on every call, eager or replayed in a CUDA graph."""
