@@ -339,6 +339,7 @@ def test_bulk_gemv_tokens_equal_one_token_calls(bits, dtype, gen):
             x = torch.randn(m, k_in, generator=gen).to(dtype).cuda()
             buf = torch.full((m * n,), float("nan"), dtype=dtype, device="cuda")
             _bulk_call(lib, x, q, buf, None, n, k_in, ctas, m=m)
+            assert _rel(buf.view(m, n), _ref(x, q)) <= BOUND[dtype]  # right, not only equal
             for r in range(m):
                 one = torch.full((n,), float("nan"), dtype=dtype, device="cuda")
                 _bulk_call(lib, x[r : r + 1].clone(), q, one, None, n, k_in, ctas, m=1)
