@@ -20,6 +20,8 @@ from ..formats import nvfp4
 from ..formats.nvfp4 import columns as nvfp4_columns
 from ..formats.nvfp4 import tiled as nvfp4_tiled
 from .base import QuantizedModule, check_input, describe
+from .experts import (expert_tp_range, fused_experts_layout, moe_forward, moe_routed_forward, saved_experts_shape,
+                      tiled_expert_slices)
 from .fused import FusedParts, check_fusable
 from .linear import apply_keeping_dtypes
 
@@ -281,8 +283,6 @@ class NvFp4MoeExperts(QuantizedModule):
     def from_experts(cls, module: nn.Module, bits: int = 4, codebook=None, quantized=None) -> "NvFp4MoeExperts":
         """Quantize a transformers fused expert block on its device: each expert's gate|up and down weights with
         :func:`lowbit.quantize_nvfp4`, then stacked in the tiled layout."""
-        from .experts import fused_experts_layout
-
         NvFp4Linear.check_options(bits, codebook)
         if quantized is not None:
             raise ValueError("NVFP4 expert blocks are quantized round-to-nearest only (no GPTQ for them)")
@@ -312,8 +312,6 @@ class NvFp4MoeExperts(QuantizedModule):
         return ops.nvfp4_routed_gemv(x, ids, ex.qweight, ex.qscales, ex.scale_2, ex.n, ex.k, rows_per_x, swiglu)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        from .experts import moe_forward, moe_routed_forward
-
         if dispatch.moe_routed(hidden_states, top_k_index.numel(), self.num_experts):  # decode: no sort
             return moe_routed_forward(self, hidden_states, top_k_index, top_k_weights,
                                       lambda x, ids, d: self._routed("gate_up", x, ids, d),
@@ -357,8 +355,6 @@ class NvFp4MoeExperts(QuantizedModule):
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "NvFp4MoeExperts":
-        from .experts import saved_experts_shape
-
         return cls(*saved_experts_shape(cls, cfg, old), act_fn=old.act_fn, device="meta")
 
     def check_checkpoint_values(self, name: str, staged: dict) -> None:
@@ -376,8 +372,6 @@ class NvFp4MoeExperts(QuantizedModule):
         ``world`` equal parts of whole 32-column blocks -- gate and up rows ``[r I/world, (r+1) I/world)`` of each
         half, down's columns the same; the tensor scales are shared, so the parts are exact slices and their outputs
         sum to the block's (the caller all-reduces them)."""
-        from .experts import expert_tp_range
-
         lo, hi = expert_tp_range(self, style, rank, world, self.k_multiple)
         i, part = self.intermediate_dim, hi - lo
         new = type(self)(self.num_experts, self.hidden_dim, part, self.act_fn, device="meta")
@@ -404,8 +398,6 @@ class NvFp4MoeExperts(QuantizedModule):
         """The index ranges of the tiled stacks that rank ``rank``'s part (:meth:`tp_shard`) is cut from (as
         :class:`KbitMoeExperts`: whole tiles of gate and up rows, whole column groups of down); the tensor scales are
         read whole."""
-        from .experts import tiled_expert_slices
-
         gate_up, down = tiled_expert_slices(style, self.intermediate_dim, rank, world)
         return {"gate_up_qweight": gate_up, "gate_up_qscales": gate_up, "down_qweight": down, "down_qscales": down}
 

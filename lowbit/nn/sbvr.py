@@ -14,6 +14,7 @@ from .. import dispatch
 from ..formats import sbvr
 from ..formats.kbit import rotation as block_rotation  # the block-32 Hadamard (any format's input space)
 from .base import QuantizedModule, check_input, describe
+from .experts import fused_experts_layout, moe_forward, saved_experts_shape
 
 
 ACT_BITS = sbvr.tiled.ACT_BITS
@@ -260,8 +261,6 @@ class SbvrMoeExperts(QuantizedModule):
     def from_experts(cls, module: nn.Module, bits: int = 4, codebook=None, quantized=None) -> "SbvrMoeExperts":
         """Encode a transformers fused expert block on its device (``bits`` = num_sums), each expert with its own
         coefficient cache."""
-        from .experts import fused_experts_layout
-
         if codebook is not None:
             raise ValueError("codebook is a kbit option; SBVR's coefficients come from its own search")
         if quantized is not None:
@@ -281,8 +280,6 @@ class SbvrMoeExperts(QuantizedModule):
         return mod
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        from .experts import moe_forward
-
         return moe_forward(self, hidden_states, top_k_index, top_k_weights,
                            lambda x, off: dispatch.sbvr_grouped_op(x, off, self.experts("gate_up"), self.act_bits, False),
                            lambda x, off: dispatch.sbvr_grouped_op(x, off, self.experts("down"), self.act_bits, False))
@@ -318,8 +315,6 @@ class SbvrMoeExperts(QuantizedModule):
 
     @classmethod
     def from_checkpoint_config(cls, name: str, cfg: dict, old: nn.Module) -> "SbvrMoeExperts":
-        from .experts import saved_experts_shape
-
         return cls(*saved_experts_shape(cls, cfg, old), num_sums=cfg["num_sums"], act_fn=old.act_fn, cache_lines=tuple(cfg["cache_lines"]),
                    act_bits=cfg.get("act_bits", ACT_BITS), device="meta")
 
