@@ -33,14 +33,23 @@
 // SWI (with EPI): y = silu(round(gate)) * round(up), the weight's rows [gate; up] (n / 2 each, n % 32 == 0), as the
 // stream-K kernel's SwiGLU epilogue: the CTAs cut the tile pairs (gate tile j, up tile j + n_tiles / 2), a CTA's
 // local tiles are its gate tiles then its up tiles, and each output sums both halves' partials.
-// PDL: the table, the barriers and the first `ring` stages' copies come before griddepcontrol.wait; x, the
-// epilogue's tensors and y after.
+// PDL: the table, the barriers and the first `prewait` stages' copies (by default the whole ring) come before
+// griddepcontrol.wait; x, the epilogue's tensors and y after.
 #include "tiled/gemv.cuh"
 
 namespace lowbit {
 namespace gemv {
 
-constexpr int kBulkMaxRing = 8;           // stages of the ring at most (its mbarriers are static)
+// Stages of the ring at most (its mbarriers are static). Kept at 8 under a two-stage default: a build with the
+// arrays sized 2 (and no `prewait`) ran Llama-3-8B kbit4 b1 at 531.5 tok/s against this form's 564.8, reproducibly,
+// not yet understood (a lead: where the dynamic shared memory, and so the ring, starts mod 128 bytes).
+constexpr int kBulkMaxRing = 8;
+// The ring's depth where it fits: one stage being read while the next lands. Deeper rings were slower on every shape
+// and K measured (H200, cold, PDL, M = 1, us, 4 stages -> 2: K = 4 14336x4096 12.00 -> 11.28, 4096x6144 6.46 -> 5.91,
+// 4096x28672 18.51 -> 17.99; K = 3 14336x4096 12.37 -> 11.12; K = 2 4096x28672 15.93 -> 15.13; M = 4 14336x4096
+// 14.16 -> 12.79; Llama-3-8B kbit4 b1 548.7 -> 564.8 tok/s; benchmarks/journal/2026-11-28_bulk_ring_depth.md).
+// Two stages of K = 4 hold ~2 us of an SM's share of HBM bandwidth.
+constexpr int kBulkRing = 2;
 constexpr int kBulkMaxM = kRmsRows;       // tokens at most: the MMA's N
 constexpr int kBulkSlice = kStreamWarps;  // groups per slice: one per warp
 
@@ -114,7 +123,7 @@ template <int BITS, typename T, bool EPI, bool SWI = false, bool MULTI = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qweight, const uint4* __restrict__ qabsmax,
     const float* __restrict__ codebook, const float* __restrict__ scale_ptr, T* __restrict__ y, const T* __restrict__ bias,
-    int m, int n, int k_in, int n_groups, StreamK tiles, int ring, const Epilogue<T> epi) {
+    int m, int n, int k_in, int n_groups, StreamK tiles, int ring, int prewait, const Epilogue<T> epi) {
     constexpr bool QUAD = kStreamQuad<BITS>();
     constexpr unsigned K2REG = QUAD ? kBulkK2Reg : 0u;
     constexpr int UPW = kBulkTiles<BITS>;
@@ -152,13 +161,15 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
         }
     };
     if (threadIdx.x == 0)
-        for (int s = 0; s < ring && s < stages; ++s) issue(s);
+        for (int s = 0; s < prewait && s < stages; ++s) issue(s);
     Lut<BITS, QUAD>::template store<kStreamWarps * 32, T>(cb);
     const CbRegs cb2 = K2REG ? cb2_regs<T>(cb) : CbRegs{};
     const float scale = *scale_ptr;
     __syncthreads();  // the table
     pdl_wait();  // x, the epilogue's tensors and y belong to the stream order
     pdl_launch_dependents();
+    if (threadIdx.x == 0)
+        for (int s = prewait; s < ring && s < stages; ++s) issue(s);
     // EPI: this thread's output's residual and norm weight, in registers long before the store (one pass of the
     // final loop covers every output when the CTA has <= 512 of them, token-major; beyond, write_out loads them there)
     const int out_rows = cta_tiles * 16;
@@ -298,6 +309,12 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     }
 }
 
+// An integer from the environment, 0 when unset (the ring's knobs below).
+inline int bulk_env_int(const char* name) {
+    const char* s = std::getenv(name);
+    return s != nullptr && *s != '\0' ? int(std::strtol(s, nullptr, 10)) : 0;
+}
+
 // Stages of the ring for an N x K_in weight and m tokens on `ctas` CTAs (one per SM, at most one per tile; swi: per
 // tile pair); 0: it does not fit (fewer than two stages beside the table and the partial sums) or m is out of range.
 template <int BITS>
@@ -322,8 +339,14 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     const bool swi = epi != nullptr && epi->swiglu;
     if (swi && (epi->residual != nullptr || epi->yw != nullptr || epi->norm_weight != nullptr))
         return static_cast<int>(cudaErrorInvalidValue);
-    const int ring = bulk_gemv_ring<BITS>(n, ctas, swi, m);
+    int ring = bulk_gemv_ring<BITS>(n, ctas, swi, m);
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
+    // The ring's depth (kBulkRing; LOWBIT_BULK_RING, 2..kBulkMaxRing, overrides it where it fits) and the stages
+    // requested before the PDL wait (LOWBIT_BULK_PREWAIT; default: all of them): knobs for measuring on a new GPU.
+    static const int ring_env = bulk_env_int("LOWBIT_BULK_RING"), pre_env = bulk_env_int("LOWBIT_BULK_PREWAIT");
+    const int depth = ring_env >= 2 ? ring_env : kBulkRing;
+    if (depth < ring) ring = depth;
+    const int prewait = pre_env > 0 && pre_env < ring ? pre_env : ring;
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256, owned = swi ? n_tiles / 2 : n_tiles;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK tiles{owned / ctas, owned % ctas};
@@ -339,7 +362,7 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     Launch l(ctas, kStreamWarps * 32, smem, stream, flags & kFlagPdl);
     const cudaError_t err = cudaLaunchKernelEx(&l.cfg, kernel, static_cast<const T*>(x), static_cast<const uint4*>(qweight),
                                                static_cast<const uint4*>(qabsmax), codebook, scale, static_cast<T*>(y),
-                                               static_cast<const T*>(bias), m, n, k_in, n_groups, tiles, ring,
+                                               static_cast<const T*>(bias), m, n, k_in, n_groups, tiles, ring, prewait,
                                                epilogue_of<T>(epi));
     if (err != cudaSuccess) return static_cast<int>(err);
     return static_cast<int>(cudaGetLastError());
