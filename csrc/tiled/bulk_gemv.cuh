@@ -45,9 +45,9 @@ namespace gemv {
 // not yet understood (a lead: where the dynamic shared memory, and so the ring, starts mod 128 bytes).
 constexpr int kBulkMaxRing = 8;
 // The ring's depth where it fits: one stage being read while the next lands. Deeper rings were slower on every shape
-// and K measured (H200, cold, PDL, M = 1, us, 4 stages -> 2: K = 4 14336x4096 12.00 -> 11.28, 4096x6144 6.46 -> 5.91,
-// 4096x28672 18.51 -> 17.99; K = 3 14336x4096 12.37 -> 11.12; K = 2 4096x28672 15.93 -> 15.13; M = 4 14336x4096
-// 14.16 -> 12.79; Llama-3-8B kbit4 b1 548.7 -> 564.8 tok/s; benchmarks/journal/2026-11-28_bulk_ring_depth.md).
+// and K measured (H200, cold, PDL, M = 1, us, as many as fit (3-6) -> 2: K = 4 14336x4096 12.00 -> 11.28, 4096x6144
+// 6.46 -> 5.91, 4096x28672 18.51 -> 17.99; K = 3 14336x4096 12.37 -> 11.12; K = 2 4096x28672 15.93 -> 15.13; M = 4
+// 14336x4096 14.16 -> 12.79; Llama-3-8B kbit4 b1 548.7 -> 564.8 tok/s; benchmarks/journal/2026-11-28_bulk_ring_depth.md).
 // Two stages of K = 4 hold ~2 us of an SM's share of HBM bandwidth.
 constexpr int kBulkRing = 2;
 constexpr int kBulkMaxM = kRmsRows;       // tokens at most: the MMA's N
