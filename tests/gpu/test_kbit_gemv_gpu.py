@@ -6,7 +6,11 @@ default codebook is exact in fp16/bf16, so nothing else is rounded before fp32 a
 """
 
 import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -362,6 +366,48 @@ def test_bulk_gemv_deterministic_and_in_a_graph(m, gen, monkeypatch):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, ys[0])
+
+
+_RING_RUN = """
+import sys, torch, lowbit
+from lowbit.kernels import tiled
+tiled.DENSE_PATH = "bulk"
+g = torch.Generator().manual_seed(int(sys.argv[2]))
+ys = []
+for bits, n, k_in, m in eval(sys.argv[3]):
+    q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=g), bits=bits).to("cuda")
+    x = torch.randn(m, k_in, generator=g).bfloat16().cuda()
+    ys.append(lowbit.kbit_linear(x, q).cpu())
+torch.save(ys, sys.argv[1])
+"""
+
+
+def test_bulk_gemv_ring_knobs_give_the_same_bits(gen, tmp_path):
+    """LOWBIT_BULK_RING / LOWBIT_BULK_PREWAIT change when the weights land in the ring, not what is summed or in what
+    order: every depth and every count of stages issued before the PDL wait gives the default's bits (K = 2, 3, 4;
+    one and several slices of x, many stages per CTA; one and four tokens), and the default is right."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(4, 16 * sms * 3, 8192, 1), (4, 4096, 4096 + 512, 4), (3, 16 * sms + 48, 12288, 1), (2, 2000, 6144, 2)]
+    root = Path(__file__).resolve().parents[2]
+    knobs = ("LOWBIT_BULK_RING", "LOWBIT_BULK_PREWAIT")
+    outs = {}
+    for name, extra in (("default", {}), ("ring3", {"LOWBIT_BULK_RING": "3"}), ("ring8", {"LOWBIT_BULK_RING": "8"}),
+                        ("prewait1", {"LOWBIT_BULK_RING": "4", "LOWBIT_BULK_PREWAIT": "1"})):
+        env = {k: v for k, v in os.environ.items() if k not in knobs}
+        env.update(extra, PYTHONPATH=str(root))
+        out = tmp_path / f"{name}.pt"
+        run = subprocess.run([sys.executable, "-c", _RING_RUN, str(out), str(seed), repr(cases)], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outs[name] = torch.load(out)
+    g = torch.Generator().manual_seed(seed)  # the same inputs here, for the reference
+    for i, (bits, n, k_in, m) in enumerate(cases):
+        q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=g), bits=bits)
+        x = torch.randn(m, k_in, generator=g).bfloat16()
+        assert _rel(outs["default"][i], _ref(x, q)) <= BOUND[torch.bfloat16]
+        for name in ("ring3", "ring8", "prewait1"):
+            assert torch.equal(outs[name][i], outs["default"][i]), f"{name}: K={bits} N={n} K_in={k_in} M={m}"
 
 
 def test_gemv_in_cuda_graph(gen):
