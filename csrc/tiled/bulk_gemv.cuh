@@ -309,12 +309,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     }
 }
 
-// An integer from the environment, 0 when unset (the ring's knobs below).
-inline int bulk_env_int(const char* name) {
-    const char* s = std::getenv(name);
-    return s != nullptr && *s != '\0' ? int(std::strtol(s, nullptr, 10)) : 0;
-}
-
 // Stages of the ring for an N x K_in weight and m tokens on `ctas` CTAs (one per SM, at most one per tile; swi: per
 // tile pair); 0: it does not fit (fewer than two stages beside the table and the partial sums) or m is out of range.
 template <int BITS>
@@ -343,7 +337,7 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
     // The ring's depth (kBulkRing; LOWBIT_BULK_RING, 2..kBulkMaxRing, overrides it where it fits) and the stages
     // requested before the PDL wait (LOWBIT_BULK_PREWAIT; default: all of them): knobs for measuring on a new GPU.
-    static const int ring_env = bulk_env_int("LOWBIT_BULK_RING"), pre_env = bulk_env_int("LOWBIT_BULK_PREWAIT");
+    static const int ring_env = env_int("LOWBIT_BULK_RING"), pre_env = env_int("LOWBIT_BULK_PREWAIT");
     const int depth = ring_env >= 2 ? ring_env : kBulkRing;
     if (depth < ring) ring = depth;
     const int prewait = pre_env > 0 && pre_env < ring ? pre_env : ring;

@@ -388,23 +388,26 @@ int configure(K kernel, size_t smem) {
     return static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
+// An integer from the environment, 0 when unset (the launchers' knobs: LOWBIT_SMEM_LIMIT, LOWBIT_BULK_RING, ...).
+inline int env_int(const char* name) {
+    const char* s = std::getenv(name);
+    return s != nullptr && *s != '\0' ? int(std::strtol(s, nullptr, 10)) : 0;
+}
+
 // The dynamic shared memory a CTA may have on the current device: the opt-in maximum, less 1 KB for the kernels'
 // static shared memory (the stream-K kernel's is <= 1 KB, the bulk-copy kernel's barriers less).
 // LOWBIT_SMEM_LIMIT (bytes, read once) lowers the opt-in maximum: an H100 then sizes the tiled kernels as a part
 // with less shared memory would (101376 = sm_86 / sm_89's 99 KB; tests/gpu/test_smem_limit_gpu.py), and occupancy()
 // refuses an instance whose request passes it.
 inline int dynamic_smem_limit() {
-    static const long cap = [] {
-        const char* s = std::getenv("LOWBIT_SMEM_LIMIT");
-        return s != nullptr && *s != '\0' ? std::strtol(s, nullptr, 10) : 0L;
-    }();
+    static const int cap = env_int("LOWBIT_SMEM_LIMIT");
     int device = 0, v = 0;
     cudaGetDevice(&device);
     if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
-    if (cap > 0 && cap < v) v = static_cast<int>(cap);
+    if (cap > 0 && cap < v) v = cap;
     return v > 1024 ? v - 1024 : 0;
 }
 

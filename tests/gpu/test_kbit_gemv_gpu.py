@@ -369,12 +369,12 @@ def test_bulk_gemv_deterministic_and_in_a_graph(m, gen, monkeypatch):
 
 
 _RING_RUN = """
-import sys, torch, lowbit
+import json, sys, torch, lowbit
 from lowbit.kernels import tiled
 tiled.DENSE_PATH = "bulk"
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 ys = []
-for bits, n, k_in, m in eval(sys.argv[3]):
+for bits, n, k_in, m in json.loads(sys.argv[3]):
     q = lowbit.quantize_kbit(torch.randn(n, k_in, generator=g), bits=bits).to("cuda")
     x = torch.randn(m, k_in, generator=g).bfloat16().cuda()
     ys.append(lowbit.kbit_linear(x, q).cpu())
@@ -397,7 +397,7 @@ def test_bulk_gemv_ring_knobs_give_the_same_bits(gen, tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in knobs}
         env.update(extra, PYTHONPATH=str(root))
         out = tmp_path / f"{name}.pt"
-        run = subprocess.run([sys.executable, "-c", _RING_RUN, str(out), str(seed), repr(cases)], cwd=root, env=env,
+        run = subprocess.run([sys.executable, "-c", _RING_RUN, str(out), str(seed), json.dumps(cases)], cwd=root, env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
         outs[name] = torch.load(out)
