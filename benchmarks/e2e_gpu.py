@@ -33,7 +33,8 @@ call it can take, not only where ``bulk_rule`` picks it), ``@bulk-m1`` / ``@bulk
 decode layers' calls of more than one token off the bulk-copy GEMV at every K, as before 2026-11-28 / on it at every
 K), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
 gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
-on large shapes too, where its decode bounds it), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
+on large shapes too, where its decode bounds it), ``@bulk-units-<32|64|128|256>`` (``BULK_DECODE_MAX_UNITS``
+at that value), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
 SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``BULK_SWIGLU_DECODE_RULE = False``: the
 SwiGLU instance not held to BULK_DECODE_MAX_UNITS), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
 shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel),
@@ -199,6 +200,7 @@ def main():
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
                 "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
                 "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
+                **{f"bulk-units-{u}": (tiled, "BULK_DECODE_MAX_UNITS", u) for u in (32, 64, 128, 256)},
                 "bulk-m1": (tiled, "BULK_LAYER_MAX_M", {}), "bulk-m8": (tiled, "BULK_LAYER_MAX_M", {2: 8, 3: 8, 4: 8}),
                 "bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", (2, 3, 4)),
                 "swiglu-no-decode-rule": (tiled, "BULK_SWIGLU_DECODE_RULE", False),

@@ -42,7 +42,8 @@ namespace gemv {
 
 // Stages of the ring at most (its mbarriers are static). Kept at 8 under a two-stage default: a build with the
 // arrays sized 2 (and no `prewait`) ran Llama-3-8B kbit4 b1 at 531.5 tok/s against this form's 564.8, reproducibly,
-// not yet understood (a lead: where the dynamic shared memory, and so the ring, starts mod 128 bytes).
+// not yet understood. Not the ring's alignment: that build's ring began at 80 / 48 bytes mod 128 and this form's at
+// 64 / 32; moving it to a 128-byte boundary (kBulkRingAlign) bought 0.8%.
 constexpr int kBulkMaxRing = 8;
 // The ring's depth where it fits: one stage being read while the next lands. Deeper rings were slower on every shape
 // and K measured (H200, cold, PDL, M = 1, us, as many as fit (3-6) -> 2: K = 4 14336x4096 12.00 -> 11.28, 4096x6144
@@ -64,11 +65,17 @@ template <int BITS> __host__ __device__ constexpr size_t bulk_chunk_bytes() {
     return kBulkSlice * (bulk_code_bytes<BITS>() + 128);
 }
 template <int BITS> __host__ __device__ constexpr size_t bulk_stage_bytes() { return kBulkTiles<BITS> * bulk_chunk_bytes<BITS>(); }
-// dynamic shared memory: the table, the partial sums of at most `cta_tiles` tiles and m tokens, then the ring
-// (128-byte aligned)
+// The ring starts at a 128-byte shared address. The dynamic area follows the static one, 16-byte aligned only, so the
+// kernel moves the ring up to the next multiple of 128 and the launch asks for this much more. (H200, Llama-3-8B kbit4
+// b1, alternated on one machine: 562.9, 562.8 -> 566.9, 568.2 tok/s; the 2026-11-28_bulk_ring_align entry.)
+constexpr size_t kBulkRingAlign = 128;
+// dynamic shared memory: the table, the partial sums of at most `cta_tiles` tiles and m tokens, then (from the next
+// 128-byte shared address) the ring
 template <int BITS> __host__ __device__ constexpr size_t bulk_ring_offset(int cta_tiles, int m) {
-    return (stream_table_bytes<BITS>() + size_t(cta_tiles) * m * kStreamWarps * 16 * sizeof(float) + 127) &
-           ~size_t(127);
+    return stream_table_bytes<BITS>() + size_t(cta_tiles) * m * kStreamWarps * 16 * sizeof(float);
+}
+template <int BITS> __host__ __device__ constexpr size_t bulk_smem_bytes(int cta_tiles, int m, int ring) {
+    return bulk_ring_offset<BITS>(cta_tiles, m) + kBulkRingAlign + size_t(ring) * bulk_stage_bytes<BITS>();
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -144,6 +151,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 1) kbit_bulk_gemv_kernel(
     // [cta_tiles][16 warps][16 rows][m tokens]: a warp's stores of one fragment element hit 16 distinct banks at m = 4
     float* part = reinterpret_cast<float*>(g_table + stream_table_bytes<BITS>());
     char* ring_base = g_table + bulk_ring_offset<BITS>((SWI ? 2 : 1) * (tiles.q + (tiles.r > 0)), m);
+    ring_base += (kBulkRingAlign - smem_u32(ring_base) % kBulkRingAlign) % kBulkRingAlign;
     const char* qw_b = reinterpret_cast<const char*>(qweight);
     const char* qa_b = reinterpret_cast<const char*>(qabsmax);
     if (threadIdx.x == 0) ring_init(full, empty, readers, ring);
@@ -317,7 +325,7 @@ int bulk_gemv_ring(int n, int ctas, int swi, int m) {
     const int owned = swi ? n / 32 : (n + 15) / 16;  // what the CTAs cut: tiles, or tile pairs
     if (ctas < 1 || ctas > owned) return 0;
     const int max_tiles = (swi ? 2 : 1) * (owned / ctas + (owned % ctas > 0));
-    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(bulk_ring_offset<BITS>(max_tiles, m));
+    const int64_t room = int64_t(dynamic_smem_limit()) - int64_t(bulk_smem_bytes<BITS>(max_tiles, m, 0));
     const int64_t r = room > 0 ? room / int64_t(bulk_stage_bytes<BITS>()) : 0;
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
@@ -344,8 +352,7 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256, owned = swi ? n_tiles / 2 : n_tiles;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK tiles{owned / ctas, owned % ctas};
-    const size_t smem =
-        bulk_ring_offset<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0)), m) + size_t(ring) * bulk_stage_bytes<BITS>();
+    const size_t smem = bulk_smem_bytes<BITS>((swi ? 2 : 1) * (tiles.q + (tiles.r > 0)), m, ring);
     auto kernel = kbit_bulk_gemv_kernel<BITS, T, false>;  // <EPI, SWI, MULTI>
     if (m == 1 && swi) kernel = kbit_bulk_gemv_kernel<BITS, T, true, true>;
     else if (m == 1 && epi != nullptr) kernel = kbit_bulk_gemv_kernel<BITS, T, true>;
