@@ -456,6 +456,9 @@ STREAM_K_HBM_SHARE = 0.75
 #:   (70B shapes: 238.7 against 221.4 without any bulk kernel, 311.1 against 297.9).
 #: K = 4 on an H200 was held to it before the relay (70B shapes 252.8 -> 271.0); on the relay's library the limit
 #: costs it 7-9%: Llama-3-8B 533.9 / 531.1 -> 495.8 / 495.3, 70B shapes (20 layers) 297.7 / 298.7 -> 274.6 / 274.6.
+#: With the two-stage ring (kBulkRing) the limit costs kbit3 on an H200: Llama-3-8B 565.5 / 565.4 against 576.3
+#: without it, 70B shapes (20 layers) 302.0 / 302.7 against 310.8 (308.2 at 128 units); the H100's rows above were
+#: measured with the deeper ring and not since, so it stays (benchmarks/journal/2026-11-28_bulk_ring_align.md).
 BULK_DECODE_MAX_UNITS = 64
 
 
