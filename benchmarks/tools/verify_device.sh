@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call that re-checks a library built here and carried:
-#   LIB=.lowbit_cache/liblowbit-<key>.so[.xz] [SUITE=1 | TESTS="pytest args"] [SWEEP="gemv_sweep.py args"]
+#   LIB=.lowbit_cache/liblowbit-<key>.so[.xz] [SUITE=1 | TESTS="pytest args" [TESTS_K="a -k expression"]]
+#   [SWEEP="gemv_sweep.py args"]
 #   [ROWS="tag:e2e_gpu.py args;..."] bash benchmarks/tools/verify_device.sh
 # SUITE: the whole GPU suite (6 workers; 380 s on an H200 with 1,519 tests, 2026-11-28; SUITE_TIMEOUT,
-# default 560); TESTS: some of it (TESTS_TIMEOUT, default 260); both logged with -v, each finished test by name;
+# default 560); TESTS: some of it (TESTS_TIMEOUT, default 260; TESTS is split on spaces, so a -k expression with
+# spaces goes in TESTS_K); both logged with -v, each finished test by name;
 # SWEEP: benchmarks/gemv_sweep.py ($OUT/sweep.txt);
 # ROWS: e2e_gpu.py calls, each logged as $OUT/<tag>.{log,json}.
 set -uo pipefail
@@ -22,7 +24,8 @@ if [ -n "${SUITE:-}" ]; then
 fi
 if [ -n "${TESTS:-}" ]; then
   # shellcheck disable=SC2086
-  timeout "${TESTS_TIMEOUT:-260}" python3 -m pytest -m gpu -n 6 -v -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
+  timeout "${TESTS_TIMEOUT:-260}" python3 -m pytest -m gpu -n 6 -v -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} $TESTS \
+    > "$OUT/gpu_tests.log" 2>&1
   echo "tests exit $?"; tail -n 2 "$OUT/gpu_tests.log"; grep -E "^FAILED|^ERROR| FAILED | ERROR " "$OUT/gpu_tests.log" | head
 fi
 if [ -n "${SWEEP:-}" ]; then
