@@ -31,13 +31,10 @@ GEMVs stage x in shared memory however few units a warp has), ``@no-bulk`` / ``@
 (``lowbit.kernels.tiled.USE_BULK = False``: no bulk-copy GEMV; ``DENSE_PATH = "bulk"``: the bulk-copy GEMV for every
 call it can take, not only where ``bulk_rule`` picks it), ``@bulk-m1`` / ``@bulk-m8`` (``BULK_LAYER_MAX_M``: the
 decode layers' calls of more than one token off the bulk-copy GEMV at every K, as before 2026-11-28 / on it at every
-K), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``:
-gate|up's SwiGLU GEMV stays the stream-K kernel's), ``@bulk-large`` (``BULK_DECODE_MAX_UNITS = inf``: the bulk-copy GEMV
-on large shapes too, where its decode bounds it), ``@bulk-units-<32|64|128|256>`` (``BULK_DECODE_MAX_UNITS``
-at that value), ``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's
-SwiGLU GEMV on the bulk-copy kernel at every K), ``@swiglu-no-decode-rule`` (``BULK_SWIGLU_DECODE_RULE = False``: the
-SwiGLU instance not held to BULK_DECODE_MAX_UNITS), ``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
-shapes the split GEMV would take in one wave, kbit3's down_proj among them, go to the CTA-local stream-K kernel),
+K), ``@no-bulk-swiglu`` (``BULK_SWIGLU_BITS = ()``: gate|up's SwiGLU GEMV stays the stream-K kernel's),
+``@bulk-swiglu`` (``BULK_SWIGLU_BITS = (2, 3, 4)``: gate|up's SwiGLU GEMV on the bulk-copy kernel at every K),
+``@no-split`` (``lowbit.kernels.tiled.use_split`` says no: the
+shapes the split GEMV would take in one wave go to the CTA-local stream-K kernel),
 ``@gemm-fill-slots`` (``lowbit.kernels.tiled.gemm_splits`` as before 2026-11-28: the GEMM's K splits fill every
 resident CTA slot, two per SM where the instance fits them, rather than one CTA per SM), ``@simt-attention`` /
 ``@mma-attention`` (``lowbit.kernels.attention.KERNEL``: decode attention on CUDA cores / on tensor cores wherever
@@ -199,11 +196,8 @@ def main():
                 "stage-x-always": (tiled, "STAGE_X_MIN_UNITS", 0),
                 "bulk": (tiled, "USE_BULK", True), "no-bulk": (tiled, "USE_BULK", False),
                 "bulk-all": (tiled, "DENSE_PATH", "bulk"), "no-bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", ()),
-                "bulk-large": (tiled, "BULK_DECODE_MAX_UNITS", float("inf")),
-                **{f"bulk-units-{u}": (tiled, "BULK_DECODE_MAX_UNITS", u) for u in (32, 64, 128, 256)},
                 "bulk-m1": (tiled, "BULK_LAYER_MAX_M", {}), "bulk-m8": (tiled, "BULK_LAYER_MAX_M", {2: 8, 3: 8, 4: 8}),
                 "bulk-swiglu": (tiled, "BULK_SWIGLU_BITS", (2, 3, 4)),
-                "swiglu-no-decode-rule": (tiled, "BULK_SWIGLU_DECODE_RULE", False),
                 "no-split": (tiled, "use_split", lambda *a: False),
                 "gemm-fill-slots": (tiled, "gemm_splits", lambda rb, ch, g, sms, per_sm=1, f=tiled.gemm_splits:
                                     f(rb, ch, g, per_sm * sms))}

@@ -320,26 +320,6 @@ def test_bulk_rule_picks_the_shapes_it_was_measured_faster_on():
         assert not any(bulk_rule(bits, n, k, 132) for k, n in shapes), bits
 
 
-def test_bulk_decode_bound(monkeypatch):
-    """The bulk-copy GEMV keeps large shapes (> BULK_DECODE_MAX_UNITS units per CTA) only where HBM, not its decode,
-    bounds it: at K = 2 and 4 on an H100 (3.35 TB/s nominal, 132 SMs at 1.98 GHz) and on an H200 (4.8 TB/s), not at
-    K = 3; on a device torch gives no figures for, everywhere (the choice before the rule). Small shapes (Llama-3-8B's
-    q|k|v and o_proj on 132 SMs) keep it everywhere."""
-    h100, h200, cycles = 2.619e9 * 2 * 5120 / 8, 3.201e9 * 2 * 6016 / 8, 132 * 1.98e9
-
-    def units(k_in, n):
-        return -(-n // 16) * -(-k_in // 256) / min(-(-n // 16), 132)
-
-    small, large = (units(4096, 6144), units(4096, 4096)), (units(14336, 4096), units(8192, 10240), units(28672, 8192))
-    cases = ((h100, cycles, {3}), (h200, cycles, {3}), (None, cycles, set()), (h200, None, set()))
-    for bw, cyc, bound_bits in cases:
-        monkeypatch.setattr(tiled, "hbm_bandwidth", lambda device, bw=bw: bw)
-        monkeypatch.setattr(tiled, "sm_cycles", lambda device, cyc=cyc: cyc)
-        for bits in (2, 3, 4, 5):
-            assert not any(tiled._bulk_decode_bound(None, bits, u) for u in small)
-            assert all(tiled._bulk_decode_bound(None, bits, u) == (bits in bound_bits) for u in large), (bw, bits)
-
-
 def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
     """Which calls the bulk-copy GEMV takes, on a fake 132-SM H200 and a fake library whose ring always fits: plain
     calls at one token only (bulk_rule's data), the decode layers' calls (epilogue, SwiGLU) up to

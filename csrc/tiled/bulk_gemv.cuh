@@ -33,8 +33,8 @@
 // SWI (with EPI): y = silu(round(gate)) * round(up), the weight's rows [gate; up] (n / 2 each, n % 32 == 0), as the
 // stream-K kernel's SwiGLU epilogue: the CTAs cut the tile pairs (gate tile j, up tile j + n_tiles / 2), a CTA's
 // local tiles are its gate tiles then its up tiles, and each output sums both halves' partials.
-// PDL: the table, the barriers and the first `prewait` stages' copies (by default the whole ring) come before
-// griddepcontrol.wait; x, the epilogue's tensors and y after.
+// PDL: the table, the barriers and the first `prewait` stages' copies (one token: the whole ring; more: one stage,
+// bulk_prewait) come before griddepcontrol.wait; x, the epilogue's tensors and y after.
 #include "tiled/gemv.cuh"
 
 namespace lowbit {
@@ -330,6 +330,14 @@ int bulk_gemv_ring(int n, int ctas, int swi, int m) {
     return r < 2 ? 0 : int(r < kBulkMaxRing ? r : kBulkMaxRing);
 }
 
+// Stages a launch requests before its PDL wait: one token, the whole ring (its weights are in flight while the
+// kernel before it ends); more, only the first. Several tokens' x loads put M times the requests into the load pipe
+// right after the wait, and there they queued behind the ring's other copies (ncu: the loop's entry waited on them,
+// benchmarks/journal/2026-11-28_bulk_entry_and_step_b4.md). H200, K = 4, M = 4, cold, PDL, us, 2 -> 1 stage:
+// 4096x4096 5.58 -> 5.05, 14336x4096 12.65 -> 12.35, 4096x28672 and 8192x29568 tied; Llama-3-8B kbit4 b4 1882.1 /
+// 1888.2 -> 1894.4 / 1895.1 tok/s (benchmarks/journal/2026-11-29_bulk_prewait_and_k3_rule.md).
+inline int bulk_prewait(int m, int ring) { return m > 1 ? 1 : ring; }
+
 // 1 <= m <= kBulkMaxM tokens; flags: kFlagPdl only (rotated weights have no instance here); epi: the glue (null:
 // none; SwiGLU with nothing else, on n % 32 == 0 rows; y then [m, n / 2]).
 template <int BITS, typename T>
@@ -344,11 +352,12 @@ int launch_bulk_gemv(const void* x, const void* qweight, const void* qabsmax, co
     int ring = bulk_gemv_ring<BITS>(n, ctas, swi, m);
     if (ring == 0) return static_cast<int>(cudaErrorInvalidValue);
     // The ring's depth (kBulkRing; LOWBIT_BULK_RING, 2..kBulkMaxRing, overrides it where it fits) and the stages
-    // requested before the PDL wait (LOWBIT_BULK_PREWAIT; default: all of them): knobs for measuring on a new GPU.
+    // requested before the PDL wait (bulk_prewait; LOWBIT_BULK_PREWAIT, 1..ring, overrides it): knobs for measuring
+    // on a new GPU.
     static const int ring_env = env_int("LOWBIT_BULK_RING"), pre_env = env_int("LOWBIT_BULK_PREWAIT");
     const int depth = ring_env >= 2 ? ring_env : kBulkRing;
     if (depth < ring) ring = depth;
-    const int prewait = pre_env > 0 && pre_env < ring ? pre_env : ring;
+    const int prewait = pre_env > 0 ? (pre_env < ring ? pre_env : ring) : bulk_prewait(m, ring);
     const int n_tiles = (n + 15) / 16, n_groups = (k_in + 255) / 256, owned = swi ? n_tiles / 2 : n_tiles;
     if (int64_t(n_tiles) * n_groups >= (int64_t(1) << 31)) return static_cast<int>(cudaErrorInvalidValue);
     const StreamK tiles{owned / ctas, owned % ctas};

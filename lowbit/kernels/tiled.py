@@ -381,7 +381,7 @@ BULK_MAX_M = 8
 #: token); plain calls take it at one token only (bulk_rule's data). Llama-3-8B decode, compiled, H200, rows
 #: alternated in one process, tok/s, with / without (``@bulk-m1``, or the default's one token):
 #:   b4 kbit4 1814.5 / 1817.4 against 1724.3 / 1726.0 (+5.3%); kbit2 1912.2 / 1912.0 against 1869.3 / 1880.5 (+2.0%);
-#:   kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate, as at one token: BULK_DECODE_RATE);
+#:   kbit3 1665.2 against 1747.8 (-4.7%: K = 3's decode rate in the bulk-copy kernel);
 #:   b8 kbit4 2825.1 / 2827.8 against 3110.8 / 3097.2 (-9%; not profiled. The partial sums take 1 KB per tile and
 #:   token: at 8 tokens Llama-3-8B's gate|up, 14 tiles per CTA, leaves too little shared memory for a ring and takes
 #:   another kernel, so the loss is in the other projections).
@@ -417,74 +417,22 @@ _bulk_rings: dict = {}
 
 
 #: K of the calls with an epilogue (the decode layers' GEMVs, chained under PDL) that take the bulk-copy GEMV on every
-#: shape it fits: Llama-3-8B decode b1, compiled, against USE_BULK = False in the same process (two or three rows
-#: each; benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md): kbit2 510-512 -> 539-543 tok/s,
-#: kbit3 461.4 -> 471.3, kbit4 432-435 -> 435.5-436.9. There its weights are in flight before the PDL wait, and the
-#: standalone sweep's losses (q|k|v, down_proj) do not show.
+#: shape it fits: Llama-3-8B decode b1, compiled, against USE_BULK = False in the same process (two or three rows each;
+#: benchmarks/journal/2026-11-27_bulk_copies_and_allreduce_prefetch.md): kbit2 510-512 -> 539-543 tok/s, kbit3 461.4 ->
+#: 471.3, kbit4 432-435 -> 435.5-436.9. There its weights are in flight before the PDL wait, and the standalone sweep's
+#: losses (q|k|v, down_proj) do not show. K = 3's large ones too (down_proj: > 64 units of 16 x 256 weights per CTA): a
+#: rule held them off it where the stream-K kernel would stream faster than the bulk kernel decodes (its K = 3 rate
+#: against the device's HBM bandwidth); it gained with the deeper ring (H100, kbit3 b1: Llama-3-8B 469.5 -> 478.6 tok/s,
+#: 70B shapes 244.5 -> 254.1) and lost with the two-stage one (kBulkRing) on an H200, three times: Llama-3-8B 565.5 /
+#: 565.4 -> 576.3 without it, 567.9 / 567.9 -> 577.7; 70B shapes (20 layers) 302.0 / 302.7 -> 310.8
+#: (benchmarks/journal/2026-11-28_bulk_ring_align.md, benchmarks/journal/2026-11-29_bulk_prewait_and_k3_rule.md).
+#: Dropped; the two-stage ring has not run on an H100.
 BULK_EPILOGUE_BITS = (2, 3, 4)
 #: Of those, the K whose SwiGLU epilogue (gate|up) takes it too: kbit4 in the step above 436.1 / 435.6 -> 446.5 /
 #: 444.9 tok/s. Slower, so their gate|up stays the stream-K kernel's: kbit3 469.1 -> 447.6, again 471.0 -> 448.8
 #: (462.7 with two tiles per ring stage); kbit2 537.5 -> 533.6
 #: (benchmarks/journal/2026-11-27_final_recheck_step_profile_read_floor.md).
 BULK_SWIGLU_BITS = (4,)
-#: Whether BULK_DECODE_MAX_UNITS's rule applies to the SwiGLU instance too. Re-measured on the relay and byte-layout
-#: library, kbit3 b1 (a process per row): its gate|up on the bulk kernel without the rule 488.6 -> 479.6 tok/s
-#: (gate|up 21.73 -> 22.85 us in the step), with down_proj on it too 484.3
-#: (benchmarks/journal/2026-11-27_k3_paths_layer_chain.md).
-BULK_SWIGLU_DECODE_RULE = True
-#: The bulk-copy GEMV reads its weights back from shared memory through the pipe its table lookups use, so its
-#: decode has a rate of its own, in weight bytes per SM per clock cycle: 8192x29568 (cold) took 45.4-46.5 us at
-#: K = 3 and 43.6-45.5 at K = 4 on an H100 and an H200 alike, ~2.15 and ~2.95 TB/s on 132 SMs at 1.98 GHz. With its
-#: ring refilled by each stage's last reader (not by warp 0) K = 3 took 41.4 us on an H100, ~2.38 TB/s: 9.1
-#: (benchmarks/journal/2026-11-27_bulk_ring_relay.md). With K = 3's fields in bytes (one byte permute per lookup) it
-#: took 39.0 us (~9.6), a tie with the stream-K kernel's 38.3 there; 9.1 stays, keeping the rule's choices: at 9.6
-#: an H100's K = 3 down_proj (108 units per CTA) would go to the bulk kernel, and in the step that measured 485.4
-#: against 486.8 tok/s (benchmarks/journal/2026-11-27_k3_byte_layout.md). On an H200 K = 3 takes 36.46 us there
-#: (~10.3), the stream-K kernel 32.70. K = 4 has no entry: since the relay its decode outruns the stream-K kernel on
-#: an H200 too (8192x29568 35.88 against 38.07 us, 4096x28672 18.86 against 20.76; with PDL), and an H200's step
-#: gains with its large shapes on it (benchmarks/journal/2026-11-28_h200_k4_bulk_rule.md).
-BULK_DECODE_RATE = {3: 9.1}
-#: The share of the nominal HBM bandwidth the stream-K kernel streams on large shapes (8192x29568 K = 4: 0.79 on
-#: an H100, 3352 GB/s nominal; 0.70-0.71 on an H200, 4817).
-STREAM_K_HBM_SHARE = 0.75
-#: Where the stream-K kernel would stream faster than the bulk kernel decodes, the bulk kernel keeps only shapes of
-#: <= BULK_DECODE_MAX_UNITS units (16 x 256 weights) per CTA, where its early start still pays. That is K = 3 on
-#: an H100 and an H200; K = 2 and K = 4 keep it everywhere. Measured, b1 decode, compiled, tok/s without -> with the
-#: limit (benchmarks/journal/2026-11-27_bulk_half_ctas_and_the_h200_rule.md):
-#:   H200: Llama-3-8B kbit3 505.7 -> 510.9;
-#:   H100: Llama-3-70B-shaped kbit3 244.5 -> 254.1, Llama-3-8B kbit3 469.5 -> 478.6; kbit4 and kbit2 keep it there
-#:   (70B shapes: 238.7 against 221.4 without any bulk kernel, 311.1 against 297.9).
-#: K = 4 on an H200 was held to it before the relay (70B shapes 252.8 -> 271.0); on the relay's library the limit
-#: costs it 7-9%: Llama-3-8B 533.9 / 531.1 -> 495.8 / 495.3, 70B shapes (20 layers) 297.7 / 298.7 -> 274.6 / 274.6.
-#: With the two-stage ring (kBulkRing) the limit costs kbit3 on an H200: Llama-3-8B 565.5 / 565.4 against 576.3
-#: without it, 70B shapes (20 layers) 302.0 / 302.7 against 310.8 (308.2 at 128 units); the H100's rows above were
-#: measured with the deeper ring and not since, so it stays (benchmarks/journal/2026-11-28_bulk_ring_align.md).
-BULK_DECODE_MAX_UNITS = 64
-
-
-def hbm_bandwidth(device) -> float | None:
-    """The device's nominal HBM bandwidth in B/s (memory clock x bus width x 2), or None where torch does not say."""
-    props = torch.cuda.get_device_properties(device)
-    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
-    return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
-
-
-def sm_cycles(device) -> float | None:
-    """The device's SM clock cycles per second, all SMs together (SMs x peak clock), or None where torch does not
-    say."""
-    props = torch.cuda.get_device_properties(device)
-    clock_khz = getattr(props, "clock_rate", 0)
-    return props.multi_processor_count * clock_khz * 1e3 if clock_khz else None
-
-
-def _bulk_decode_bound(device, bits: int, units_per_cta: float) -> bool:
-    """Whether the stream-K kernel would stream this call faster than the bulk-copy GEMV decodes it: more than
-    BULK_DECODE_MAX_UNITS units per CTA, and STREAM_K_HBM_SHARE of the HBM bandwidth above BULK_DECODE_RATE's
-    bytes for this K. False where torch does not give the device's figures (the choice made before the rule)."""
-    if bits not in BULK_DECODE_RATE or units_per_cta <= BULK_DECODE_MAX_UNITS:
-        return False
-    bw, cycles = hbm_bandwidth(device), sm_cycles(device)
-    return bw is not None and cycles is not None and STREAM_K_HBM_SHARE * bw > BULK_DECODE_RATE[bits] * cycles
 
 
 def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0, swiglu: bool = False,
@@ -493,8 +441,7 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
     or 0 where the call takes another kernel: more than BULK_MAX_M tokens, rotated weights, not kbit, DENSE_PATH /
     USE_BULK, bulk_rule or a measured pick (plain calls, one token: plain_pick), BULK_EPILOGUE_BITS (calls with
     ``epilogue``: the norm's factor, the residual, the next norm's weight) or BULK_SWIGLU_BITS (``swiglu``) and
-    BULK_LAYER_MAX_M, BULK_DECODE_MAX_UNITS (a shape where its decode would bound it; not for a measured pick), or a
-    shape whose ring does not fit in shared memory."""
+    BULK_LAYER_MAX_M, or a shape whose ring does not fit in shared memory."""
     fmt = tiled_format(fmt)
     if not 1 <= m <= BULK_MAX_M or flags or fmt.name != "kbit" or (swiglu and n % 32):
         return 0
@@ -502,7 +449,6 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     ctas = min(n // 32 if swiglu else -(-n // 16), sms)
     if DENSE_PATH == "auto":
-        pick = None
         if swiglu:
             picked = bits in BULK_SWIGLU_BITS and m <= BULK_LAYER_MAX_M.get(bits, 1)
         elif epilogue:
@@ -510,8 +456,7 @@ def bulk_ctas(lib, device, fmt, dtype, m: int, n: int, k_in: int, flags: int = 0
         else:
             pick = plain_pick(device, fmt, m, n, k_in, flags)
             picked = m == 1 and (pick == "bulk" if pick else bulk_rule(bits, n, k_in, sms))
-        if not (USE_BULK and picked) or ((BULK_SWIGLU_DECODE_RULE or not swiglu) and _bulk_decode_bound(
-                device, bits, -(-n // 16) * -(-k_in // 256) / ctas) and pick is None):
+        if not (USE_BULK and picked):
             return 0
     elif DENSE_PATH != "bulk":
         return 0

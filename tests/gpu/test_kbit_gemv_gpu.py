@@ -324,9 +324,6 @@ def test_bulk_gemv_refuses_what_it_cannot_take(gen):
     assert tiled.bulk_ctas(lib, dev, 2, torch.bfloat16, 4, 6144, 4096, epilogue=True) > 0
     assert tiled.bulk_ctas(lib, dev, 2, torch.bfloat16, 5, 6144, 4096, epilogue=True) == 0
     assert tiled.bulk_ctas(lib, dev, 4, torch.bfloat16, 2, 4096, 4096) == 0  # plain calls: one token (bulk_rule)
-    bw, cycles = tiled.hbm_bandwidth(dev), tiled.sm_cycles(dev)  # BULK_DECODE_RATE's inputs: plausible, or none
-    assert bw is None or 1e12 < bw < 2e13
-    assert cycles is None or 1e10 < cycles < 1e12
 
 
 @pytest.mark.parametrize("bits", [2, 4])
