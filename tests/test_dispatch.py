@@ -327,8 +327,7 @@ def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
     1..8 tokens; and the ring is asked with the call's token count."""
     from types import SimpleNamespace
 
-    props = SimpleNamespace(multi_processor_count=132, memory_clock_rate=3_201_000, memory_bus_width=6016,
-                            clock_rate=1_980_000)
+    props = SimpleNamespace(multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     asked = []
 
@@ -354,9 +353,11 @@ def test_bulk_ctas_routes_tokens_by_call_kind(monkeypatch):
     monkeypatch.setattr(tiled, "BULK_LAYER_MAX_M", {4: 9})
     assert ctas(4, 8, 6144, 4096, epilogue=True) == 132 and ctas(4, 9, 6144, 4096, epilogue=True) == 0  # the MMA's N
     assert ctas(3, 1, 6144, 4096, epilogue=True) == 132 and ctas(3, 2, 6144, 4096, epilogue=True) == 0  # K = 3: one
+    assert ctas(3, 1, 4096, 14336, epilogue=True) == 132  # down_proj (108 units per CTA) too, however fast HBM is
+    assert ctas(3, 1, 28672, 4096, swiglu=True) == 0  # gate|up: BULK_SWIGLU_BITS
     assert ctas(2, 1, 6144, 4096, epilogue=True) == 132 and ctas(2, 4, 6144, 4096, epilogue=True) == 0
     assert ctas(4, 1, 4096, 4096) == 132 and ctas(4, 2, 4096, 4096) == 0  # plain: bulk_rule, one token
-    # a measured pick (lowbit tune --gemv-kernels) replaces bulk_rule and the decode-rate rule, for plain calls only
+    # a measured pick (lowbit tune --gemv-kernels) replaces bulk_rule, for plain calls only
     monkeypatch.setattr(picks, "pick", lambda gpu, fmt, n, k_in: {"kbit3": "bulk", "kbit4": "split"}.get(fmt))
     assert ctas(3, 1, 4096, 4096) == 132 and ctas(3, 1, 29568, 8192) == 132 and ctas(3, 2, 4096, 4096) == 0
     assert ctas(4, 1, 4096, 4096) == 0 and ctas(4, 1, 4096, 4096, epilogue=True) == 132
